@@ -1,0 +1,188 @@
+"""The run configuration: frozen, typed sections that flow from the CLI to each component.
+
+Every field carries its help text and flag spellings in ``metadata``, so :mod:`scale_ocr.cli_args`
+builds the command line from these classes and nothing is declared twice. Precedence is
+defaults -> ``--config FILE`` (JSON or YAML) -> command-line flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from scale_ocr.errors import UserError
+from scale_ocr.vocab import resolve_vocab
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "adam")
+SCHEDULES = ("cosine", "onecycle", "constant")
+BAD_SAMPLE_POLICIES = ("error", "skip")
+
+
+def opt(default: Any, help: str, *flags: str, aliases: tuple[str, ...] = (), **argparse_kw: Any) -> Any:
+    """A config field whose metadata describes its command-line flag.
+
+    Args:
+        default: the default value (immutable: tuples, not lists).
+        help: one line shown by ``--help``.
+        flags: explicit flag spellings; by default ``--field-name``.
+        aliases: extra spellings accepted silently (docTR's underscore flags).
+        argparse_kw: passed to ``add_argument`` (``choices``, ``type``, ``nargs``, ``metavar``).
+    """
+    meta = {"help": help, "flags": flags, "aliases": aliases, "argparse": argparse_kw}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    arch: str = opt("crnn_mobilenet_v3_small", "model name from the registry (see `scale-ocr models`)", "arch")
+    input_size: tuple[int, int] = opt(
+        (32, 128), "input height x width, e.g. 32x128 (a single number H means Hx4H)", metavar="HxW"
+    )
+    vocab: str = opt("latin", "vocabulary: a name (latin, digits, ascii_letters, english, french) or the characters")
+    vocab_file: str | None = opt(None, "read the vocabulary's characters from this UTF-8 text file")
+
+    def __post_init__(self) -> None:
+        h, w = self.input_size
+        if h < 8 or w < 8:
+            raise UserError(f"--input-size {h}x{w} is too small; use at least 8x8, e.g. 32x128")
+
+    @property
+    def charset(self) -> str:
+        """The resolved characters of the vocabulary (CTC blank excluded)."""
+        return resolve_vocab(self.vocab, self.vocab_file)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    train_path: tuple[str, ...] = opt(
+        (), "docTR recognition folder(s) with images/ and labels.json; synthetic words when omitted",
+        aliases=("--train_path",), nargs="+", metavar="DIR",
+    )
+    val_path: tuple[str, ...] = opt(
+        (), "validation folder(s) in the same format; synthetic words when omitted",
+        aliases=("--val_path",), nargs="+", metavar="DIR",
+    )
+    train_samples: int = opt(16384, "number of synthetic training words (ignored with --train-path)")
+    val_samples: int = opt(512, "number of synthetic validation words (ignored with --val-path)")
+    min_chars: int = opt(3, "shortest synthetic word", aliases=("--min_chars",))
+    max_chars: int = opt(8, "longest synthetic word", aliases=("--max_chars",))
+    workers: int | None = opt(
+        None, "data-loading worker processes per rank (default: 0 on CPU, a few per GPU)", "-j", "--workers"
+    )
+    on_bad_sample: str = opt(
+        "error", "what to do with a bad labelled sample: stop with an error, or skip it and report the count",
+        choices=BAD_SAMPLE_POLICIES,
+    )
+    augment: bool = opt(True, "train-time augmentations (blur, noise, inversion, perspective)",
+                        action=argparse.BooleanOptionalAction)
+
+    def __post_init__(self) -> None:
+        if self.min_chars < 1 or self.max_chars < self.min_chars:
+            raise UserError(
+                f"--min-chars {self.min_chars} / --max-chars {self.max_chars}: need 1 <= min-chars <= max-chars"
+            )
+        if self.train_samples < 1 or self.val_samples < 1:
+            raise UserError("--train-samples and --val-samples must be at least 1")
+        if self.workers is not None and self.workers < 0:
+            raise UserError(f"--workers {self.workers}: use 0 or more")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    optim: str = opt("adamw", "optimizer", choices=OPTIMIZERS)
+    lr: float = opt(1e-3, "peak learning rate")
+    wd: float = opt(1e-2, "weight decay (not applied to biases and norm layers)", aliases=("--weight-decay",))
+    sched: str = opt("cosine", "learning-rate schedule, stepped once per optimizer step", choices=SCHEDULES)
+    warmup_steps: int | None = opt(None, "linear warm-up steps (default: 5%% of the run for cosine, 0 otherwise)")
+    clip_grad: float = opt(5.0, "clip the global gradient norm to this value; 0 disables clipping")
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise UserError(f"--lr {self.lr}: the learning rate must be positive")
+        if self.clip_grad < 0:
+            raise UserError(f"--clip-grad {self.clip_grad}: use 0 to disable clipping, or a positive norm")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    batch_size: int = opt(64, "micro-batch size per rank", "-b", "--batch-size", aliases=("--batch_size",))
+    epochs: int = opt(3, "number of epochs (a run stops at --epochs or --max-steps, whichever comes first)")
+    max_steps: int | None = opt(None, "stop after this many optimizer steps", aliases=("--max_steps",))
+    grad_accum: int = opt(1, "micro-batches accumulated per optimizer step", aliases=("--grad_accum",))
+    precision: str = opt("fp32", "numeric precision: autocast to bf16/fp16 with fp32 weights", choices=PRECISIONS)
+    seed: int = opt(0, "seed for weights, data order and synthetic data")
+    log_every: int = opt(10, "log training metrics every N optimizer steps")
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise UserError(f"--batch-size {self.batch_size}: use at least 1")
+        if self.grad_accum < 1:
+            raise UserError(f"--grad-accum {self.grad_accum}: use at least 1")
+        if self.epochs < 1:
+            raise UserError(f"--epochs {self.epochs}: use at least 1")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise UserError(f"--max-steps {self.max_steps}: use at least 1")
+        if self.log_every < 1:
+            raise UserError(f"--log-every {self.log_every}: use at least 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategyConfig:
+    strategy: str = opt("ddp", "distributed strategy (see `scale-ocr strategies`)")
+    ds_config: str | None = opt(None, "DeepSpeed JSON; \"auto\" values are filled from this run's config",
+                                aliases=("--deepspeed_config", "--deepspeed-config"))
+    backend: str | None = opt(None, "process-group backend (default: nccl on GPU, gloo on CPU)",
+                              choices=("nccl", "gloo"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputConfig:
+    output_dir: str = opt("runs/latest", "run directory: resolved config, metrics, models",
+                          aliases=("--output_dir",))
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "optim": OptimConfig,
+    "train": TrainConfig,
+    "strategy": StrategyConfig,
+    "output": OutputConfig,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """The whole run: one section per component; each component receives only its own."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def __post_init__(self) -> None:
+        # CTC needs at least one frame per character (two between repeats); the CRNNs emit W/4 frames.
+        frames = self.model.input_size[1] // 4
+        if self.data.max_chars > frames:
+            raise UserError(
+                f"--max-chars {self.data.max_chars} exceeds the {frames} CTC frames of a "
+                f"{self.model.input_size[1]}-pixel-wide input; lower --max-chars or widen --input-size"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved configuration as plain JSON-ready data."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_flat(cls, values: dict[str, Any]) -> RunConfig:
+        """Build from a flat ``{field_name: value}`` mapping (CLI namespace or a flat file)."""
+        sections = {}
+        for name, section in SECTIONS.items():
+            names = {f.name for f in dataclasses.fields(section)}
+            sections[name] = section(**{k: v for k, v in values.items() if k in names})
+        return cls(**sections)

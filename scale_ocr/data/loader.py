@@ -1,0 +1,147 @@
+"""Datasets -> loaders: a distributed sampler for training, an evenly padded shard for validation."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from scale_ocr.config import DataConfig
+from scale_ocr.data.recognition import RecognitionFolder, ScanReport
+from scale_ocr.data.synthetic import SyntheticWords
+from scale_ocr.data.transforms import build_transform
+from scale_ocr.distributed import DistInfo
+from scale_ocr.errors import UserError
+from scale_ocr.vocab import Vocab
+
+VAL_SEED_OFFSET = 1_000_003  # validation words never overlap the training stream's seeds
+
+
+class EvalShard(Dataset):
+    """This rank's share of a validation set, padded so every rank runs the same number of batches.
+
+    Sharded models (FSDP, ZeRO-3) gather parameters inside forward, so a rank that ran one batch
+    fewer would leave the others waiting forever. Padding items repeat sample 0 and are flagged
+    ``valid=False`` so metrics ignore them.
+    """
+
+    def __init__(self, dataset: Dataset, rank: int, world_size: int) -> None:
+        self.dataset, self.rank, self.world = dataset, rank, world_size
+        self.total = len(dataset)
+        self.per_rank = math.ceil(self.total / world_size)
+
+    def __len__(self) -> int:
+        return self.per_rank
+
+    def __getitem__(self, i: int):
+        j = self.rank + i * self.world
+        valid = j < self.total
+        img, word = self.dataset[j if valid else 0]
+        return img, word, valid
+
+
+class WithValid(Dataset):
+    """Adds ``valid=True`` to every item so train and eval batches have one shape."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int):
+        img, word = self.dataset[i]
+        return img, word, True
+
+
+@dataclass
+class Batch:
+    """A collated batch: images and CTC targets for the model, words and mask for metrics."""
+
+    images: torch.Tensor
+    targets: torch.Tensor
+    target_lengths: torch.Tensor
+    words: list[str]
+    valid: torch.Tensor
+
+    def to(self, device: torch.device) -> Batch:
+        nb = device.type == "cuda"
+        return Batch(self.images.to(device, non_blocking=nb), self.targets.to(device, non_blocking=nb),
+                     self.target_lengths.to(device, non_blocking=nb), self.words, self.valid)
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+
+class Collate:
+    """Stacks images and pads encoded words into a (B, L) target tensor."""
+
+    def __init__(self, vocab: Vocab) -> None:
+        self.vocab = vocab
+
+    def __call__(self, items) -> Batch:
+        images, words, valid = zip(*items)
+        encoded = [self.vocab.encode(w) for w in words]
+        lengths = torch.tensor([len(e) for e in encoded], dtype=torch.long)
+        targets = torch.zeros(len(encoded), max(1, int(lengths.max())), dtype=torch.long)
+        for i, e in enumerate(encoded):
+            targets[i, : len(e)] = e
+        return Batch(torch.stack(images), targets, lengths, list(words), torch.tensor(valid))
+
+
+@dataclass
+class Data:
+    """Everything the trainer needs from the data side."""
+
+    train_loader: DataLoader
+    val_loader: DataLoader
+    train_sampler: DistributedSampler
+    vocab: Vocab
+    num_train: int
+    num_val: int
+    skipped: dict[str, int]
+
+
+def _workers(cfg: DataConfig, dist: DistInfo) -> int:
+    if cfg.workers is not None:
+        return cfg.workers
+    if dist.device.type != "cuda":
+        return 0  # on CPU the ranks already use every core for compute
+    return max(0, min(4, (os.cpu_count() or 1) // dist.local_world_size - 1))
+
+
+def build_data(cfg: DataConfig, vocab: Vocab, input_size: tuple[int, int], batch_size: int, seed: int,
+               dist: DistInfo) -> Data:
+    """Build train and validation loaders for this rank."""
+    train_tf = build_transform(input_size, train=True, augment=cfg.augment)
+    val_tf = build_transform(input_size, train=False)
+    report = ScanReport()
+    if cfg.train_path:
+        train_ds = RecognitionFolder(cfg.train_path, vocab, cfg.on_bad_sample, train_tf)
+        report = train_ds.report
+    else:
+        train_ds = SyntheticWords(vocab.chars, cfg.train_samples, cfg.min_chars, cfg.max_chars, seed, train_tf)
+    if cfg.val_path:
+        val_ds = RecognitionFolder(cfg.val_path, vocab, cfg.on_bad_sample, val_tf)
+        for k, v in val_ds.report.skipped.items():
+            report.skipped[f"val_{k}"] = v
+    else:
+        val_ds = SyntheticWords(vocab.chars, cfg.val_samples, cfg.min_chars, cfg.max_chars,
+                                seed + VAL_SEED_OFFSET, val_tf)
+    if len(train_ds) < batch_size * dist.world_size:
+        raise UserError(
+            f"{len(train_ds)} training samples cannot fill one batch of {batch_size} on each of "
+            f"{dist.world_size} ranks; add samples or lower --batch-size"
+        )
+    sampler = DistributedSampler(train_ds, num_replicas=dist.world_size, rank=dist.rank, shuffle=True,
+                                 seed=seed, drop_last=True)
+    workers = _workers(cfg, dist)
+    common = dict(collate_fn=Collate(vocab), num_workers=workers, pin_memory=dist.device.type == "cuda",
+                  persistent_workers=workers > 0)
+    train_loader = DataLoader(WithValid(train_ds), batch_size=batch_size, sampler=sampler, drop_last=True, **common)
+    val_loader = DataLoader(EvalShard(val_ds, dist.rank, dist.world_size), batch_size=batch_size, shuffle=False,
+                            **common)
+    return Data(train_loader, val_loader, sampler, vocab, len(train_ds), len(val_ds), dict(report.skipped))

@@ -1,0 +1,75 @@
+"""Image transforms: aspect-preserving resize with padding, and docTR-style train augmentations."""
+
+from __future__ import annotations
+
+import torch
+from PIL import Image, ImageOps
+from torchvision.transforms import v2 as T
+from torchvision.transforms.v2 import functional as TF
+
+# ImageNet statistics, the convention of the torchvision backbones.
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+class ResizePad:
+    """Resize to fit (H, W) keeping the aspect ratio, then pad right/bottom with the border colour.
+
+    A short word is not stretched across the whole width: the glyphs keep their shape, which is
+    what the recognizer learns from.
+    """
+
+    def __init__(self, size: tuple[int, int]) -> None:
+        self.h, self.w = size
+
+    def __call__(self, img: Image.Image) -> Image.Image:
+        w, h = img.size
+        scale = min(self.h / h, self.w / w)
+        nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
+        img = img.resize((nw, nh), Image.BILINEAR)
+        if (nw, nh) == (self.w, self.h):
+            return img
+        fill = img.getpixel((nw - 1, nh - 1))
+        return ImageOps.expand(img, border=(0, 0, self.w - nw, self.h - nh), fill=fill)
+
+
+class GaussianNoise:
+    """Additive Gaussian noise on a [0, 1] tensor."""
+
+    def __init__(self, std: float = 0.04, p: float = 0.3) -> None:
+        self.std, self.p = std, p
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.rand(()) >= self.p:
+            return x
+        return (x + torch.randn_like(x) * self.std).clamp_(0, 1)
+
+
+def build_transform(input_size: tuple[int, int], train: bool, augment: bool = True) -> T.Compose:
+    """PIL image -> normalised float tensor (3, H, W); augmentations only when training."""
+    ops: list = []
+    if train and augment:
+        ops += [
+            T.RandomApply([T.RandomPerspective(distortion_scale=0.15, p=1.0, fill=255)], p=0.25),
+            T.RandomApply([T.RandomRotation(2, expand=False, fill=255)], p=0.2),
+        ]
+    ops += [ResizePad(input_size), T.PILToTensor(), T.ToDtype(torch.float32, scale=True)]
+    if train and augment:
+        ops += [
+            T.RandomApply([T.GaussianBlur(3, sigma=(0.1, 1.0))], p=0.2),
+            T.ColorJitter(brightness=0.2, contrast=0.2, saturation=0.2, hue=0.02),
+            GaussianNoise(),
+            T.RandomApply([T.Lambda(lambda x: 1.0 - x)], p=0.1),  # colour inversion
+        ]
+    ops.append(T.Normalize(MEAN, STD))
+    return T.Compose(ops)
+
+
+def denormalize(x: torch.Tensor) -> torch.Tensor:
+    """Inverse of the normalisation, for showing images."""
+    mean = torch.tensor(MEAN, device=x.device).view(3, 1, 1)
+    std = torch.tensor(STD, device=x.device).view(3, 1, 1)
+    return (x * std + mean).clamp(0, 1)
+
+
+__all__ = ["ResizePad", "build_transform", "denormalize", "TF"]

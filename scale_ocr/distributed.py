@@ -1,0 +1,140 @@
+"""Process-group set-up for every launcher: torchrun, the deepspeed launcher, SLURM, plain python."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from scale_ocr.errors import UserError
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the job. ``rank`` is global: use it for sampling and rank-0 duties."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+    launcher: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def detect_launcher(env: dict[str, str] | os._Environ = os.environ) -> str:
+    """Name the launcher that started this process: torchrun, deepspeed, slurm or python."""
+    if "TORCHELASTIC_RUN_ID" in env:
+        return "torchrun"
+    if "CROSS_RANK" in env or "LOCAL_SIZE" in env:  # set by deepspeed's launch.py
+        return "deepspeed"
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return "env"
+    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        return "slurm"
+    return "python"
+
+
+def _read_env(launcher: str) -> tuple[int, int, int, int]:
+    env = os.environ
+    if launcher == "slurm":
+        rank, world = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+        local_rank = int(env.get("SLURM_LOCALID", "0"))
+        local_world = int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]) if "SLURM_NTASKS_PER_NODE" in env \
+            else max(1, world // int(env.get("SLURM_NNODES", "1")))
+        # torch's env:// rendezvous reads these; srun does not set them.
+        env.setdefault("MASTER_ADDR", _slurm_first_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")))
+        env.setdefault("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
+        env.setdefault("RANK", str(rank))
+        env.setdefault("WORLD_SIZE", str(world))
+        env.setdefault("LOCAL_RANK", str(local_rank))
+        return rank, world, local_rank, local_world
+    if launcher == "python":
+        return 0, 1, 0, 1
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    local_rank = int(env.get("LOCAL_RANK", "0"))
+    local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("LOCAL_SIZE", str(world))))
+    return rank, world, local_rank, local_world
+
+
+def _slurm_first_host(nodelist: str) -> str:
+    """First host of a SLURM node list such as ``gpu[03-05,09],cpu1`` -> ``gpu03``."""
+    head = nodelist.split(",")[0]
+    if "[" in head:
+        prefix, rest = head.split("[", 1)
+        return prefix + rest.split("-")[0].split(",")[0].rstrip("]")
+    return head
+
+
+def init_distributed(backend: str | None = None) -> DistInfo:
+    """Read the launcher's environment, pick device and backend, and start the process group.
+
+    A process group is started even for a single plain-python process (on a free loopback port) so
+    that every strategy, DeepSpeed and FSDP included, runs unchanged at world size 1.
+    """
+    launcher = detect_launcher()
+    rank, world, local_rank, local_world = _read_env(launcher)
+    use_cuda = torch.cuda.is_available() and backend != "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise UserError("--backend nccl needs CUDA GPUs, and none is visible; drop --backend to use gloo on CPU")
+    if use_cuda:
+        if local_rank >= torch.cuda.device_count():
+            raise UserError(
+                f"local rank {local_rank} has no GPU (only {torch.cuda.device_count()} visible); "
+                "start at most one process per GPU"
+            )
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        # Each local rank gets its share of the cores; oversubscribed threads slow every rank down.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    backend = backend or ("nccl" if use_cuda else "gloo")
+    if not dist.is_initialized():
+        timeout = datetime.timedelta(minutes=int(os.environ.get("SCALE_OCR_DIST_TIMEOUT_MIN", "30")))
+        if launcher == "python":
+            init_method = f"tcp://127.0.0.1:{_free_port()}"
+        else:
+            init_method = "env://"
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, timeout=timeout)
+    return DistInfo(rank, world, local_rank, local_world, device, backend, launcher)
+
+
+def destroy_distributed() -> None:
+    """Tear the process group down (safe to call twice or when none was started)."""
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.barrier()
+        except Exception:  # noqa: BLE001 - a peer that already failed must not hide our own error
+            pass
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sum floats over ranks (identity when no process group is running)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def all_reduce_max(value: float, device: torch.device) -> float:
+    """Max of one float over ranks."""
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())

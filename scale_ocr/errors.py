@@ -1,0 +1,55 @@
+"""Errors a user can cause, reported as one line and exit code 2 instead of a traceback."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+EXIT_USER_ERROR = 2
+
+F = TypeVar("F", bound=Callable[..., int])
+
+
+class UserError(Exception):
+    """A problem with the user's input (a path, a label, a flag, a config) and how to fix it.
+
+    The message is printed as a single line prefixed with ``scale-ocr: error:``; keep it to one
+    sentence that names the offending file or value and the fix.
+    """
+
+
+def _one_line(exc: BaseException) -> str:
+    # A UserError raised inside a DataLoader worker is re-raised in the parent with the worker's
+    # traceback folded into the message; its last non-empty line is our own sentence.
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = lines[-1] if lines else type(exc).__name__
+    prefix = f"{UserError.__name__}: "
+    return text[len(prefix):] if text.startswith(prefix) else text
+
+
+def report_user_errors(main: F) -> F:
+    """Decorate a CLI entry point so a :class:`UserError` prints one line and exits with code 2.
+
+    Every rank prints to stderr only when it is rank 0 (or when the rank is unknown), so a
+    2-process job shows the sentence once instead of once per rank.
+    """
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except UserError as exc:
+            if os.environ.get("RANK", "0") == "0":
+                print(f"scale-ocr: error: {_one_line(exc)}", file=sys.stderr, flush=True)
+            return EXIT_USER_ERROR
+        except Exception as exc:  # noqa: BLE001 - DataLoader workers wrap our errors in their own type
+            if UserError.__name__ + ":" in str(exc):
+                if os.environ.get("RANK", "0") == "0":
+                    print(f"scale-ocr: error: {_one_line(exc)}", file=sys.stderr, flush=True)
+                return EXIT_USER_ERROR
+            raise
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,104 @@
+"""CRNN: convolutional backbone -> column features -> BiLSTM -> per-frame classes, trained with CTC.
+
+Backbones come from torchvision with random weights. Their later stride-2 stages are turned into
+(2, 1) strides, as docTR's rectangular variants do: a stock MobileNetV3 reduces a 128-pixel-wide word
+to 4 columns, far too few CTC frames; with two square reductions kept it leaves W/4 = 32.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import nn
+from torchvision import models as tvm
+
+from scale_ocr.models.recognition.ctc import ctc_loss
+from scale_ocr.models.registry import register_model
+
+
+def rectify_strides(features: nn.Module, keep_square: int = 2) -> None:
+    """Keep the first ``keep_square`` spatial reductions square; make later ones halve height only.
+
+    Works on conv strides (MobileNet) and max-pool kernels (VGG) alike, walking modules in order.
+    """
+    seen = 0
+    for module in features.modules():
+        if isinstance(module, nn.Conv2d) and module.stride == (2, 2):
+            seen += 1
+            if seen > keep_square:
+                module.stride = (2, 1)
+        elif isinstance(module, nn.MaxPool2d) and module.stride in (2, (2, 2)):
+            seen += 1
+            if seen > keep_square:
+                module.kernel_size, module.stride, module.padding = (2, 1), (2, 1), 0
+
+
+class CRNN(nn.Module):
+    """CRNN recognizer.
+
+    Args:
+        backbone: a module mapping (B, 3, H, W) images to (B, C, h, W/4) features.
+        feat_channels: C, the backbone's output channels.
+        feat_height: h, the backbone's output height for the model's input height.
+        num_classes: vocabulary size + 1 (class 0 is the CTC blank).
+        rnn_units: hidden units per LSTM direction.
+    """
+
+    def __init__(self, backbone: nn.Module, feat_channels: int, feat_height: int, num_classes: int,
+                 rnn_units: int = 128) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.rnn = nn.LSTM(feat_channels * feat_height, rnn_units, num_layers=2, bidirectional=True,
+                           batch_first=True)
+        self.head = nn.Linear(2 * rnn_units, num_classes)
+
+    def sharding_units(self) -> list[nn.Module]:
+        """Sub-modules that FSDP shards one by one (each backbone stage, the RNN, the head)."""
+        return [*self.backbone.children(), self.rnn, self.head]
+
+    def forward(self, images: torch.Tensor, targets: torch.Tensor | None = None,
+                target_lengths: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        feats = self.backbone(images)
+        seq = rearrange(feats, "b c h w -> b w (c h)")
+        seq, _ = self.rnn(seq)
+        logits = self.head(seq)
+        out = {"logits": logits}
+        if targets is not None and target_lengths is not None:
+            out["loss"] = ctc_loss(logits, targets, target_lengths)
+        return out
+
+
+def _probe(backbone: nn.Module, input_size: tuple[int, int]) -> tuple[int, int]:
+    """Channels and height of the backbone's output for ``input_size`` (one tiny dry run)."""
+    was_training = backbone.training
+    backbone.eval()
+    with torch.no_grad():
+        out = backbone(torch.zeros(1, 3, *input_size))
+    backbone.train(was_training)
+    return out.shape[1], out.shape[2]
+
+
+def _crnn(features: nn.Module, num_classes: int, input_size: tuple[int, int], rnn_units: int) -> CRNN:
+    rectify_strides(features)
+    channels, height = _probe(features, input_size)
+    return CRNN(features, channels, height, num_classes, rnn_units)
+
+
+@register_model
+def crnn_mobilenet_v3_small(num_classes: int = 95, input_size: tuple[int, int] = (32, 128),
+                            rnn_units: int = 128) -> CRNN:
+    """CRNN on a MobileNetV3-Small backbone (about 2.2M parameters with the default vocabulary)."""
+    return _crnn(tvm.mobilenet_v3_small(weights=None).features, num_classes, input_size, rnn_units)
+
+
+@register_model
+def crnn_mobilenet_v3_large(num_classes: int = 95, input_size: tuple[int, int] = (32, 128),
+                            rnn_units: int = 128) -> CRNN:
+    """CRNN on a MobileNetV3-Large backbone."""
+    return _crnn(tvm.mobilenet_v3_large(weights=None).features, num_classes, input_size, rnn_units)
+
+
+@register_model
+def crnn_vgg16_bn(num_classes: int = 95, input_size: tuple[int, int] = (32, 128), rnn_units: int = 128) -> CRNN:
+    """CRNN on a VGG16-BN backbone, docTR's default recognizer."""
+    return _crnn(tvm.vgg16_bn(weights=None).features, num_classes, input_size, rnn_units)

@@ -1,0 +1,48 @@
+"""CTC loss and greedy decoding shared by the recognition models."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from scale_ocr.vocab import Vocab
+
+
+def ctc_loss(logits: torch.Tensor, targets: torch.Tensor, target_lengths: torch.Tensor,
+             reduction: str = "mean") -> torch.Tensor:
+    """CTC loss of ``logits`` (B, T, C) against padded ``targets`` (B, L); blank is class 0.
+
+    Each word's loss is divided by its length; ``"mean"`` averages over the batch, ``"none"``
+    returns one value per word.
+
+    Computed in fp32 whatever the autocast dtype: CTC's log-space sums lose too much in bf16/fp16.
+    """
+    log_probs = F.log_softmax(logits.float(), dim=-1).transpose(0, 1)  # (T, B, C)
+    input_lengths = torch.full((logits.shape[0],), logits.shape[1], dtype=torch.long, device=logits.device)
+    with torch.autocast(device_type=logits.device.type, enabled=False):
+        losses = F.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="none",
+                            zero_infinity=True)
+    losses = losses / target_lengths.clamp(min=1).to(losses.dtype)
+    return losses.mean() if reduction == "mean" else losses
+
+
+@torch.no_grad()
+def ctc_greedy_decode(logits: torch.Tensor, vocab: Vocab) -> tuple[list[str], list[float]]:
+    """Best-path decoding: argmax per frame, merge repeats, drop blanks.
+
+    Returns the words and a confidence per word: the lowest probability among the frames that
+    produced a character (docTR's convention), 0 for an empty word.
+    """
+    probs = logits.float().softmax(-1)
+    best_p, best = probs.max(-1)  # (B, T)
+    words, confs = [], []
+    for seq, p in zip(best.tolist(), best_p.tolist()):
+        chars, kept, prev = [], [], 0
+        for idx, prob in zip(seq, p):
+            if idx != prev and idx != 0:
+                chars.append(idx)
+                kept.append(prob)
+            prev = idx
+        words.append(vocab.decode(chars))
+        confs.append(min(kept) if kept else 0.0)
+    return words, confs

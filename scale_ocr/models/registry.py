@@ -1,0 +1,33 @@
+"""One model registry: ``@register_model`` on a builder, ``create_model(name)`` to build."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+
+from torch import nn
+
+from scale_ocr.errors import UserError
+
+_MODELS: dict[str, Callable[..., nn.Module]] = {}
+
+
+def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    """Register a builder under its function name (``<arch>_<backbone>[_<size>]``)."""
+    name = fn.__name__
+    if name in _MODELS:
+        raise ValueError(f"model {name!r} is registered twice")
+    _MODELS[name] = fn
+    return fn
+
+
+def list_models(pattern: str = "*") -> list[str]:
+    """Registered model names matching a shell-style pattern, sorted."""
+    return sorted(n for n in _MODELS if fnmatch.fnmatch(n, pattern))
+
+
+def create_model(name: str, **kwargs) -> nn.Module:
+    """Build a registered model with random weights (nothing is downloaded)."""
+    if name not in _MODELS:
+        raise UserError(f"unknown model {name!r}; choose one of: {', '.join(list_models())}")
+    return _MODELS[name](**kwargs)

@@ -1,0 +1,66 @@
+"""What a run records about itself: the resolved config file and the closing summary line."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from scale_ocr.config import RunConfig
+from scale_ocr.distributed import DistInfo
+
+
+def library_versions() -> dict[str, str | None]:
+    """Versions of the engines a run may use (None when not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in ("torch", "torchvision", "deepspeed", "fairscale", "wandb", "einops"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def write_run_config(run_dir: Path, cfg: RunConfig, dist: DistInfo, strategy, model: nn.Module, data) -> None:
+    """Write ``config.json``: the resolved config plus what was derived from it at start-up."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {
+        "config": cfg.to_dict(),
+        "vocab": data.vocab.chars,
+        "derived": {
+            "world_size": dist.world_size,
+            "global_batch": cfg.train.batch_size * cfg.train.grad_accum * dist.world_size,
+            "launcher": dist.launcher,
+            "backend": dist.backend,
+            "device": str(dist.device),
+            "num_params": sum(p.numel() for p in model.parameters()),
+            "num_train": data.num_train,
+            "num_val": data.num_val,
+            "skipped_samples": data.skipped,
+        },
+        "engine_config": strategy.engine_config(),
+        "versions": library_versions(),
+        "host": {"python": platform.python_version(), "machine": platform.machine(),
+                 "cuda": torch.version.cuda if torch.cuda.is_available() else None},
+    }
+    (run_dir / "config.json").write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def run_summary_line(s: dict[str, Any], run_dir: Path) -> str:
+    """One line for stdout with the figures people compare."""
+    def pct(v):
+        return "n/a" if v is None else f"{100 * v:.1f}%"
+
+    return (
+        f"scale-ocr: strategy={s['strategy']} world_size={s['world_size']} global_batch={s['global_batch']} "
+        f"steps={s['steps']} train_loss={s['train_loss']:.4f} val_loss={s['val_loss']:.4f} "
+        f"exact_match={pct(s['exact_match'])} cer={s['cer']:.4f} samples/s={s['samples_per_sec']:.1f} "
+        f"peak_mem={s['peak_memory_bytes'] / 2**20:.0f}MiB wall={s['wall_seconds']:.1f}s "
+        f"-> {run_dir / 'metrics.json'}"
+    )

@@ -1,0 +1,100 @@
+"""The strategy interface: the only thing the training loop knows about distribution.
+
+A strategy wraps a model and its optimizer for one engine (DDP, FSDP2, DeepSpeed, fairscale, ...)
+and hides that engine's way of accumulating, scaling, clipping and stepping. The loop asks for
+capabilities, never for names.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from scale_ocr.config import OptimConfig, StrategyConfig, TrainConfig
+from scale_ocr.distributed import DistInfo
+from scale_ocr.optim import OptimizerSpec
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one optimizer step reports.
+
+    Attributes:
+        grad_norm: global L2 norm of the gradients before clipping (inf when fp16 overflowed).
+        skipped: the step was skipped (fp16 overflow) and parameters did not change.
+        loss_scale: the fp16 loss scale in use, None without loss scaling.
+    """
+
+    grad_norm: float
+    skipped: bool = False
+    loss_scale: float | None = None
+
+
+class Strategy(ABC):
+    """Base of every strategy.
+
+    Args:
+        cfg: the strategy section of the run config.
+        dist: this process's place in the job.
+        train: batch size, accumulation and precision, which engines such as DeepSpeed must know.
+        optim: learning rate, weight decay and clipping.
+    """
+
+    #: At most this many ranks make sense (1 for single-process strategies such as DataParallel).
+    max_world_size: int | None = None
+    #: Parameters, gradients or optimizer state are split across ranks.
+    shards_state: bool = False
+
+    def __init__(self, cfg: StrategyConfig, dist: DistInfo, train: TrainConfig, optim: OptimConfig) -> None:
+        self.cfg, self.dist, self.train, self.optim = cfg, dist, train, optim
+
+    @property
+    def rank(self) -> int:
+        return self.dist.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.dist.is_main
+
+    @abstractmethod
+    def setup(self, model: nn.Module, optimizer: OptimizerSpec) -> tuple[nn.Module, Any]:
+        """Move, wrap and shard ``model``; build the optimizer over the result.
+
+        Returns the module to call in the loop and an object with ``param_groups`` whose ``lr``
+        the learning-rate schedule sets.
+        """
+
+    @abstractmethod
+    def no_sync(self) -> AbstractContextManager:
+        """Context for accumulation micro-steps whose gradients need no cross-rank sync yet."""
+
+    @abstractmethod
+    def backward(self, loss: Any) -> None:
+        """Backward of one micro-batch's mean loss; scaling for accumulation and fp16 included."""
+
+    @abstractmethod
+    def step(self) -> StepStats:
+        """Clip to ``optim.clip_grad`` (if > 0), step the optimizer, and zero the gradients."""
+
+    @abstractmethod
+    def full_state_dict(self) -> dict[str, Any] | None:
+        """The whole model's weights as a plain state dict on rank 0 (None elsewhere).
+
+        A collective: every rank must call it. Keys carry no wrapper prefixes, so the result loads
+        into the bare model.
+        """
+
+    def engine_config(self) -> dict[str, Any] | None:
+        """The engine's resolved configuration (the DeepSpeed JSON actually used), if any."""
+        return None
+
+    def teardown(self) -> None:
+        """Release engine resources (the process group is torn down by the caller)."""

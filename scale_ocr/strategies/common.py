@@ -1,0 +1,90 @@
+"""Helpers the torch-native strategies compose (not inherit): loss scaling, backward and step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from scale_ocr.strategies.base import StepStats
+
+
+class TorchStepper:
+    """Backward and optimizer step for engines that expose plain torch gradients.
+
+    Args:
+        optimizer: the (possibly sharded) optimizer.
+        grad_accum: micro-batches per optimizer step; each backward is scaled by its inverse so the
+            accumulated gradient is the mean over the whole global batch, as with one big batch.
+        max_norm: clip threshold, 0 for no clipping (the norm is still measured and reported).
+        grad_norm: returns the global pre-clip norm of the gradients as a float.
+        clip: scales gradients given (max_norm, total_norm).
+        scaler: a GradScaler for fp16, or None.
+    """
+
+    def __init__(self, optimizer: Any, grad_accum: int, max_norm: float,
+                 grad_norm: Callable[[], float], clip: Callable[[float, float], None], scaler=None) -> None:
+        self.optimizer, self.grad_accum, self.max_norm = optimizer, grad_accum, max_norm
+        self.grad_norm, self.clip, self.scaler = grad_norm, clip, scaler
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss = loss / self.grad_accum
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward()
+
+    def step(self) -> StepStats:
+        scale = None
+        if self.scaler is not None:
+            scale = float(self.scaler.get_scale())
+            self.scaler.unscale_(self.optimizer)
+        norm = self.grad_norm()
+        if self.max_norm > 0 and torch.isfinite(torch.tensor(norm)):
+            self.clip(self.max_norm, norm)
+        skipped = False
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            skipped = float(self.scaler.get_scale()) < scale
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepStats(grad_norm=norm, skipped=skipped, loss_scale=scale)
+
+
+def local_grads(params) -> list[torch.Tensor]:
+    return [p.grad for p in params if p.grad is not None]
+
+
+def dense_grad_norm(params) -> Callable[[], float]:
+    """Global norm of replicated gradients (DDP, DataParallel, single): every rank holds them all."""
+    params = list(params)
+
+    def fn() -> float:
+        grads = local_grads(params)
+        if not grads:
+            return 0.0
+        return float(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
+
+    return fn
+
+
+def dense_clip(params) -> Callable[[float, float], None]:
+    params = list(params)
+
+    def fn(max_norm: float, total_norm: float) -> None:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, torch.tensor(total_norm))
+
+    return fn
+
+
+def make_scaler(precision: str, device: torch.device, sharded: bool = False):
+    """A loss scaler for fp16 (None otherwise); the sharded one agrees on overflow across ranks."""
+    if precision != "fp16":
+        return None
+    if sharded:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device=device.type)
+    return torch.amp.GradScaler(device.type)

@@ -1,0 +1,47 @@
+"""``ddp``: DistributedDataParallel, gradients all-reduced in buckets during backward."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from scale_ocr.optim import OptimizerSpec
+from scale_ocr.strategies.base import StepStats, Strategy
+from scale_ocr.strategies.common import TorchStepper, dense_clip, dense_grad_norm, make_scaler
+
+
+class DDP(Strategy):
+    """Replicated model, bucketed gradient all-reduce overlapped with backward.
+
+    ``gradient_as_bucket_view=True`` makes ``.grad`` views into the reducer's buckets; without it
+    DDP keeps a second gradient-sized copy per rank.
+    """
+
+    def setup(self, model: nn.Module, optimizer: OptimizerSpec) -> tuple[nn.Module, Any]:
+        device = self.dist.device
+        self.module = model.to(device)
+        self.model = DistributedDataParallel(
+            self.module,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            gradient_as_bucket_view=True,
+        )
+        self.optimizer = optimizer.build(self.module)
+        params = list(self.module.parameters())
+        self.stepper = TorchStepper(self.optimizer, self.train.grad_accum, self.optim.clip_grad,
+                                    dense_grad_norm(params), dense_clip(params),
+                                    make_scaler(self.train.precision, device))
+        return self.model, self.optimizer
+
+    def no_sync(self):
+        return self.model.no_sync()
+
+    def backward(self, loss) -> None:
+        self.stepper.backward(loss)
+
+    def step(self) -> StepStats:
+        return self.stepper.step()
+
+    def full_state_dict(self) -> dict[str, Any] | None:
+        return self.module.state_dict() if self.is_main else None

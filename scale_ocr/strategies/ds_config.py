@@ -1,0 +1,108 @@
+"""DeepSpeed JSON: load a preset or the user's file and fill ``"auto"`` from the run config.
+
+The convention is Hugging Face Trainer's: any value written ``"auto"`` takes the run's setting, and
+an explicit value that contradicts a flag is an error rather than a silent override.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from scale_ocr.errors import UserError
+
+PRESET_DIRS = (
+    Path(__file__).resolve().parents[2] / "ds_configs",  # source checkout / editable install
+    Path(__file__).resolve().parents[1] / "ds_configs",  # wheel install (package data)
+)
+
+
+def preset_path(name: str) -> Path:
+    """The shipped JSON for a preset such as ``zero3_offload``."""
+    for d in PRESET_DIRS:
+        if (d / f"{name}.json").is_file():
+            return d / f"{name}.json"
+    raise UserError(f"DeepSpeed preset {name}.json not found in {', '.join(map(str, PRESET_DIRS))}; reinstall scale-ocr")
+
+
+def load_ds_config(path: str | Path) -> dict[str, Any]:
+    """Parse a DeepSpeed JSON file, turning any problem into one sentence about the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"--ds-config {p} does not exist; pass a DeepSpeed JSON file")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise UserError(
+            f"--ds-config {p} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}; "
+            "fix the file (DeepSpeed configs are strict JSON: no comments or trailing commas)"
+        ) from None
+    except UnicodeDecodeError:
+        raise UserError(f"--ds-config {p} is not UTF-8 text; pass a DeepSpeed JSON file") from None
+    if not isinstance(data, dict):
+        raise UserError(f"--ds-config {p} must hold a JSON object of DeepSpeed settings")
+    return data
+
+
+def _fill(node: dict[str, Any], key: str, value: Any, source: str, flag: str) -> None:
+    """Set ``node[key]`` to ``value`` if it is "auto" or absent; refuse a contradicting explicit value."""
+    current = node.get(key, "auto")
+    if current == "auto":
+        node[key] = value
+    elif current != value and not (isinstance(current, (int, float)) and isinstance(value, (int, float))
+                                   and float(current) == float(value)):
+        raise UserError(
+            f"{source}: {key}={current!r} contradicts {flag} (which gives {value!r}); "
+            f'set it to "auto" or change the flag'
+        )
+
+
+def resolve_ds_config(raw: dict[str, Any], *, source: str, micro_batch: int, grad_accum: int, world_size: int,
+                      clip_grad: float, precision: str, lr: float, weight_decay: float) -> dict[str, Any]:
+    """A copy of ``raw`` with every ``"auto"`` filled and the batch arithmetic checked.
+
+    bf16 ``"auto"`` resolves to false: scale-ocr's bf16 is torch autocast over fp32 weights, which keeps
+    BatchNorm and the CTC loss in fp32 under every strategy. Set ``"bf16": {"enabled": true}`` to have
+    DeepSpeed hold bf16 weights instead.
+    """
+    cfg = copy.deepcopy(raw)
+    _fill(cfg, "train_micro_batch_size_per_gpu", micro_batch, source, "--batch-size")
+    _fill(cfg, "gradient_accumulation_steps", grad_accum, source, "--grad-accum")
+    _fill(cfg, "train_batch_size", micro_batch * grad_accum * world_size, source,
+          "--batch-size x --grad-accum x world size")
+    _fill(cfg, "gradient_clipping", float(clip_grad), source, "--clip-grad")
+    fp16 = cfg.setdefault("fp16", {})
+    if fp16.get("enabled", "auto") == "auto":
+        fp16["enabled"] = precision == "fp16"
+    bf16 = cfg.setdefault("bf16", {})
+    if bf16.get("enabled", "auto") == "auto":
+        bf16["enabled"] = False
+    if fp16["enabled"] and bf16["enabled"]:
+        raise UserError(f"{source}: fp16 and bf16 are both enabled; enable at most one")
+    if "scheduler" in cfg:
+        raise UserError(
+            f"{source}: remove the \"scheduler\" section; scale-ocr sets the learning rate itself (--sched, --lr)"
+        )
+    opt = cfg.get("optimizer")
+    if isinstance(opt, dict):
+        params = opt.setdefault("params", {})
+        for key, value in (("lr", lr), ("weight_decay", weight_decay), ("betas", [0.9, 0.999]), ("eps", 1e-8)):
+            if params.get(key, "auto") == "auto":
+                params[key] = value
+    leftover = _find_auto(cfg)
+    if leftover:
+        raise UserError(f"{source}: no run setting fills \"auto\" at {leftover}; give it a value")
+    return cfg
+
+
+def _find_auto(node: Any, path: str = "") -> str | None:
+    if node == "auto":
+        return path or "<root>"
+    if isinstance(node, dict):
+        for k, v in node.items():
+            found = _find_auto(v, f"{path}.{k}" if path else k)
+            if found:
+                return found
+    return None

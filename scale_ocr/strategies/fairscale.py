@@ -1,0 +1,61 @@
+"""``fairscale``: OSS (sharded optimizer state) with ShardedDataParallel (sharded gradient reduction)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from scale_ocr.optim import OptimizerSpec
+from scale_ocr.strategies.base import StepStats, Strategy
+from scale_ocr.strategies.common import TorchStepper
+
+
+class Fairscale(Strategy):
+    """fairscale's ZeRO-2 analogue: each rank owns a shard of the optimizer state, and gradients are
+    reduced to their owner only; updated parameters are broadcast back after each step.
+    """
+
+    shards_state = True
+
+    def setup(self, model: nn.Module, optimizer: OptimizerSpec) -> tuple[nn.Module, Any]:
+        from fairscale.nn.data_parallel import ShardedDataParallel
+        from fairscale.optim import OSS
+
+        self.module = model.to(self.dist.device)
+        self.optimizer = OSS(optimizer.groups(self.module), optim=optimizer.cls, **optimizer.kwargs)
+        self.model = ShardedDataParallel(self.module, self.optimizer)
+        scaler = None
+        if self.train.precision == "fp16":
+            from fairscale.optim.grad_scaler import ShardedGradScaler
+
+            scaler = ShardedGradScaler()
+        self.stepper = TorchStepper(self.optimizer, self.train.grad_accum, self.optim.clip_grad,
+                                    self._grad_norm, self._clip, scaler)
+        return self.model, self.optimizer
+
+    def _grad_norm(self) -> float:
+        # OSS computes the norm over the gradients each rank owns and all-reduces it; with an
+        # infinite threshold it measures without scaling anything.
+        return float(self.optimizer.clip_grad_norm(float("inf")))
+
+    def _clip(self, max_norm: float, total_norm: float) -> None:
+        coef = max_norm / (total_norm + 1e-6)
+        if coef < 1.0:
+            for group in self.optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.detach().mul_(coef)
+
+    def no_sync(self):
+        return self.model.no_sync()
+
+    def backward(self, loss) -> None:
+        self.stepper.backward(loss)
+
+    def step(self) -> StepStats:
+        return self.stepper.step()
+
+    def full_state_dict(self) -> dict[str, Any] | None:
+        # Parameters are replicated (OSS broadcasts them after every step); only the state is sharded.
+        return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()} if self.is_main else None

@@ -1,0 +1,86 @@
+"""``fsdp`` / ``fsdp_grad_op``: FSDP2 (``fully_shard``), each block sharded, then the root."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from scale_ocr.optim import OptimizerSpec
+from scale_ocr.strategies.base import StepStats, Strategy
+from scale_ocr.strategies.common import TorchStepper, make_scaler
+
+
+def apply_fsdp(model: nn.Module, mesh, reshard_after_forward: bool) -> nn.Module:
+    """Shard ``model.sharding_units()`` (or its direct children) one by one, then the root.
+
+    Per-unit sharding is what bounds memory: each unit's parameters are gathered just before its
+    forward/backward and freed after, instead of the whole model at once.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    units = model.sharding_units() if hasattr(model, "sharding_units") else list(model.children())
+    for unit in units:
+        if any(p.requires_grad for p in unit.parameters()):
+            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+class FSDP(Strategy):
+    """Fully sharded data parallel: parameters, gradients and optimizer state split across ranks.
+
+    Args:
+        reshard_after_forward: free gathered parameters after forward (ZeRO-3 memory); False keeps
+            them until backward ends (ZeRO-2-like: more memory, one all-gather less per step).
+    """
+
+    shards_state = True
+
+    def __init__(self, *args, reshard_after_forward: bool = True, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.reshard_after_forward = reshard_after_forward
+
+    def setup(self, model: nn.Module, optimizer: OptimizerSpec) -> tuple[nn.Module, Any]:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(self.dist.device.type, (self.world_size,))
+        self.model = apply_fsdp(model.to(self.dist.device), mesh, self.reshard_after_forward)
+        self.optimizer = optimizer.build(self.model)  # over the sharded (DTensor) parameters
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.stepper = TorchStepper(self.optimizer, self.train.grad_accum, self.optim.clip_grad,
+                                    self._grad_norm, self._clip,
+                                    make_scaler(self.train.precision, self.dist.device, sharded=True))
+        return self.model, self.optimizer
+
+    def _grad_norm(self) -> float:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        # The norm of sharded gradients is a partial DTensor; full_tensor() reduces it over ranks.
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def _clip(self, max_norm: float, total_norm: float) -> None:
+        torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, torch.tensor(total_norm))
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        # Skip the reduce-scatter on accumulation micro-steps; gradients accumulate unsharded.
+        self.model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self.model.set_requires_gradient_sync(True)
+
+    def backward(self, loss) -> None:
+        self.stepper.backward(loss)
+
+    def step(self) -> StepStats:
+        return self.stepper.step()
+
+    def full_state_dict(self) -> dict[str, Any] | None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return state if self.is_main else None

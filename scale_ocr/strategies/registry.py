@@ -1,0 +1,56 @@
+"""One strategy registry: a name maps to a strategy class plus preset arguments."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from scale_ocr.config import OptimConfig, StrategyConfig, TrainConfig
+from scale_ocr.distributed import DistInfo
+from scale_ocr.errors import UserError
+from scale_ocr.strategies.base import Strategy
+
+
+@dataclass(frozen=True)
+class StrategyEntry:
+    cls: type[Strategy]
+    description: str
+    preset: dict[str, Any] = field(default_factory=dict)
+
+
+_STRATEGIES: dict[str, StrategyEntry] = {}
+
+
+def register_strategy(name: str, cls: type[Strategy], description: str, **preset: Any) -> None:
+    """Register ``name`` as ``cls(**preset)``; a name can be registered once."""
+    if name in _STRATEGIES:
+        raise ValueError(f"strategy {name!r} is registered twice")
+    _STRATEGIES[name] = StrategyEntry(cls, description, dict(preset))
+
+
+def list_strategies() -> dict[str, str]:
+    """Registered names and their one-line descriptions."""
+    return {name: entry.description for name, entry in _STRATEGIES.items()}
+
+
+def strategy_entry(name: str) -> StrategyEntry:
+    if name not in _STRATEGIES:
+        raise UserError(f"unknown strategy {name!r}; choose one of: {', '.join(_STRATEGIES)}")
+    return _STRATEGIES[name]
+
+
+def create_strategy(cfg: StrategyConfig, dist: DistInfo, train: TrainConfig, optim: OptimConfig) -> Strategy:
+    """Build the strategy named by ``cfg.strategy`` and check it suits the launch."""
+    entry = strategy_entry(cfg.strategy)
+    limit = entry.cls.max_world_size
+    if limit is not None and dist.world_size > limit:
+        raise UserError(
+            f"--strategy {cfg.strategy} runs in one process, but this job has {dist.world_size} ranks "
+            f"(launched by {dist.launcher}); start it with plain `python` or pick ddp, fsdp or zero2"
+        )
+    if cfg.ds_config and "preset" not in entry.preset:
+        raise UserError(
+            f"--ds-config is read by DeepSpeed strategies only, not --strategy {cfg.strategy}; "
+            "use --strategy deepspeed (or zero1/zero2/zero3) with it"
+        )
+    return entry.cls(cfg, dist, train, optim, **entry.preset)

@@ -1,0 +1,54 @@
+"""``single``: the plain module on one device, and ``dp``: torch.nn.DataParallel over local GPUs."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from torch import nn
+
+from scale_ocr.optim import OptimizerSpec
+from scale_ocr.strategies.base import StepStats, Strategy
+from scale_ocr.strategies.common import TorchStepper, dense_clip, dense_grad_norm, make_scaler
+
+
+class SingleDevice(Strategy):
+    """One process, one device, no wrapper: the reference every other strategy is compared to."""
+
+    max_world_size = 1
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def setup(self, model: nn.Module, optimizer: OptimizerSpec) -> tuple[nn.Module, Any]:
+        self.module = model.to(self.dist.device)
+        self.model = self._wrap(self.module)
+        self.optimizer = optimizer.build(self.module)
+        params = list(self.module.parameters())
+        self.stepper = TorchStepper(self.optimizer, self.train.grad_accum, self.optim.clip_grad,
+                                    dense_grad_norm(params), dense_clip(params),
+                                    make_scaler(self.train.precision, self.dist.device))
+        return self.model, self.optimizer
+
+    def no_sync(self):
+        return contextlib.nullcontext()
+
+    def backward(self, loss) -> None:
+        self.stepper.backward(loss)
+
+    def step(self) -> StepStats:
+        return self.stepper.step()
+
+    def full_state_dict(self) -> dict[str, Any] | None:
+        return self.module.state_dict()
+
+
+class DataParallel(SingleDevice):
+    """``torch.nn.DataParallel``: one process drives every local GPU by scattering each batch.
+
+    The baseline of the benchmarks. On a CPU-only host it runs the module directly in one process
+    that uses all cores as threads, which is DataParallel's own behaviour without GPUs.
+    """
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        return nn.DataParallel(model)

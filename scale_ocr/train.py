@@ -1,0 +1,77 @@
+"""Train an OCR model: ``python``, ``torchrun`` or ``deepspeed`` this file, or run ``scale-ocr train``.
+
+Parse the config, start the process group, build model, data and strategy, train, and always
+tear the process group down.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    # Run as a script: put the repository root, not scale_ocr/, first on the path, so the package
+    # imports by name and its modules cannot shadow top-level ones.
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import torch
+
+from scale_ocr.cli_args import parse_config
+from scale_ocr.config import RunConfig
+from scale_ocr.data.loader import build_data
+from scale_ocr.distributed import DistInfo, destroy_distributed, init_distributed
+from scale_ocr.errors import report_user_errors
+from scale_ocr.loggers import build_logger
+from scale_ocr.models import create_model
+from scale_ocr.optim import LRSchedule, build_optimizer_spec, default_warmup, lr_factor
+from scale_ocr.run_info import run_summary_line, write_run_config
+from scale_ocr.strategies import create_strategy
+from scale_ocr.trainer import Trainer, plan_steps
+from scale_ocr.vocab import Vocab
+
+
+def run(cfg: RunConfig, dist: DistInfo) -> dict:
+    """Build every component from its config section and train; returns the metrics summary."""
+    strategy = create_strategy(cfg.strategy, dist, cfg.train, cfg.optim)  # validates the launch first
+    vocab = Vocab(cfg.model.charset)
+    torch.manual_seed(cfg.train.seed)  # same initial weights on every rank
+    model = create_model(cfg.model.arch, num_classes=vocab.num_classes, input_size=cfg.model.input_size)
+    torch.manual_seed(cfg.train.seed + 1 + dist.rank)  # per-rank augmentation randomness
+    data = build_data(cfg.data, vocab, cfg.model.input_size, cfg.train.batch_size, cfg.train.seed, dist)
+    wrapped, optimizer = strategy.setup(model, build_optimizer_spec(cfg.optim))
+    steps_per_epoch = len(data.train_loader) // cfg.train.grad_accum
+    total = plan_steps(steps_per_epoch, cfg.train.epochs, cfg.train.max_steps)
+    schedule = LRSchedule(optimizer, cfg.optim.lr, lr_factor(cfg.optim.sched, total, default_warmup(cfg.optim, total)))
+    run_dir = Path(cfg.output.output_dir)
+    if dist.is_main:
+        write_run_config(run_dir, cfg, dist, strategy, model, data)
+    logger = build_logger(dist.is_main, run_dir)
+    try:
+        trainer = Trainer(strategy, wrapped, schedule, data, cfg.train, logger, run_dir, total)
+        summary = {"strategy": cfg.strategy.strategy, "arch": cfg.model.arch, "precision": cfg.train.precision,
+                   "launcher": dist.launcher, "backend": dist.backend, "device": str(dist.device),
+                   "skipped_samples": sum(data.skipped.values()), **trainer.fit()}
+        logger.summary(summary)
+    finally:
+        logger.close()
+        strategy.teardown()
+    if dist.is_main:
+        print(run_summary_line(summary, run_dir), flush=True)
+    return summary
+
+
+@report_user_errors
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_config(argv)
+    dist = init_distributed(cfg.strategy.backend)
+    try:
+        run(cfg, dist)
+    finally:
+        destroy_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+

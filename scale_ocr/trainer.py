@@ -1,0 +1,217 @@
+"""The one training loop, shared by every strategy and launcher.
+
+It talks to the distributed engine only through :class:`~scale_ocr.strategies.Strategy`; there
+is no branch on a strategy's name or class here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from scale_ocr.config import TrainConfig
+from scale_ocr.data.loader import Data
+from scale_ocr.distributed import all_reduce_max, all_reduce_sum
+from scale_ocr.errors import UserError
+from scale_ocr.evaluation import evaluate
+from scale_ocr.optim import LRSchedule
+from scale_ocr.precision import autocast_factory
+from scale_ocr.strategies import Strategy
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """This process's peak memory: CUDA max allocated on GPU, peak resident set size on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def plan_steps(steps_per_epoch: int, epochs: int, max_steps: int | None) -> int:
+    """Optimizer steps in the run: ``epochs`` worth, capped by ``max_steps``."""
+    total = steps_per_epoch * epochs
+    return min(total, max_steps) if max_steps else total
+
+
+@dataclass
+class RunState:
+    """Counters the loop advances."""
+
+    step: int = 0
+    epoch: int = 0
+    timed_steps: int = 0
+    timed_seconds: float = 0.0
+    epoch_loss: list[float] = field(default_factory=list)
+    best: tuple[float, float] | None = None  # (exact_match, -val_loss)
+    last_eval: dict[str, float] = field(default_factory=dict)
+
+
+class Trainer:
+    """Trains ``model`` under ``strategy``; rank 0 writes models and metrics to ``run_dir``.
+
+    Args:
+        strategy: an already set-up strategy (``setup`` returned ``model`` and ``optimizer``).
+        model: the callable returned by ``strategy.setup``.
+        schedule: sets the learning rate for each optimizer step.
+        data: loaders, sampler and vocabulary.
+        cfg: the train section (batch, accumulation, precision, logging cadence).
+        logger: a JSONL/W&B logger on rank 0, a null logger elsewhere.
+        run_dir: where models and metrics go.
+    """
+
+    def __init__(self, strategy: Strategy, model: nn.Module, schedule: LRSchedule, data: Data, cfg: TrainConfig,
+                 logger, run_dir: Path, total_steps: int) -> None:
+        self.strategy, self.model, self.schedule, self.data, self.cfg = strategy, model, schedule, data, cfg
+        self.logger, self.run_dir, self.total_steps = logger, run_dir, total_steps
+        self.device = strategy.dist.device
+        self.autocast = autocast_factory(cfg.precision, self.device)
+        self.global_batch = cfg.batch_size * cfg.grad_accum * strategy.world_size
+        self.steps_per_epoch = len(data.train_loader) // cfg.grad_accum
+        if self.steps_per_epoch == 0:
+            raise UserError(
+                f"one epoch holds fewer than --grad-accum {cfg.grad_accum} batches per rank; "
+                "add samples or lower --batch-size/--grad-accum"
+            )
+        # Steps before this are compile/allocator warm-up and are not timed for samples/s.
+        self.warmup_steps = min(5, max(0, total_steps // 4))
+        self.state = RunState()
+
+    def fit(self) -> dict[str, Any]:
+        start = time.perf_counter()
+        # A live bar on a terminal; plain log lines (one per --log-every) in files and CI logs.
+        self.interactive = self.strategy.is_main and sys.stderr.isatty()
+        bar = tqdm(total=self.total_steps, desc="train", disable=not self.interactive, dynamic_ncols=True,
+                   mininterval=1.0)
+        epochs = math.ceil(self.total_steps / self.steps_per_epoch)
+        for epoch in range(epochs):
+            self.state.epoch = epoch
+            self.train_epoch(bar)
+            self.end_epoch()
+        bar.close()
+        return self.finish(time.perf_counter() - start)
+
+    def train_epoch(self, bar: tqdm) -> None:
+        self.data.train_sampler.set_epoch(self.state.epoch)
+        self.model.train()
+        batches = iter(self.data.train_loader)
+        self.state.epoch_loss = []
+        window_loss, window_start = [], time.perf_counter()
+        for _ in range(self.steps_per_epoch):
+            if self.state.step >= self.total_steps:
+                break
+            t0 = time.perf_counter()
+            loss = self.train_step(batches)
+            stats = self.strategy.step()
+            self.schedule.step()
+            self.state.step += 1
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            dt = time.perf_counter() - t0
+            if self.state.step > self.warmup_steps:
+                self.state.timed_steps += 1
+                self.state.timed_seconds += dt
+            window_loss.append(loss)
+            self.state.epoch_loss.append(loss)
+            bar.update(1)
+            if self.state.step % self.cfg.log_every == 0 or self.state.step == self.total_steps:
+                elapsed = time.perf_counter() - window_start
+                self.log_window(window_loss, stats, elapsed, bar)
+                window_loss, window_start = [], time.perf_counter()
+
+    def train_step(self, batches) -> float:
+        """Forward and backward over ``grad_accum`` micro-batches; returns their mean loss."""
+        total = 0.0
+        for micro in range(self.cfg.grad_accum):
+            batch = next(batches).to(self.device)
+            sync = micro == self.cfg.grad_accum - 1
+            with self.strategy.no_sync() if not sync else contextlib.nullcontext():
+                with self.autocast():
+                    out = self.model(batch.images, batch.targets, batch.target_lengths)
+                loss = out["loss"].mean()  # DataParallel returns one loss per replica
+                self.strategy.backward(loss)
+            total += float(loss.detach())
+        return total / self.cfg.grad_accum
+
+    def log_window(self, losses: list[float], stats, elapsed: float, bar: tqdm) -> None:
+        # Collective on every rank at the same steps, so no rank waits on another.
+        loss_sum, n = all_reduce_sum([sum(losses), len(losses)], self.device)
+        mem = peak_memory_bytes(self.device)
+        mem_sum, = all_reduce_sum([mem], self.device)
+        mem_max = all_reduce_max(mem, self.device)
+        metrics = {
+            "train/loss": loss_sum / max(n, 1),
+            "train/lr": self.schedule.lr,
+            "train/grad_norm": stats.grad_norm,
+            "train/samples_per_sec": len(losses) * self.global_batch / max(elapsed, 1e-9),
+            "train/step_time": elapsed / max(len(losses), 1),
+            "train/epoch": self.state.epoch,
+            "memory/peak_bytes_max": mem_max,
+            "memory/peak_bytes_mean": mem_sum / self.strategy.world_size,
+        }
+        if stats.loss_scale is not None:
+            metrics["train/loss_scale"] = stats.loss_scale
+        self.logger.log(metrics, self.state.step)
+        bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", sps=f"{metrics['train/samples_per_sec']:.0f}")
+        if self.strategy.is_main and not self.interactive:
+            print(f"step {self.state.step}/{self.total_steps} loss={metrics['train/loss']:.4f} "
+                  f"lr={metrics['train/lr']:.2e} grad_norm={stats.grad_norm:.3f} "
+                  f"samples/s={metrics['train/samples_per_sec']:.1f}", flush=True)
+
+    def end_epoch(self) -> None:
+        result = evaluate(self.model, self.data.val_loader, self.data.vocab, self.device, self.autocast)
+        self.state.last_eval = result.metrics
+        self.logger.log({f"val/{k}": v for k, v in result.metrics.items()} | {"epoch": self.state.epoch},
+                        self.state.step)
+        state = self.strategy.full_state_dict()  # collective: every rank takes part
+        score = (result.metrics["exact_match"], -result.metrics["val_loss"])
+        improved = self.state.best is None or score > self.state.best
+        if improved:
+            self.state.best = score
+        if state is not None:
+            _save(state, self.run_dir / "last_model.pt")
+            if improved:
+                _save(state, self.run_dir / "best_model.pt")
+        if self.strategy.is_main:
+            m = result.metrics
+            tqdm.write(f"epoch {self.state.epoch + 1}: val_loss={m['val_loss']:.4f} "
+                       f"exact_match={m['exact_match']:.2%} cer={m['cer']:.4f}")
+
+    def finish(self, wall: float) -> dict[str, Any]:
+        peak = all_reduce_max(peak_memory_bytes(self.device), self.device)
+        losses = self.state.epoch_loss
+        loss_sum, n = all_reduce_sum([sum(losses), len(losses)], self.device)
+        sps = (self.state.timed_steps * self.global_batch / self.state.timed_seconds
+               if self.state.timed_seconds > 0 else float("nan"))
+        ev = self.state.last_eval
+        return {
+            "world_size": self.strategy.world_size,
+            "global_batch": self.global_batch,
+            "steps": self.state.step,
+            "epochs": self.state.epoch + 1,
+            "train_loss": loss_sum / max(n, 1),
+            "val_loss": ev.get("val_loss"),
+            "exact_match": ev.get("exact_match"),
+            "ci_match": ev.get("ci_match"),
+            "cer": ev.get("cer"),
+            "best_exact_match": self.state.best[0] if self.state.best else None,
+            "samples_per_sec": sps,
+            "peak_memory_bytes": int(peak),
+            "wall_seconds": wall,
+        }
+
+
+def _save(state: dict[str, Any], path: Path) -> None:
+    """Atomic save: a crash mid-write leaves the previous file intact."""
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    torch.save(state, tmp)
+    tmp.replace(path)
