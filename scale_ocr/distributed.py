@@ -80,6 +80,16 @@ def _slurm_first_host(nodelist: str) -> str:
     return head
 
 
+def peek_launch() -> tuple[int, str]:
+    """World size and launcher from the environment, without starting anything."""
+    launcher = detect_launcher()
+    if launcher == "slurm":
+        return int(os.environ["SLURM_NTASKS"]), launcher
+    if launcher == "python":
+        return 1, launcher
+    return int(os.environ["WORLD_SIZE"]), launcher
+
+
 def init_distributed(backend: str | None = None) -> DistInfo:
     """Read the launcher's environment, pick device and backend, and start the process group.
 

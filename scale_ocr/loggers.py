@@ -21,7 +21,7 @@ class JsonlLogger:
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
-        self.file = (run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        self.file = (run_dir / "metrics.jsonl").open("w", encoding="utf-8")
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         record = {"step": step, "time": round(time.time(), 3), **{k: _clean(v) for k, v in metrics.items()}}

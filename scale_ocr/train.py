@@ -19,13 +19,13 @@ import torch
 from scale_ocr.cli_args import parse_config
 from scale_ocr.config import RunConfig
 from scale_ocr.data.loader import build_data
-from scale_ocr.distributed import DistInfo, destroy_distributed, init_distributed
+from scale_ocr.distributed import DistInfo, destroy_distributed, init_distributed, peek_launch
 from scale_ocr.errors import report_user_errors
 from scale_ocr.loggers import build_logger
 from scale_ocr.models import create_model
 from scale_ocr.optim import LRSchedule, build_optimizer_spec, default_warmup, lr_factor
 from scale_ocr.run_info import run_summary_line, write_run_config
-from scale_ocr.strategies import create_strategy
+from scale_ocr.strategies import check_launch, create_strategy
 from scale_ocr.trainer import Trainer, plan_steps
 from scale_ocr.vocab import Vocab
 
@@ -63,6 +63,7 @@ def run(cfg: RunConfig, dist: DistInfo) -> dict:
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(argv)
+    check_launch(cfg.strategy, *peek_launch())  # before the rendezvous, which a bad launch could hang
     dist = init_distributed(cfg.strategy.backend)
     try:
         run(cfg, dist)

@@ -112,6 +112,7 @@ class Trainer:
             t0 = time.perf_counter()
             loss = self.train_step(batches)
             stats = self.strategy.step()
+            lr = self.schedule.lr  # the rate this step used
             self.schedule.step()
             self.state.step += 1
             if self.device.type == "cuda":
@@ -125,7 +126,7 @@ class Trainer:
             bar.update(1)
             if self.state.step % self.cfg.log_every == 0 or self.state.step == self.total_steps:
                 elapsed = time.perf_counter() - window_start
-                self.log_window(window_loss, stats, elapsed, bar)
+                self.log_window(window_loss, stats, lr, elapsed, bar)
                 window_loss, window_start = [], time.perf_counter()
 
     def train_step(self, batches) -> float:
@@ -142,7 +143,7 @@ class Trainer:
             total += float(loss.detach())
         return total / self.cfg.grad_accum
 
-    def log_window(self, losses: list[float], stats, elapsed: float, bar: tqdm) -> None:
+    def log_window(self, losses: list[float], stats, lr: float, elapsed: float, bar: tqdm) -> None:
         # Collective on every rank at the same steps, so no rank waits on another.
         loss_sum, n = all_reduce_sum([sum(losses), len(losses)], self.device)
         mem = peak_memory_bytes(self.device)
@@ -150,7 +151,7 @@ class Trainer:
         mem_max = all_reduce_max(mem, self.device)
         metrics = {
             "train/loss": loss_sum / max(n, 1),
-            "train/lr": self.schedule.lr,
+            "train/lr": lr,
             "train/grad_norm": stats.grad_norm,
             "train/samples_per_sec": len(losses) * self.global_batch / max(elapsed, 1e-9),
             "train/step_time": elapsed / max(len(losses), 1),

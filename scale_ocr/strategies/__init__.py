@@ -9,7 +9,7 @@ from scale_ocr.strategies.ddp import DDP
 from scale_ocr.strategies.deepspeed import DeepSpeed
 from scale_ocr.strategies.fairscale import Fairscale
 from scale_ocr.strategies.fsdp import FSDP
-from scale_ocr.strategies.registry import create_strategy, list_strategies, register_strategy, strategy_entry
+from scale_ocr.strategies.registry import check_launch, create_strategy, list_strategies, register_strategy, strategy_entry
 from scale_ocr.strategies.single import DataParallel, SingleDevice
 
 register_strategy("single", SingleDevice, "plain module on one device")
@@ -29,4 +29,4 @@ register_strategy("zero3_offload", DeepSpeed, "DeepSpeed ZeRO-3 with parameters 
 register_strategy("deepspeed", DeepSpeed, "DeepSpeed with the JSON given by --ds-config", preset=None)
 register_strategy("fairscale", Fairscale, "fairscale OSS + ShardedDataParallel: optimizer state and grads sharded")
 
-__all__ = ["StepStats", "Strategy", "create_strategy", "list_strategies", "register_strategy", "strategy_entry"]
+__all__ = ["StepStats", "Strategy", "check_launch", "create_strategy", "list_strategies", "register_strategy", "strategy_entry"]

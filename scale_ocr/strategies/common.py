@@ -21,12 +21,16 @@ class TorchStepper:
         grad_norm: returns the global pre-clip norm of the gradients as a float.
         clip: scales gradients given (max_norm, total_norm).
         scaler: a GradScaler for fp16, or None.
+        zero_grad: clears gradients after the step; defaults to the optimizer's. Engines that keep
+            gradients in their own buckets (fairscale's ShardedDataParallel) must clear those too.
     """
 
     def __init__(self, optimizer: Any, grad_accum: int, max_norm: float,
-                 grad_norm: Callable[[], float], clip: Callable[[float, float], None], scaler=None) -> None:
+                 grad_norm: Callable[[], float], clip: Callable[[float, float], None], scaler=None,
+                 zero_grad: Callable[[], None] | None = None) -> None:
         self.optimizer, self.grad_accum, self.max_norm = optimizer, grad_accum, max_norm
         self.grad_norm, self.clip, self.scaler = grad_norm, clip, scaler
+        self.zero_grad = zero_grad or (lambda: optimizer.zero_grad(set_to_none=True))
 
     def backward(self, loss: torch.Tensor) -> None:
         loss = loss / self.grad_accum
@@ -49,7 +53,7 @@ class TorchStepper:
             skipped = float(self.scaler.get_scale()) < scale
         else:
             self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.zero_grad()
         return StepStats(grad_norm=norm, skipped=skipped, loss_scale=scale)
 
 

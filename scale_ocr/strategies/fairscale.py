@@ -31,8 +31,13 @@ class Fairscale(Strategy):
 
             scaler = ShardedGradScaler()
         self.stepper = TorchStepper(self.optimizer, self.train.grad_accum, self.optim.clip_grad,
-                                    self._grad_norm, self._clip, scaler)
+                                    self._grad_norm, self._clip, scaler, zero_grad=self._zero_grad)
         return self.model, self.optimizer
+
+    def _zero_grad(self) -> None:
+        # Bucketed gradients are views into ShardedDataParallel's reduce buckets: clearing only the
+        # optimizer's .grad leaves the buckets holding the last step, which then leaks into the next.
+        self.model.zero_grad(set_to_none=False)
 
     def _grad_norm(self) -> float:
         # OSS computes the norm over the gradients each rank owns and all-reduces it; with an

@@ -39,18 +39,24 @@ def strategy_entry(name: str) -> StrategyEntry:
     return _STRATEGIES[name]
 
 
-def create_strategy(cfg: StrategyConfig, dist: DistInfo, train: TrainConfig, optim: OptimConfig) -> Strategy:
-    """Build the strategy named by ``cfg.strategy`` and check it suits the launch."""
+def check_launch(cfg: StrategyConfig, world_size: int, launcher: str) -> StrategyEntry:
+    """Refuse a strategy that cannot work with this launch, before any rendezvous can hang on it."""
     entry = strategy_entry(cfg.strategy)
     limit = entry.cls.max_world_size
-    if limit is not None and dist.world_size > limit:
+    if limit is not None and world_size > limit:
         raise UserError(
-            f"--strategy {cfg.strategy} runs in one process, but this job has {dist.world_size} ranks "
-            f"(launched by {dist.launcher}); start it with plain `python` or pick ddp, fsdp or zero2"
+            f"--strategy {cfg.strategy} runs in one process, but this job has {world_size} ranks "
+            f"(launched by {launcher}); start it with plain `python` or pick ddp, fsdp or zero2"
         )
     if cfg.ds_config and "preset" not in entry.preset:
         raise UserError(
             f"--ds-config is read by DeepSpeed strategies only, not --strategy {cfg.strategy}; "
             "use --strategy deepspeed (or zero1/zero2/zero3) with it"
         )
+    return entry
+
+
+def create_strategy(cfg: StrategyConfig, dist: DistInfo, train: TrainConfig, optim: OptimConfig) -> Strategy:
+    """Build the strategy named by ``cfg.strategy`` and check it suits the launch."""
+    entry = check_launch(cfg, dist.world_size, dist.launcher)
     return entry.cls(cfg, dist, train, optim, **entry.preset)

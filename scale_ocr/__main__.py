@@ -1,0 +1,7 @@
+"""``python -m scale_ocr`` is the ``scale-ocr`` command."""
+
+import sys
+
+from scale_ocr.cli import main
+
+sys.exit(main())

@@ -1,0 +1,58 @@
+"""``scale-ocr``: the console entry point.
+
+``scale-ocr train [ARCH] [flags]`` takes exactly the flags of ``scale_ocr/train.py``;
+``scale-ocr models`` and ``scale-ocr strategies`` list what the registries hold.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from scale_ocr.errors import report_user_errors
+
+USAGE = """usage: scale-ocr COMMAND [ARGS]
+
+commands:
+  train        train a model (see `scale-ocr train --help`)
+  models       list registered models
+  strategies   list distributed strategies
+"""
+
+
+def _models(argv: list[str]) -> int:
+    from scale_ocr.models import list_models
+
+    for name in list_models(argv[0] if argv else "*"):
+        print(name)
+    return 0
+
+
+def _strategies(argv: list[str]) -> int:
+    from scale_ocr.strategies import list_strategies
+
+    for name, desc in list_strategies().items():
+        print(f"{name:<15} {desc}")
+    return 0
+
+
+@report_user_errors
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "train":
+        from scale_ocr.train import main as train_main
+
+        return train_main.__wrapped__(rest)
+    if command == "models":
+        return _models(rest)
+    if command == "strategies":
+        return _strategies(rest)
+    print(f"scale-ocr: error: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Shared fixtures: slow-test gating, tiny docTR folders, and launching real training processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = REPO / "scale_ocr" / "train.py"
+BIN = Path(sys.executable).parent
+
+# Tiny, fast settings shared by every launched run.
+TINY = ["--max-steps", "6", "--train-samples", "64", "--val-samples", "16", "-b", "4", "--log-every", "2",
+        "--max-chars", "5"]
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("SCALE_OCR_FULL_TESTS", "0") not in ("", "0"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with `make test FULL=1` (CI does)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    env["PYTHONPATH"] = str(REPO)
+    env["OMP_NUM_THREADS"] = "1"
+    env.setdefault("WANDB_MODE", "disabled")
+    return env
+
+
+def run_cmd(cmd: list[str], timeout: int = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run a command from the repository root and capture its output."""
+    return subprocess.run(cmd, cwd=REPO, env=env or _env(), capture_output=True, text=True, timeout=timeout)
+
+
+def python_train(args: list[str], **kw) -> subprocess.CompletedProcess:
+    """``python scale_ocr/train.py ARGS`` as a user types it."""
+    return run_cmd([sys.executable, str(TRAIN), *args], **kw)
+
+
+def torchrun_train(args: list[str], nproc: int = 2, **kw) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node N scale_ocr/train.py ARGS``: real ranks over gloo on 127.0.0.1."""
+    cmd = [str(BIN / "torchrun"), "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
+           "--master_port", str(_free_port()), str(TRAIN), *args]
+    return run_cmd(cmd, **kw)
+
+
+def deepspeed_train(args: list[str], ngpus: int = 2, **kw) -> subprocess.CompletedProcess:
+    """``deepspeed --num_gpus N scale_ocr/train.py ARGS`` (CPU ranks when there is no GPU)."""
+    cmd = [str(BIN / "deepspeed"), "--num_gpus", str(ngpus), "--master_port", str(_free_port()), str(TRAIN), *args]
+    return run_cmd(cmd, **kw)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_metrics(run_dir: Path) -> dict:
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def read_jsonl(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def make_folder(root: Path, labels: dict[str, object], images: dict[str, bytes | None] | None = None) -> Path:
+    """A docTR recognition folder; words in ``labels`` are rendered unless ``images`` overrides them."""
+    import numpy as np
+
+    from scale_ocr.data.synthetic import render_word, system_fonts
+
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    images = images or {}
+    for i, (name, word) in enumerate(labels.items()):
+        if name in images:
+            if images[name] is not None:
+                (root / "images" / name).write_bytes(images[name])
+            continue
+        render_word(str(word) or "x", np.random.default_rng(i), system_fonts()).save(root / "images" / name)
+    (root / "labels.json").write_text(json.dumps(labels), encoding="utf-8")
+    return root
+
+
+@pytest.fixture
+def word_folder(tmp_path: Path) -> Path:
+    words = ["hello", "world", "scale", "ocr42", "Text", "CTC", "gloo", "rank"]
+    return make_folder(tmp_path / "words", {f"{i}.png": w for i, w in enumerate(words)})

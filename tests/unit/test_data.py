@@ -1,0 +1,80 @@
+import torch
+
+from scale_ocr.data.loader import Collate, EvalShard, build_data
+from scale_ocr.data.recognition import RecognitionFolder
+from scale_ocr.data.synthetic import SyntheticWords, system_fonts
+from scale_ocr.data.transforms import ResizePad, build_transform
+from scale_ocr.config import DataConfig
+from scale_ocr.distributed import DistInfo
+from scale_ocr.vocab import Vocab, resolve_vocab
+
+
+def _dist(rank=0, world=1):
+    return DistInfo(rank, world, rank, world, torch.device("cpu"), "gloo", "python")
+
+
+def test_system_fonts_found():
+    # The machine has DejaVu; without it Pillow's bundled font is used (empty tuple).
+    assert all(p.endswith(".ttf") for p in system_fonts())
+
+
+def test_synthetic_is_deterministic_per_seed_and_index():
+    charset = resolve_vocab("latin")
+    a = SyntheticWords(charset, 50, 3, 8, seed=1)
+    b = SyntheticWords(charset, 50, 3, 8, seed=1)
+    c = SyntheticWords(charset, 50, 3, 8, seed=2)
+    assert [a.label(i) for i in range(50)] == [b.label(i) for i in range(50)]
+    assert [a.label(i) for i in range(50)] != [c.label(i) for i in range(50)]
+    img_a, word_a = a.sample(7)
+    img_b, word_b = b.sample(7)
+    assert word_a == word_b and list(img_a.getdata()) == list(img_b.getdata())
+    assert all(3 <= len(a.label(i)) <= 8 and set(a.label(i)) <= set(charset) for i in range(50))
+
+
+def test_resize_pad_keeps_aspect():
+    from PIL import Image
+
+    img = Image.new("RGB", (40, 20), (255, 255, 255))
+    out = ResizePad((32, 128))(img)
+    assert out.size == (128, 32)
+    # 40x20 scaled by 1.6 -> 64x32; the right half is padding in the border colour.
+    assert out.getpixel((100, 16)) == (255, 255, 255)
+
+
+def test_transforms_output_shape():
+    ds = SyntheticWords("abc", 4, 3, 4, seed=0, transform=build_transform((32, 128), train=True))
+    x, _ = ds[0]
+    assert x.shape == (3, 32, 128) and x.dtype == torch.float32
+
+
+def test_eval_shard_pads_evenly_and_masks():
+    data = [(torch.zeros(1), str(i)) for i in range(5)]
+    shards = [EvalShard(data, r, 2) for r in range(2)]
+    assert [len(s) for s in shards] == [3, 3]
+    seen = [s[i][1] for s in shards for i in range(3) if s[i][2]]
+    assert sorted(seen, key=int) == [str(i) for i in range(5)]
+    assert [s[i][2] for s in shards for i in range(3)].count(False) == 1
+
+
+def test_collate_pads_targets():
+    batch = Collate(Vocab("abc"))([(torch.zeros(3, 2, 2), "ab", True), (torch.zeros(3, 2, 2), "cab", False)])
+    assert batch.targets.tolist() == [[1, 2, 0], [3, 1, 2]]
+    assert batch.target_lengths.tolist() == [2, 3]
+    assert batch.valid.tolist() == [True, False]
+
+
+def test_folder_dataset(word_folder):
+    ds = RecognitionFolder((str(word_folder),), Vocab(resolve_vocab("latin")))
+    assert len(ds) == 8
+    img, word = ds[0]
+    assert word == "hello" and img.size[0] > 0
+
+
+def test_train_sampler_gives_disjoint_shards():
+    cfg = DataConfig(train_samples=64, val_samples=10)
+    vocab = Vocab(resolve_vocab("latin"))
+    shards = [build_data(cfg, vocab, (32, 128), 4, 0, _dist(r, 2)) for r in range(2)]
+    idx = [set(s.train_sampler) for s in shards]
+    assert not idx[0] & idx[1] and len(idx[0] | idx[1]) == 64
+    shards[0].train_sampler.set_epoch(1)
+    assert set(shards[0].train_sampler) != idx[0]  # a new permutation each epoch

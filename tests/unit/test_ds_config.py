@@ -1,0 +1,55 @@
+import json
+
+import pytest
+
+from scale_ocr.errors import UserError
+from scale_ocr.strategies.ds_config import load_ds_config, preset_path, resolve_ds_config
+
+KW = dict(source="x.json", micro_batch=8, grad_accum=2, world_size=4, clip_grad=1.0, precision="fp32", lr=1e-3,
+          weight_decay=0.01)
+
+
+@pytest.mark.parametrize("name", ["zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"])
+def test_presets_resolve(name):
+    cfg = resolve_ds_config(load_ds_config(preset_path(name)), **KW)
+    assert cfg["train_micro_batch_size_per_gpu"] == 8
+    assert cfg["gradient_accumulation_steps"] == 2
+    assert cfg["train_batch_size"] == 64
+    assert cfg["gradient_clipping"] == 1.0
+    assert cfg["fp16"]["enabled"] is False and cfg["bf16"]["enabled"] is False
+    assert cfg["zero_optimization"]["stage"] == int(name[4])
+    assert "auto" not in json.dumps(cfg)
+
+
+def test_fp16_auto_follows_precision():
+    cfg = resolve_ds_config({"fp16": {"enabled": "auto"}}, **{**KW, "precision": "fp16"})
+    assert cfg["fp16"]["enabled"] is True
+
+
+def test_optimizer_section_is_filled():
+    cfg = resolve_ds_config({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, **KW)
+    assert cfg["optimizer"]["params"]["lr"] == 1e-3
+    assert cfg["optimizer"]["params"]["weight_decay"] == 0.01
+
+
+def test_contradicting_value_is_refused():
+    with pytest.raises(UserError, match="contradicts --batch-size"):
+        resolve_ds_config({"train_micro_batch_size_per_gpu": 16}, **KW)
+    # equal explicit values are fine
+    assert resolve_ds_config({"train_micro_batch_size_per_gpu": 8}, **KW)["train_batch_size"] == 64
+
+
+def test_unfillable_auto_and_scheduler():
+    with pytest.raises(UserError, match="zero_optimization.reduce_bucket_size"):
+        resolve_ds_config({"zero_optimization": {"reduce_bucket_size": "auto"}}, **KW)
+    with pytest.raises(UserError, match="scheduler"):
+        resolve_ds_config({"scheduler": {"type": "WarmupLR"}}, **KW)
+
+
+def test_malformed_json_names_line(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{\n  "train_batch_size": 8,\n}\n')
+    with pytest.raises(UserError, match=r"bad.json is not valid JSON: .* line 3"):
+        load_ds_config(bad)
+    with pytest.raises(UserError, match="does not exist"):
+        load_ds_config(tmp_path / "none.json")

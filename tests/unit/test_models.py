@@ -1,0 +1,56 @@
+import pytest
+import torch
+
+from scale_ocr.errors import UserError
+from scale_ocr.models import create_model, list_models
+from scale_ocr.models.recognition.ctc import ctc_greedy_decode, ctc_loss
+from scale_ocr.vocab import Vocab
+
+
+@pytest.mark.parametrize("name", list_models("crnn_*"))
+def test_crnn_forward_backward(name):
+    torch.manual_seed(0)
+    model = create_model(name, num_classes=11, input_size=(32, 128))
+    images = torch.randn(2, 3, 32, 128)
+    targets = torch.tensor([[1, 2, 3], [4, 5, 0]])
+    out = model(images, targets, torch.tensor([3, 2]))
+    # W/4 CTC frames: the backbone's later strides were made (2, 1).
+    assert out["logits"].shape == (2, 32, 11)
+    assert torch.isfinite(out["loss"])
+    out["loss"].backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("name", list_models("crnn_*"))
+def test_crnn_other_input_size(name):
+    model = create_model(name, num_classes=5, input_size=(48, 192))
+    assert model(torch.randn(1, 3, 48, 192))["logits"].shape == (1, 48, 5)
+
+
+def test_sharding_units_cover_all_parameters():
+    model = create_model("crnn_mobilenet_v3_small", num_classes=5)
+    covered = {id(p) for unit in model.sharding_units() for p in unit.parameters()}
+    assert covered == {id(p) for p in model.parameters()}
+
+
+def test_unknown_model_lists_valid_names():
+    with pytest.raises(UserError, match="crnn_mobilenet_v3_small"):
+        create_model("crnn_nope")
+
+
+def test_greedy_decode_merges_repeats_and_drops_blanks():
+    vocab = Vocab("ab")
+    # frames: a a blank a b b -> "aab"
+    idx = torch.tensor([[1, 1, 0, 1, 2, 2]])
+    logits = torch.nn.functional.one_hot(idx, 3).float() * 10
+    words, conf = ctc_greedy_decode(logits, vocab)
+    assert words == ["aab"] and 0.99 < conf[0] <= 1.0
+
+
+def test_ctc_loss_is_fp32_under_autocast():
+    logits = torch.randn(2, 8, 5, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = ctc_loss(logits, torch.tensor([[1, 2], [3, 0]]), torch.tensor([2, 1]))
+    assert loss.dtype == torch.float32
+    per = ctc_loss(logits, torch.tensor([[1, 2], [3, 0]]), torch.tensor([2, 1]), reduction="none")
+    assert per.shape == (2,)

@@ -1,0 +1,113 @@
+"""Every mistake a user can make ends in one line naming the problem and the fix, and exit code 2."""
+
+import os
+import sys
+
+import pytest
+
+from conftest import TINY, make_folder, python_train, read_metrics, run_cmd, _env
+from scale_ocr.train import main
+
+
+def _one_error_line(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.startswith("scale-ocr: error:")]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err, err
+    return lines[0]
+
+
+def _run(capsys, argv):
+    code = main(argv)
+    return code, _one_error_line(capsys.readouterr().err)
+
+
+@pytest.fixture
+def out(tmp_path):
+    return ["--output-dir", str(tmp_path / "run"), "--strategy", "single", *TINY]
+
+
+def test_missing_labels_json(tmp_path, capsys, out):
+    (tmp_path / "d" / "images").mkdir(parents=True)
+    code, line = _run(capsys, ["--train-path", str(tmp_path / "d"), *out])
+    assert code == 2 and "labels.json is missing" in line and str(tmp_path / "d") in line
+
+
+def test_label_points_to_missing_image(tmp_path, capsys, out):
+    folder = make_folder(tmp_path / "d", {"a.png": "abc", "gone.png": "def"}, {"gone.png": None})
+    code, line = _run(capsys, ["--train-path", str(folder), *out])
+    assert code == 2 and "gone.png" in line and "does not exist" in line and "--on-bad-sample skip" in line
+
+
+def test_corrupt_image(tmp_path, capsys, out):
+    folder = make_folder(tmp_path / "d", {"a.png": "abc", "bad.png": "def"}, {"bad.png": b"\x89PNG\r\n\x1a\nnot"})
+    code, line = _run(capsys, ["--train-path", str(folder), *out])
+    assert code == 2 and "bad.png" in line and "cannot be read" in line
+
+
+def test_unknown_characters(tmp_path, capsys, out):
+    folder = make_folder(tmp_path / "d", {"a.png": "abc", "b.png": "naïve"})
+    code, line = _run(capsys, ["--train-path", str(folder), *out])
+    assert code == 2 and "'ï'" in line and "--vocab" in line and "b.png" in line
+
+
+def test_empty_label(tmp_path, capsys, out):
+    folder = make_folder(tmp_path / "d", {"a.png": "abc", "e.png": ""})
+    code, line = _run(capsys, ["--train-path", str(folder), *out])
+    assert code == 2 and "e.png" in line and "empty label" in line
+
+
+def test_skip_counts_bad_samples(tmp_path, capsys):
+    labels = {f"{i}.png": w for i, w in enumerate(["abcd", "efgh", "ijkl", "mnop"] * 4)}
+    labels.update({"u.png": "naïve", "e.png": "", "gone.png": "xyz"})
+    folder = make_folder(tmp_path / "d", labels, {"gone.png": None})
+    run_dir = tmp_path / "run"
+    code = main(["--train-path", str(folder), "--val-path", str(folder), "--on-bad-sample", "skip",
+                 "--strategy", "single", "--max-steps", "2", "-b", "4", "--output-dir", str(run_dir)])
+    assert code == 0
+    m = read_metrics(run_dir)
+    assert m["skipped_samples"] == 6  # 3 bad in train, 3 in val
+
+
+def test_unknown_arch(capsys, out):
+    code, line = _run(capsys, ["crnn_resnet9000", *out])
+    assert code == 2 and "unknown model 'crnn_resnet9000'" in line and "crnn_vgg16_bn" in line
+
+
+def test_unknown_strategy(capsys, tmp_path):
+    code, line = _run(capsys, ["--strategy", "zero9", "--output-dir", str(tmp_path)])
+    assert code == 2 and "unknown strategy 'zero9'" in line and "fsdp" in line
+
+
+def test_malformed_deepspeed_json(tmp_path, capsys):
+    bad = tmp_path / "ds.json"
+    bad.write_text('{"zero_optimization": {"stage": 2,}}')
+    code, line = _run(capsys, ["--strategy", "deepspeed", "--ds-config", str(bad), "--output-dir", str(tmp_path)])
+    assert code == 2 and "ds.json is not valid JSON" in line and "line 1" in line
+
+
+def test_real_process_exit_code_and_no_traceback(tmp_path):
+    proc = python_train(["--strategy", "nope", "--output-dir", str(tmp_path)], timeout=120)
+    assert proc.returncode == 2
+    _one_error_line(proc.stderr)
+
+
+def test_dp_under_a_multi_process_launcher(tmp_path):
+    """torchrun/deepspeed set RANK/WORLD_SIZE; dp must refuse before any rendezvous."""
+    env = _env()
+    env.update({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                "TORCHELASTIC_RUN_ID": "test", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})
+    proc = run_cmd([sys.executable, "scale_ocr/train.py", "--strategy", "dp", "--output-dir", str(tmp_path)],
+                   env=env, timeout=120)
+    assert proc.returncode == 2
+    line = _one_error_line(proc.stderr)
+    assert "--strategy dp runs in one process" in line and "torchrun" in line
+
+
+@pytest.mark.slow
+def test_dp_under_real_torchrun(tmp_path):
+    from conftest import torchrun_train
+
+    proc = torchrun_train(["--strategy", "dp", "--output-dir", str(tmp_path)], timeout=180)
+    assert proc.returncode != 0
+    assert "scale-ocr: error: --strategy dp runs in one process" in proc.stderr
+    assert os.linesep.join(ln for ln in proc.stderr.splitlines() if "scale-ocr: error" in ln).count("\n") == 0
