@@ -58,6 +58,8 @@ def build_parser(prog: str = "scale-ocr train") -> argparse.ArgumentParser:
     parser.add_argument("--local_rank", "--local-rank", type=int, dest="local_rank", help=argparse.SUPPRESS)
     parser.add_argument("--amp", action="store_const", const="bf16", dest="precision",
                         help="docTR spelling of mixed precision: same as --precision bf16")
+    parser.add_argument("--wb", action="store_const", const="auto", dest="wandb_mode",
+                        help="docTR's W&B switch; scale-ocr always logs to W&B (see --wandb-mode)")
     for section_name, section in SECTIONS.items():
         group = parser.add_argument_group(section_name)
         hints = typing.get_type_hints(section)
@@ -92,7 +94,9 @@ def _load_file(path: str) -> dict[str, Any]:
         else:
             data = json.loads(text)
     except Exception as exc:  # noqa: BLE001 - any parse error is the user's file
-        raise UserError(f"--config {path} is not valid {p.suffix.lstrip('.') or 'JSON'}: {exc}".splitlines()[0])
+        raise UserError(
+            f"--config {path} is not valid {p.suffix.lstrip('.') or 'JSON'}: {exc}".splitlines()[0]
+        ) from None
     if not isinstance(data, dict):
         raise UserError(f"--config {path} must hold a mapping of config fields")
     flat: dict[str, Any] = {}
@@ -105,7 +109,7 @@ def _load_file(path: str) -> dict[str, Any]:
     unknown = sorted(set(flat) - known)
     if unknown:
         raise UserError(f"--config {path} has unknown keys {unknown}; see `scale-ocr train --help`")
-    for k in ("train_path", "val_path", "input_size"):
+    for k in ("train_path", "val_path", "input_size", "wandb_tags"):
         if isinstance(flat.get(k), list):
             flat[k] = tuple(flat[k])
         elif isinstance(flat.get(k), str) and k != "input_size":
@@ -123,7 +127,7 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
     if "config" in ns:
         values.update(_load_file(ns.pop("config")))
     ns.pop("local_rank", None)
-    for k in ("train_path", "val_path"):
+    for k in ("train_path", "val_path", "wandb_tags"):
         if k in ns:
             ns[k] = tuple(ns[k])
     values.update(ns)

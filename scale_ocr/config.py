@@ -144,6 +144,17 @@ class OutputConfig:
                           aliases=("--output_dir",))
 
 
+@dataclass(frozen=True, kw_only=True)
+class LoggingConfig:
+    wandb_mode: str = opt("auto", "W&B mode; auto = $WANDB_MODE, else online with an API key and offline without",
+                          choices=("auto", "online", "offline", "disabled"))
+    wandb_project: str = opt("scale-ocr", "W&B project ($WANDB_PROJECT wins when set)")
+    wandb_entity: str | None = opt(None, "W&B entity (team or user)")
+    wandb_group: str | None = opt(None, "W&B group, e.g. one per benchmark sweep")
+    wandb_tags: tuple[str, ...] = opt((), "W&B tags", nargs="+", metavar="TAG")
+    run_name: str | None = opt(None, "W&B run name (default: W&B's generated name)")
+
+
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,
     "data": DataConfig,
@@ -151,6 +162,7 @@ SECTIONS: dict[str, type] = {
     "train": TrainConfig,
     "strategy": StrategyConfig,
     "output": OutputConfig,
+    "logging": LoggingConfig,
 }
 
 
@@ -164,6 +176,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self) -> None:
         # CTC needs at least one frame per character (two between repeats); the CRNNs emit W/4 frames.

@@ -26,7 +26,7 @@ class TextMetric:
         self.exact = self.ci_exact = self.edits = self.chars = self.count = 0
 
     def update(self, preds: list[str], targets: list[str]) -> None:
-        for p, t in zip(preds, targets):
+        for p, t in zip(preds, targets, strict=True):
             self.exact += p == t
             self.ci_exact += p.lower() == t.lower()
             self.edits += edit_distance(p, t)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as tdist
 from torch import nn
 
 from scale_ocr.config import RunConfig
@@ -27,28 +28,43 @@ def library_versions() -> dict[str, str | None]:
     return out
 
 
-def write_run_config(run_dir: Path, cfg: RunConfig, dist: DistInfo, strategy, model: nn.Module, data) -> None:
-    """Write ``config.json``: the resolved config plus what was derived from it at start-up."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    doc: dict[str, Any] = {
-        "config": cfg.to_dict(),
+def device_names(dist: DistInfo) -> list[str]:
+    """Every rank's device, e.g. ``["NVIDIA H200 (cuda:0)", ...]`` (a collective)."""
+    if dist.device.type == "cuda":
+        name = f"{torch.cuda.get_device_name(dist.device)} ({dist.device})"
+    else:
+        name = f"{platform.processor() or platform.machine()} cpu x{torch.get_num_threads()} threads"
+    names: list[Any] = [None] * dist.world_size
+    if tdist.is_initialized() and dist.world_size > 1:
+        tdist.all_gather_object(names, name)
+    else:
+        names = [name]
+    return names
+
+
+def describe_run(cfg: RunConfig, dist: DistInfo, strategy, model: nn.Module, data) -> dict[str, Any]:
+    """The resolved config plus what was derived at start-up; every rank calls it (it gathers)."""
+    return {
+        **cfg.to_dict(),  # model, data, optim, train, strategy, output, logging sections
+        "world_size": dist.world_size,
+        "global_batch": cfg.train.batch_size * cfg.train.grad_accum * dist.world_size,
+        "launcher": dist.launcher,
+        "backend": dist.backend,
+        "devices": device_names(dist),
+        "num_params": sum(p.numel() for p in model.parameters()),
         "vocab": data.vocab.chars,
-        "derived": {
-            "world_size": dist.world_size,
-            "global_batch": cfg.train.batch_size * cfg.train.grad_accum * dist.world_size,
-            "launcher": dist.launcher,
-            "backend": dist.backend,
-            "device": str(dist.device),
-            "num_params": sum(p.numel() for p in model.parameters()),
-            "num_train": data.num_train,
-            "num_val": data.num_val,
-            "skipped_samples": data.skipped,
-        },
-        "engine_config": strategy.engine_config(),
+        "dataset": {"num_train": data.num_train, "num_val": data.num_val, "skipped_samples": data.skipped,
+                    "train_labels_sha256": data.labels_sha256},
+        "ds_config": strategy.engine_config(),
         "versions": library_versions(),
         "host": {"python": platform.python_version(), "machine": platform.machine(),
                  "cuda": torch.version.cuda if torch.cuda.is_available() else None},
     }
+
+
+def write_run_config(run_dir: Path, doc: dict[str, Any]) -> None:
+    """Write ``config.json`` in the run directory."""
+    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
 
 

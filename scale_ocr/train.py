@@ -21,11 +21,11 @@ from scale_ocr.config import RunConfig
 from scale_ocr.data.loader import build_data
 from scale_ocr.distributed import DistInfo, destroy_distributed, init_distributed, peek_launch
 from scale_ocr.errors import report_user_errors
-from scale_ocr.loggers import build_logger
 from scale_ocr.models import create_model
 from scale_ocr.optim import LRSchedule, build_optimizer_spec, default_warmup, lr_factor
-from scale_ocr.run_info import run_summary_line, write_run_config
+from scale_ocr.run_info import describe_run, run_summary_line, write_run_config
 from scale_ocr.strategies import check_launch, create_strategy
+from scale_ocr.tracking import build_logger
 from scale_ocr.trainer import Trainer, plan_steps
 from scale_ocr.vocab import Vocab
 
@@ -43,9 +43,10 @@ def run(cfg: RunConfig, dist: DistInfo) -> dict:
     total = plan_steps(steps_per_epoch, cfg.train.epochs, cfg.train.max_steps)
     schedule = LRSchedule(optimizer, cfg.optim.lr, lr_factor(cfg.optim.sched, total, default_warmup(cfg.optim, total)))
     run_dir = Path(cfg.output.output_dir)
+    described = describe_run(cfg, dist, strategy, model, data)
     if dist.is_main:
-        write_run_config(run_dir, cfg, dist, strategy, model, data)
-    logger = build_logger(dist.is_main, run_dir)
+        write_run_config(run_dir, described)
+    logger = build_logger(cfg.logging, dist.is_main, run_dir, described)
     try:
         trainer = Trainer(strategy, wrapped, schedule, data, cfg.train, logger, run_dir, total)
         summary = {"strategy": cfg.strategy.strategy, "arch": cfg.model.arch, "precision": cfg.train.precision,

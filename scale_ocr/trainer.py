@@ -173,6 +173,7 @@ class Trainer:
         self.state.last_eval = result.metrics
         self.logger.log({f"val/{k}": v for k, v in result.metrics.items()} | {"epoch": self.state.epoch},
                         self.state.step)
+        self.logger.log_examples(result.examples, self.state.step)
         state = self.strategy.full_state_dict()  # collective: every rank takes part
         score = (result.metrics["exact_match"], -result.metrics["val_loss"])
         improved = self.state.best is None or score > self.state.best

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -83,7 +85,7 @@ class Collate:
         self.vocab = vocab
 
     def __call__(self, items) -> Batch:
-        images, words, valid = zip(*items)
+        images, words, valid = zip(*items, strict=True)
         encoded = [self.vocab.encode(w) for w in words]
         lengths = torch.tensor([len(e) for e in encoded], dtype=torch.long)
         targets = torch.zeros(len(encoded), max(1, int(lengths.max())), dtype=torch.long)
@@ -103,6 +105,15 @@ class Data:
     num_train: int
     num_val: int
     skipped: dict[str, int]
+    labels_sha256: str | None  # of the training labels.json files; None for synthetic data
+
+
+def labels_digest(paths: tuple[str, ...]) -> str:
+    """SHA-256 over the training folders' labels.json files, to tell datasets apart in W&B."""
+    h = hashlib.sha256()
+    for p in paths:
+        h.update((Path(p) / "labels.json").read_bytes())
+    return h.hexdigest()
 
 
 def _workers(cfg: DataConfig, dist: DistInfo) -> int:
@@ -144,4 +155,5 @@ def build_data(cfg: DataConfig, vocab: Vocab, input_size: tuple[int, int], batch
     train_loader = DataLoader(WithValid(train_ds), batch_size=batch_size, sampler=sampler, drop_last=True, **common)
     val_loader = DataLoader(EvalShard(val_ds, dist.rank, dist.world_size), batch_size=batch_size, shuffle=False,
                             **common)
-    return Data(train_loader, val_loader, sampler, vocab, len(train_ds), len(val_ds), dict(report.skipped))
+    digest = labels_digest(cfg.train_path) if cfg.train_path else None
+    return Data(train_loader, val_loader, sampler, vocab, len(train_ds), len(val_ds), dict(report.skipped), digest)

@@ -9,7 +9,13 @@ from scale_ocr.strategies.ddp import DDP
 from scale_ocr.strategies.deepspeed import DeepSpeed
 from scale_ocr.strategies.fairscale import Fairscale
 from scale_ocr.strategies.fsdp import FSDP
-from scale_ocr.strategies.registry import check_launch, create_strategy, list_strategies, register_strategy, strategy_entry
+from scale_ocr.strategies.registry import (
+    check_launch,
+    create_strategy,
+    list_strategies,
+    register_strategy,
+    strategy_entry,
+)
 from scale_ocr.strategies.single import DataParallel, SingleDevice
 
 register_strategy("single", SingleDevice, "plain module on one device")

@@ -96,5 +96,5 @@ class Strategy(ABC):
         """The engine's resolved configuration (the DeepSpeed JSON actually used), if any."""
         return None
 
-    def teardown(self) -> None:
+    def teardown(self) -> None:  # noqa: B027 - optional hook, most engines need nothing
         """Release engine resources (the process group is torn down by the caller)."""

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import REPO, TINY, deepspeed_train, python_train, read_jsonl, read_metrics, torchrun_train
+
 from scale_ocr.strategies import list_strategies, strategy_entry
 
 MULTI_RANK = [n for n in list_strategies() if strategy_entry(n).cls.max_world_size is None]
@@ -85,7 +85,7 @@ def test_accumulation_and_clipping_match_ddp(name, tmp_path, ddp_accum):
     assert proc.returncode == 0, proc.stderr[-3000:]
     ours = [r for r in read_jsonl(tmp_path) if "train/loss" in r]
     assert len(ours) == len(ddp_accum) == 3
-    for a, b in zip(ours, ddp_accum):
+    for a, b in zip(ours, ddp_accum, strict=True):
         assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-3)
         assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-3)
     assert ours[0]["train/grad_norm"] > 0.5  # clipping really happened

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -66,7 +67,7 @@ def test_cross_field_checks(argv, match):
 
 def test_config_is_frozen():
     cfg = parse_config([])
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.train.batch_size = 3  # type: ignore[misc]
 
 

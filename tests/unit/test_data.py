@@ -1,10 +1,10 @@
 import torch
 
+from scale_ocr.config import DataConfig
 from scale_ocr.data.loader import Collate, EvalShard, build_data
 from scale_ocr.data.recognition import RecognitionFolder
 from scale_ocr.data.synthetic import SyntheticWords, system_fonts
 from scale_ocr.data.transforms import ResizePad, build_transform
-from scale_ocr.config import DataConfig
 from scale_ocr.distributed import DistInfo
 from scale_ocr.vocab import Vocab, resolve_vocab
 

@@ -4,8 +4,8 @@ import os
 import sys
 
 import pytest
+from conftest import TINY, _env, make_folder, python_train, read_metrics, run_cmd
 
-from conftest import TINY, make_folder, python_train, read_metrics, run_cmd, _env
 from scale_ocr.train import main
 
 

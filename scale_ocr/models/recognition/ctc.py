@@ -36,9 +36,9 @@ def ctc_greedy_decode(logits: torch.Tensor, vocab: Vocab) -> tuple[list[str], li
     probs = logits.float().softmax(-1)
     best_p, best = probs.max(-1)  # (B, T)
     words, confs = [], []
-    for seq, p in zip(best.tolist(), best_p.tolist()):
+    for seq, p in zip(best.tolist(), best_p.tolist(), strict=True):
         chars, kept, prev = [], [], 0
-        for idx, prob in zip(seq, p):
+        for idx, prob in zip(seq, p, strict=True):
             if idx != prev and idx != 0:
                 chars.append(idx)
                 kept.append(prob)

@@ -1,0 +1,48 @@
+"""Metrics to ``metrics.jsonl`` (every logged step) and ``metrics.json`` (the summary), whatever W&B does."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+
+def clean(value: Any) -> Any:
+    """JSON has no NaN/inf: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class JsonlLogger:
+    """Appends one JSON object per logged step; the summary is replaced atomically.
+
+    Args:
+        run_dir: the run directory.
+        append: keep earlier records (a resumed run) instead of starting the file afresh.
+    """
+
+    def __init__(self, run_dir: Path, append: bool = False) -> None:
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.file = (run_dir / "metrics.jsonl").open("a" if append else "w", encoding="utf-8")
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        record = {"step": step, "time": round(time.time(), 3), **{k: clean(v) for k, v in metrics.items()}}
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def log_examples(self, examples: list[tuple[Any, str, str]], step: int) -> None:
+        pairs = [{"target": t, "prediction": p} for _, t, p in examples]
+        self.log({"val/examples": pairs}, step)
+
+    def summary(self, metrics: dict[str, Any]) -> None:
+        text = json.dumps({k: clean(v) for k, v in metrics.items()}, indent=2)
+        tmp = self.run_dir / "metrics.json.tmp"
+        tmp.write_text(text + "\n", encoding="utf-8")
+        tmp.replace(self.run_dir / "metrics.json")
+
+    def close(self) -> None:
+        self.file.close()

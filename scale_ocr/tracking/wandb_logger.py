@@ -1,0 +1,163 @@
+"""Weights & Biases: one run per job, offline unless an API key is configured, never fatal.
+
+No W&B server is reachable from many training hosts, so the default is offline mode whenever no API
+key is configured (``wandb sync RUN_DIR/wandb/offline-run-*`` uploads later). Anything that goes
+wrong with W&B - a missing install, an unreachable server, a failing call - becomes one warning and
+the run carries on with ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import netrc
+import os
+import re
+import secrets
+import string
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from scale_ocr.config import LoggingConfig
+from scale_ocr.tracking.jsonl import clean
+
+RUN_ID_FILE = "wandb_run_id"
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECASE)
+
+
+def warn(message: str) -> None:
+    """One visible line on stderr (rank 0 only calls this)."""
+    print(f"scale-ocr: warning: {message}", file=sys.stderr, flush=True)
+
+
+def has_api_key(env: dict[str, str] | os._Environ = os.environ) -> bool:
+    """Whether W&B credentials exist locally (env var or ~/.netrc); no network involved."""
+    if env.get("WANDB_API_KEY"):
+        return True
+    try:
+        host = re.sub(r"^https?://", "", env.get("WANDB_BASE_URL", "api.wandb.ai")).split("/")[0]
+        return netrc.netrc().authenticators(host) is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+def resolve_mode(flag: str, env: dict[str, str] | os._Environ = os.environ) -> str:
+    """``--wandb-mode`` if given, else ``WANDB_MODE``/``WANDB_DISABLED``, else online with a key, offline without."""
+    if flag != "auto":
+        return flag
+    if env.get("WANDB_DISABLED", "").lower() in ("1", "true", "yes"):
+        return "disabled"
+    mode = env.get("WANDB_MODE", "").lower()
+    if mode:
+        return {"dryrun": "offline", "run": "online"}.get(mode, mode)
+    return "online" if has_api_key(env) else "offline"
+
+
+def redact(value: Any, env: dict[str, str] | os._Environ = os.environ) -> Any:
+    """A copy of ``value`` with secrets from the environment replaced, and secret-named keys dropped."""
+    secrets = {v for k, v in env.items() if _SECRET_NAME.search(k) and len(v) >= 8}
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: walk(v) for k, v in node.items() if not _SECRET_NAME.search(str(k))}
+        if isinstance(node, (list, tuple)):
+            return [walk(v) for v in node]
+        if isinstance(node, str) and any(s in node for s in secrets):
+            return "<redacted>"
+        return node
+
+    return walk(value)
+
+
+def new_run_id() -> str:
+    """An 8-character run id in W&B's alphabet."""
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+
+
+class WandbLogger:
+    """Logs to an open W&B run; the first failure disables it with a warning."""
+
+    def __init__(self, run) -> None:
+        self.run = run
+        self.broken = False
+
+    def _guard(self, what: str, fn, *args, **kwargs) -> None:
+        if self.broken:
+            return
+        try:
+            fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - logging must never stop training
+            self.broken = True
+            warn(f"W&B {what} failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                 "continuing with metrics.jsonl only")
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self._guard("log", self.run.log, {k: clean(v) for k, v in metrics.items()}, step=step)
+
+    def log_examples(self, examples: list[tuple[Any, str, str]], step: int) -> None:
+        def table():
+            import wandb
+
+            from scale_ocr.data.transforms import denormalize
+
+            t = wandb.Table(columns=["image", "target", "prediction", "correct"])
+            for img, target, pred in examples:
+                t.add_data(wandb.Image(denormalize(img).permute(1, 2, 0).numpy()), target, pred, target == pred)
+            self.run.log({"val/examples": t}, step=step)
+
+        self._guard("table", table)
+
+    def summary(self, metrics: dict[str, Any]) -> None:
+        self._guard("summary", self.run.summary.update, {k: clean(v) for k, v in metrics.items()})
+
+    def close(self) -> None:
+        self._guard("finish", self.run.finish)
+
+
+def open_wandb(cfg: LoggingConfig, run_dir: Path, run_config: dict[str, Any], resume: bool = False):
+    """Start (or, when resuming, reopen) this job's single W&B run; None when disabled or unavailable."""
+    mode = resolve_mode(cfg.wandb_mode)
+    if mode == "disabled":
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import wandb
+    except Exception as exc:  # noqa: BLE001 - a broken install is as good as none
+        warn(f"wandb cannot be imported ({type(exc).__name__}: {exc}); logging to metrics.jsonl only. "
+             "`pip install wandb` to enable it")
+        return None
+    for var in ("WANDB_MODE", "WANDB_PROJECT"):  # set-but-empty makes wandb's settings validation fail
+        if os.environ.get(var) == "":
+            del os.environ[var]
+    id_file = run_dir / RUN_ID_FILE
+    run_id = id_file.read_text().strip() if resume and id_file.is_file() else new_run_id()
+    kwargs = dict(
+        project=os.environ.get("WANDB_PROJECT", cfg.wandb_project), entity=cfg.wandb_entity,
+        group=cfg.wandb_group, tags=list(cfg.wandb_tags) or None, name=cfg.run_name, id=run_id,
+        resume="allow", dir=str(run_dir), config=redact(run_config), reinit="finish_previous",
+        settings=wandb.Settings(init_timeout=float(os.environ.get("WANDB_INIT_TIMEOUT", 60)), console="off",
+                                silent=True),
+    )
+    run = _init(wandb, mode, kwargs, run_dir)
+    if run is None:
+        return None
+    id_file.write_text(run.id + "\n")
+    return WandbLogger(run)
+
+
+def _init(wandb, mode: str, kwargs: dict[str, Any], run_dir: Path):
+    try:
+        return wandb.init(mode=mode, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - W&B raises many types; none may end the run
+        reason = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    if mode != "online":
+        warn(f"W&B could not start ({reason}); logging to metrics.jsonl only")
+        return None
+    warn(f"W&B online mode could not start ({reason}); logging offline to {run_dir}/wandb instead - "
+         "upload later with `wandb sync`")
+    try:
+        return wandb.init(mode="offline", **kwargs)
+    except Exception as exc:  # noqa: BLE001
+        warn(f"W&B offline mode failed too ({type(exc).__name__}); logging to metrics.jsonl only")
+        return None

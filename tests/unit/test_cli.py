@@ -1,0 +1,32 @@
+import sys
+
+from conftest import TINY, read_metrics, run_cmd
+
+from scale_ocr.cli import main
+
+
+def test_lists(capsys):
+    assert main(["models"]) == 0
+    assert "crnn_mobilenet_v3_small" in capsys.readouterr().out
+    assert main(["strategies"]) == 0
+    out = capsys.readouterr().out
+    assert "zero3_offload" in out and "fairscale" in out
+
+
+def test_unknown_command(capsys):
+    assert main(["frobnicate"]) == 2
+    assert "unknown command" in capsys.readouterr().err
+
+
+def test_scale_ocr_train_takes_train_py_flags(tmp_path):
+    proc = run_cmd([sys.executable, "-m", "scale_ocr", "train", "crnn_mobilenet_v3_small", "--strategy", "single",
+                    *TINY, "--output_dir", str(tmp_path)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_metrics(tmp_path)["strategy"] == "single"
+
+
+def test_help_lists_flags():
+    proc = run_cmd([sys.executable, "scale_ocr/train.py", "--help"], timeout=120)
+    assert proc.returncode == 0
+    for flag in ("--strategy", "--train-path", "--ds-config", "--grad-accum", "--precision", "--input-size"):
+        assert flag in proc.stdout

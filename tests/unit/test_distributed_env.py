@@ -1,0 +1,47 @@
+import pytest
+
+from scale_ocr import distributed as d
+
+
+@pytest.mark.parametrize("env,launcher", [
+    ({}, "python"),
+    ({"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "WORLD_SIZE": "2"}, "torchrun"),
+    ({"CROSS_RANK": "0", "LOCAL_SIZE": "2", "RANK": "1", "WORLD_SIZE": "2"}, "deepspeed"),
+    ({"RANK": "0", "WORLD_SIZE": "2"}, "env"),
+    ({"SLURM_PROCID": "3", "SLURM_NTASKS": "8"}, "slurm"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, "python"),  # a one-task allocation is a plain process
+])
+def test_detect_launcher(env, launcher):
+    assert d.detect_launcher(env) == launcher
+
+
+def test_slurm_env_uses_global_rank(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.setenv(k, "")  # recorded, so whatever the code under test sets is undone
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    monkeypatch.setenv("SLURM_NNODES", "2")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[03-04]")
+    rank, world, local_rank, local_world = d._read_env("slurm")
+    assert (rank, world, local_rank, local_world) == (5, 8, 1, 4)
+    import os
+
+    assert os.environ["MASTER_ADDR"] == "gpu03" and os.environ["RANK"] == "5"
+    assert d.peek_launch() == (8, "slurm")
+
+
+@pytest.mark.parametrize("nodes,first", [("node7", "node7"), ("gpu[03-05,09],cpu1", "gpu03"), ("a[1,2]", "a1")])
+def test_slurm_first_host(nodes, first):
+    assert d._slurm_first_host(nodes) == first
+
+
+def test_single_process_group_round_trip():
+    info = d.init_distributed()
+    try:
+        assert (info.rank, info.world_size, info.launcher, info.backend) == (0, 1, "python", "gloo")
+        assert d.all_reduce_sum([1.0, 2.0], info.device) == [1.0, 2.0]
+    finally:
+        d.destroy_distributed()
+    d.destroy_distributed()  # idempotent

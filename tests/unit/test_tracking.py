@@ -1,0 +1,68 @@
+import struct
+import zlib
+
+import pytest
+
+from scale_ocr.tracking.wandb_logger import redact, resolve_mode
+from scale_ocr.tracking.wandb_reader import BLOCK, iter_payloads
+
+
+@pytest.mark.parametrize("flag,env,mode", [
+    ("offline", {"WANDB_MODE": "online"}, "offline"),  # the flag wins
+    ("auto", {"WANDB_MODE": "disabled"}, "disabled"),
+    ("auto", {"WANDB_MODE": "dryrun"}, "offline"),
+    ("auto", {"WANDB_DISABLED": "true"}, "disabled"),
+    ("auto", {"WANDB_API_KEY": "k" * 40}, "online"),
+])
+def test_resolve_mode(flag, env, mode):
+    assert resolve_mode(flag, env) == mode
+
+
+def test_auto_without_key_is_offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    assert resolve_mode("auto", {}) == "offline"
+
+
+def test_redact_drops_secrets():
+    env = {"WANDB_API_KEY": "0123456789abcdef", "HF_TOKEN": "hf_secretvalue", "PATH": "/usr/bin"}
+    doc = {"a": "uses 0123456789abcdef here", "api_key": "x", "nested": {"t": ["hf_secretvalue", "/usr/bin"]}}
+    out = redact(doc, env)
+    assert out == {"a": "<redacted>", "nested": {"t": ["<redacted>", "/usr/bin"]}}
+
+
+def _frame(kind: int, chunk: bytes) -> bytes:
+    return struct.pack("<IHB", zlib.crc32(bytes([kind]) + chunk) & 0xFFFFFFFF, len(chunk), kind) + chunk
+
+
+def _log(records: list[bytes]) -> bytes:
+    """Write records the way the LevelDB log writer does: fragment across 32 KiB blocks."""
+    out = bytearray(struct.pack("<4sHB", b":W&B", 0xBEE1, 0))
+    for rec in records:
+        first, rest = True, rec
+        while True:
+            room = BLOCK - len(out) % BLOCK
+            if room < 7:
+                out += b"\0" * room
+                room = BLOCK
+            n = room - 7
+            chunk, rest = rest[:n], rest[n:]
+            kind = (1 if first else 4) if not rest else (2 if first else 3)
+            out += _frame(kind, chunk)
+            first = False
+            if not rest:
+                break
+    return bytes(out)
+
+
+def test_reader_reassembles_records_across_blocks(tmp_path):
+    records = [b"a" * 10, b"b" * 70000, b"c" * (BLOCK - 30), b"d" * 5]
+    path = tmp_path / "run.wandb"
+    path.write_bytes(_log(records))
+    assert list(iter_payloads(path)) == records
+
+
+def test_reader_rejects_other_files(tmp_path):
+    path = tmp_path / "x.wandb"
+    path.write_bytes(b"not a log at all")
+    with pytest.raises(ValueError, match="not a W&B transaction log"):
+        list(iter_payloads(path))
