@@ -19,7 +19,7 @@ install: $(STAMP)
 # A real 2-rank DDP training on synthetic words (CPU + gloo without GPUs), then its metrics.
 demo: $(STAMP)
 	$(VENV)/bin/torchrun --nproc_per_node $(NPROC) scale_ocr/train.py --strategy ddp \
-		--train-samples 4096 --val-samples 256 --epochs 2 -b 32 --output-dir runs/demo
+		--train-samples 20480 --val-samples 512 --epochs 3 -b 32 --output-dir runs/demo
 	@cat runs/demo/metrics.json
 
 # Fast suite; FULL=1 (what CI runs) adds the multi-process and learning tests marked slow.

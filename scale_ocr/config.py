@@ -65,7 +65,7 @@ class DataConfig:
         (), "validation folder(s) in the same format; synthetic words when omitted",
         aliases=("--val_path",), nargs="+", metavar="DIR",
     )
-    train_samples: int = opt(16384, "number of synthetic training words (ignored with --train-path)")
+    train_samples: int = opt(32768, "number of synthetic training words (ignored with --train-path)")
     val_samples: int = opt(512, "number of synthetic validation words (ignored with --val-path)")
     min_chars: int = opt(3, "shortest synthetic word", aliases=("--min_chars",))
     max_chars: int = opt(8, "longest synthetic word", aliases=("--max_chars",))
@@ -108,8 +108,8 @@ class OptimConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    batch_size: int = opt(64, "micro-batch size per rank", "-b", "--batch-size", aliases=("--batch_size",))
-    epochs: int = opt(3, "number of epochs (a run stops at --epochs or --max-steps, whichever comes first)")
+    batch_size: int = opt(32, "micro-batch size per rank", "-b", "--batch-size", aliases=("--batch_size",))
+    epochs: int = opt(5, "number of epochs (a run stops at --epochs or --max-steps, whichever comes first)")
     max_steps: int | None = opt(None, "stop after this many optimizer steps", aliases=("--max_steps",))
     grad_accum: int = opt(1, "micro-batches accumulated per optimizer step", aliases=("--grad_accum",))
     precision: str = opt("fp32", "numeric precision: autocast to bf16/fp16 with fp32 weights", choices=PRECISIONS)

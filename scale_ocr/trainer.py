@@ -51,9 +51,21 @@ class RunState:
     epoch: int = 0
     timed_steps: int = 0
     timed_seconds: float = 0.0
-    epoch_loss: list[float] = field(default_factory=list)
+    epoch_loss: list[torch.Tensor] = field(default_factory=list)
     best: tuple[float, float] | None = None  # (exact_match, -val_loss)
     last_eval: dict[str, float] = field(default_factory=dict)
+
+
+class Window:
+    """Steps since the last log line. Losses and grad norms stay on the device until logged, so
+    the loop never waits on the GPU between steps."""
+
+    def __init__(self, start: float) -> None:
+        self.start, self.losses, self.stats, self.lr = start, [], None, 0.0
+
+    def add(self, loss: torch.Tensor, stats, lr: float) -> None:
+        self.losses.append(loss)
+        self.stats, self.lr = stats, lr
 
 
 class Trainer:
@@ -67,6 +79,7 @@ class Trainer:
         cfg: the train section (batch, accumulation, precision, logging cadence).
         logger: a JSONL/W&B logger on rank 0, a null logger elsewhere.
         run_dir: where models and metrics go.
+        total_steps: optimizer steps in the run.
     """
 
     def __init__(self, strategy: Strategy, model: nn.Module, schedule: LRSchedule, data: Data, cfg: TrainConfig,
@@ -82,20 +95,39 @@ class Trainer:
                 f"one epoch holds fewer than --grad-accum {cfg.grad_accum} batches per rank; "
                 "add samples or lower --batch-size/--grad-accum"
             )
-        # Steps before this are compile/allocator warm-up and are not timed for samples/s.
+        # Steps up to this one are allocator/engine warm-up and are not timed for samples/s.
         self.warmup_steps = min(5, max(0, total_steps // 4))
+        self.timing_start: tuple[float, int] | None = None
         self.state = RunState()
+        # A live bar on a terminal; plain log lines (one per --log-every) in files and CI logs.
+        self.interactive = strategy.is_main and sys.stderr.isatty()
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _start_timing(self) -> None:
+        if self.state.step >= self.warmup_steps and self.timing_start is None:
+            self.timing_start = (self._now(), self.state.step)
+
+    def _stop_timing(self) -> None:
+        """Close the timed stretch (before evaluation, which is not training throughput)."""
+        if self.timing_start is not None:
+            t0, step0 = self.timing_start
+            self.state.timed_seconds += self._now() - t0
+            self.state.timed_steps += self.state.step - step0
+            self.timing_start = None
 
     def fit(self) -> dict[str, Any]:
         start = time.perf_counter()
-        # A live bar on a terminal; plain log lines (one per --log-every) in files and CI logs.
-        self.interactive = self.strategy.is_main and sys.stderr.isatty()
         bar = tqdm(total=self.total_steps, desc="train", disable=not self.interactive, dynamic_ncols=True,
                    mininterval=1.0)
         epochs = math.ceil(self.total_steps / self.steps_per_epoch)
         for epoch in range(epochs):
             self.state.epoch = epoch
             self.train_epoch(bar)
+            self._stop_timing()
             self.end_epoch()
         bar.close()
         return self.finish(time.perf_counter() - start)
@@ -105,33 +137,26 @@ class Trainer:
         self.model.train()
         batches = iter(self.data.train_loader)
         self.state.epoch_loss = []
-        window_loss, window_start = [], time.perf_counter()
+        self._start_timing()
+        window = Window(self._now())
         for _ in range(self.steps_per_epoch):
             if self.state.step >= self.total_steps:
                 break
-            t0 = time.perf_counter()
             loss = self.train_step(batches)
             stats = self.strategy.step()
-            lr = self.schedule.lr  # the rate this step used
+            window.add(loss, stats, self.schedule.lr)  # the rate this step used
             self.schedule.step()
             self.state.step += 1
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            dt = time.perf_counter() - t0
-            if self.state.step > self.warmup_steps:
-                self.state.timed_steps += 1
-                self.state.timed_seconds += dt
-            window_loss.append(loss)
             self.state.epoch_loss.append(loss)
+            self._start_timing()
             bar.update(1)
             if self.state.step % self.cfg.log_every == 0 or self.state.step == self.total_steps:
-                elapsed = time.perf_counter() - window_start
-                self.log_window(window_loss, stats, lr, elapsed, bar)
-                window_loss, window_start = [], time.perf_counter()
+                self.log_window(window, bar)
+                window = Window(self._now())
 
-    def train_step(self, batches) -> float:
-        """Forward and backward over ``grad_accum`` micro-batches; returns their mean loss."""
-        total = 0.0
+    def train_step(self, batches) -> torch.Tensor:
+        """Forward and backward over ``grad_accum`` micro-batches; returns their mean loss (on device)."""
+        total = torch.zeros((), device=self.device)
         for micro in range(self.cfg.grad_accum):
             batch = next(batches).to(self.device)
             sync = micro == self.cfg.grad_accum - 1
@@ -140,23 +165,24 @@ class Trainer:
                     out = self.model(batch.images, batch.targets, batch.target_lengths)
                 loss = out["loss"].mean()  # DataParallel returns one loss per replica
                 self.strategy.backward(loss)
-            total += float(loss.detach())
+            total += loss.detach().float()
         return total / self.cfg.grad_accum
 
-    def log_window(self, losses: list[float], stats, lr: float, elapsed: float, bar: tqdm) -> None:
+    def log_window(self, window: Window, bar: tqdm) -> None:
+        elapsed = self._now() - window.start
+        n_steps = len(window.losses)
         # Collective on every rank at the same steps, so no rank waits on another.
-        loss_sum, n = all_reduce_sum([sum(losses), len(losses)], self.device)
         mem = peak_memory_bytes(self.device)
-        mem_sum, = all_reduce_sum([mem], self.device)
-        mem_max = all_reduce_max(mem, self.device)
+        loss_sum, n, mem_sum = all_reduce_sum([float(torch.stack(window.losses).sum()), n_steps, mem], self.device)
+        stats = window.stats
         metrics = {
             "train/loss": loss_sum / max(n, 1),
-            "train/lr": lr,
-            "train/grad_norm": stats.grad_norm,
-            "train/samples_per_sec": len(losses) * self.global_batch / max(elapsed, 1e-9),
-            "train/step_time": elapsed / max(len(losses), 1),
+            "train/lr": window.lr,
+            "train/grad_norm": float(stats.grad_norm),
+            "train/samples_per_sec": n_steps * self.global_batch / max(elapsed, 1e-9),
+            "train/step_time": elapsed / max(n_steps, 1),
             "train/epoch": self.state.epoch,
-            "memory/peak_bytes_max": mem_max,
+            "memory/peak_bytes_max": all_reduce_max(mem, self.device),
             "memory/peak_bytes_mean": mem_sum / self.strategy.world_size,
         }
         if stats.loss_scale is not None:
@@ -165,7 +191,7 @@ class Trainer:
         bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", sps=f"{metrics['train/samples_per_sec']:.0f}")
         if self.strategy.is_main and not self.interactive:
             print(f"step {self.state.step}/{self.total_steps} loss={metrics['train/loss']:.4f} "
-                  f"lr={metrics['train/lr']:.2e} grad_norm={stats.grad_norm:.3f} "
+                  f"lr={metrics['train/lr']:.2e} grad_norm={metrics['train/grad_norm']:.3f} "
                   f"samples/s={metrics['train/samples_per_sec']:.1f}", flush=True)
 
     def end_epoch(self) -> None:
@@ -191,7 +217,8 @@ class Trainer:
     def finish(self, wall: float) -> dict[str, Any]:
         peak = all_reduce_max(peak_memory_bytes(self.device), self.device)
         losses = self.state.epoch_loss
-        loss_sum, n = all_reduce_sum([sum(losses), len(losses)], self.device)
+        local = float(torch.stack(losses).sum()) if losses else 0.0
+        loss_sum, n = all_reduce_sum([local, len(losses)], self.device)
         sps = (self.state.timed_steps * self.global_batch / self.state.timed_seconds
                if self.state.timed_seconds > 0 else float("nan"))
         ev = self.state.last_eval

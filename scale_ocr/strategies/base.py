@@ -12,6 +12,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from scale_ocr.config import OptimConfig, StrategyConfig, TrainConfig
@@ -24,12 +25,13 @@ class StepStats:
     """What one optimizer step reports.
 
     Attributes:
-        grad_norm: global L2 norm of the gradients before clipping (inf when fp16 overflowed).
+        grad_norm: global L2 norm of the gradients before clipping (inf when fp16 overflowed); a
+            0-d tensor may stay on the device until the loop logs it.
         skipped: the step was skipped (fp16 overflow) and parameters did not change.
         loss_scale: the fp16 loss scale in use, None without loss scaling.
     """
 
-    grad_norm: float
+    grad_norm: float | torch.Tensor
     skipped: bool = False
     loss_scale: float | None = None
 

@@ -18,7 +18,7 @@ class TorchStepper:
         grad_accum: micro-batches per optimizer step; each backward is scaled by its inverse so the
             accumulated gradient is the mean over the whole global batch, as with one big batch.
         max_norm: clip threshold, 0 for no clipping (the norm is still measured and reported).
-        grad_norm: returns the global pre-clip norm of the gradients as a float.
+        grad_norm: returns the global pre-clip norm of the gradients (a tensor, left on the device).
         clip: scales gradients given (max_norm, total_norm).
         scaler: a GradScaler for fp16, or None.
         zero_grad: clears gradients after the step; defaults to the optimizer's. Engines that keep
@@ -26,7 +26,7 @@ class TorchStepper:
     """
 
     def __init__(self, optimizer: Any, grad_accum: int, max_norm: float,
-                 grad_norm: Callable[[], float], clip: Callable[[float, float], None], scaler=None,
+                 grad_norm: Callable[[], torch.Tensor], clip: Callable[[float, torch.Tensor], None], scaler=None,
                  zero_grad: Callable[[], None] | None = None) -> None:
         self.optimizer, self.grad_accum, self.max_norm = optimizer, grad_accum, max_norm
         self.grad_norm, self.clip, self.scaler = grad_norm, clip, scaler
@@ -44,7 +44,8 @@ class TorchStepper:
             scale = float(self.scaler.get_scale())
             self.scaler.unscale_(self.optimizer)
         norm = self.grad_norm()
-        if self.max_norm > 0 and torch.isfinite(torch.tensor(norm)):
+        if self.max_norm > 0:
+            # A non-finite norm (fp16 overflow) zeroes nothing useful: the scaler skips that step.
             self.clip(self.max_norm, norm)
         skipped = False
         if self.scaler is not None:
@@ -61,24 +62,24 @@ def local_grads(params) -> list[torch.Tensor]:
     return [p.grad for p in params if p.grad is not None]
 
 
-def dense_grad_norm(params) -> Callable[[], float]:
+def dense_grad_norm(params) -> Callable[[], torch.Tensor]:
     """Global norm of replicated gradients (DDP, DataParallel, single): every rank holds them all."""
     params = list(params)
 
-    def fn() -> float:
+    def fn() -> torch.Tensor:
         grads = local_grads(params)
         if not grads:
-            return 0.0
-        return float(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
+            return torch.zeros(())
+        return torch.nn.utils.get_total_norm(grads, norm_type=2.0)
 
     return fn
 
 
-def dense_clip(params) -> Callable[[float, float], None]:
+def dense_clip(params) -> Callable[[float, torch.Tensor], None]:
     params = list(params)
 
-    def fn(max_norm: float, total_norm: float) -> None:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, torch.tensor(total_norm))
+    def fn(max_norm: float, total_norm: torch.Tensor) -> None:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm)
 
     return fn
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from scale_ocr.optim import OptimizerSpec
@@ -39,18 +40,14 @@ class Fairscale(Strategy):
         # optimizer's .grad leaves the buckets holding the last step, which then leaks into the next.
         self.model.zero_grad(set_to_none=False)
 
-    def _grad_norm(self) -> float:
+    def _grad_norm(self) -> torch.Tensor:
         # OSS computes the norm over the gradients each rank owns and all-reduces it; with an
         # infinite threshold it measures without scaling anything.
-        return float(self.optimizer.clip_grad_norm(float("inf")))
+        return self.optimizer.clip_grad_norm(float("inf"))
 
-    def _clip(self, max_norm: float, total_norm: float) -> None:
-        coef = max_norm / (total_norm + 1e-6)
-        if coef < 1.0:
-            for group in self.optimizer.param_groups:
-                for p in group["params"]:
-                    if p.grad is not None:
-                        p.grad.detach().mul_(coef)
+    def _clip(self, max_norm: float, total_norm: torch.Tensor) -> None:
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm)
 
     def no_sync(self):
         return self.model.no_sync()

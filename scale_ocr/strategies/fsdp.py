@@ -55,14 +55,14 @@ class FSDP(Strategy):
                                     make_scaler(self.train.precision, self.dist.device, sharded=True))
         return self.model, self.optimizer
 
-    def _grad_norm(self) -> float:
+    def _grad_norm(self) -> torch.Tensor:
         grads = [p.grad for p in self.params if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
         # The norm of sharded gradients is a partial DTensor; full_tensor() reduces it over ranks.
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
-    def _clip(self, max_norm: float, total_norm: float) -> None:
-        torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, torch.tensor(total_norm))
+    def _clip(self, max_norm: float, total_norm: torch.Tensor) -> None:
+        torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, total_norm)
 
     @contextlib.contextmanager
     def no_sync(self):
