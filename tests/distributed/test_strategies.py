@@ -65,7 +65,7 @@ def test_plain_python_single_process(name, tmp_path):
 
 
 ACCUM = ["--max-steps", "3", "--train-samples", "64", "--val-samples", "8", "--log-every", "1", "--max-chars", "5",
-         "--no-augment", "-b", "2", "--grad-accum", "2", "--clip-grad", "0.5", "--lr", "0.01"]
+         "--no-augment", "-b", "2", "--grad-accum", "2", "--clip-grad", "0.5", "--lr", "0.001"]
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,9 @@ def test_accumulation_and_clipping_match_ddp(name, tmp_path, ddp_accum):
     assert proc.returncode == 0, proc.stderr[-3000:]
     ours = [r for r in read_jsonl(tmp_path) if "train/loss" in r]
     assert len(ours) == len(ddp_accum) == 3
+    # Reduction order differs between engines, so agreement is to float noise, not bitwise. (A large
+    # learning rate would amplify that noise step by step; 1e-3 keeps the comparison meaningful.)
     for a, b in zip(ours, ddp_accum, strict=True):
-        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-3)
-        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-3)
+        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-4)
+        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5)
     assert ours[0]["train/grad_norm"] > 0.5  # clipping really happened
