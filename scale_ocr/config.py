@@ -145,6 +145,17 @@ class OutputConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    save_every: int = opt(0, "save a resumable checkpoint every N optimizer steps and at the end (0: never)")
+    resume: str | None = opt(None, "resume from `auto` (this run's latest checkpoint, if any) or a checkpoint path")
+    keep_last: int = opt(3, "keep only the newest K checkpoints (0 keeps all)")
+
+    def __post_init__(self) -> None:
+        if self.save_every < 0 or self.keep_last < 0:
+            raise UserError("--save-every and --keep-last must be 0 or more")
+
+
+@dataclass(frozen=True, kw_only=True)
 class LoggingConfig:
     wandb_mode: str = opt("auto", "W&B mode; auto = $WANDB_MODE, else online with an API key and offline without",
                           choices=("auto", "online", "offline", "disabled"))
@@ -163,6 +174,7 @@ SECTIONS: dict[str, type] = {
     "strategy": StrategyConfig,
     "output": OutputConfig,
     "logging": LoggingConfig,
+    "checkpoint": CheckpointConfig,
 }
 
 
@@ -177,6 +189,7 @@ class RunConfig:
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
         # CTC needs at least one frame per character (two between repeats); the CRNNs emit W/4 frames.

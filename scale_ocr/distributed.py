@@ -30,6 +30,9 @@ class DistInfo:
         return self.rank == 0
 
 
+_ENV_SET: list[str] = []  # variables init_distributed added for a plain-python job, removed on teardown
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -117,21 +120,33 @@ def init_distributed(backend: str | None = None) -> DistInfo:
     if not dist.is_initialized():
         timeout = datetime.timedelta(minutes=int(os.environ.get("SCALE_OCR_DIST_TIMEOUT_MIN", "30")))
         if launcher == "python":
-            init_method = f"tcp://127.0.0.1:{_free_port()}"
-        else:
-            init_method = "env://"
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, timeout=timeout)
+            # A 1-rank job described the way launchers describe one, so engines that read the
+            # environment themselves (DeepSpeed wants LOCAL_RANK) see a consistent picture.
+            for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
+                               ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(_free_port()))):
+                if key not in os.environ:
+                    os.environ[key] = value
+                    _ENV_SET.append(key)
+        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
     return DistInfo(rank, world, local_rank, local_world, device, backend, launcher)
 
 
-def destroy_distributed() -> None:
-    """Tear the process group down (safe to call twice or when none was started)."""
+def destroy_distributed(clean: bool = True) -> None:
+    """Tear the process group down (safe to call twice or when none was started).
+
+    Args:
+        clean: the job ended normally, so wait for every rank first. After an error no barrier is
+            entered: peers may be stuck in a collective this rank will never join.
+    """
     if dist.is_available() and dist.is_initialized():
-        try:
-            dist.barrier()
-        except Exception:  # noqa: BLE001 - a peer that already failed must not hide our own error
-            pass
+        if clean:
+            try:
+                dist.barrier()
+            except Exception:  # noqa: BLE001 - a peer that already failed must not hide our own error
+                pass
         dist.destroy_process_group()
+    while _ENV_SET:
+        os.environ.pop(_ENV_SET.pop(), None)
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:

@@ -16,6 +16,7 @@ if __package__ in (None, ""):
 
 import torch
 
+from scale_ocr.checkpoint import CheckpointManager
 from scale_ocr.cli_args import parse_config
 from scale_ocr.config import RunConfig
 from scale_ocr.data.loader import build_data
@@ -43,12 +44,19 @@ def run(cfg: RunConfig, dist: DistInfo) -> dict:
     total = plan_steps(steps_per_epoch, cfg.train.epochs, cfg.train.max_steps)
     schedule = LRSchedule(optimizer, cfg.optim.lr, lr_factor(cfg.optim.sched, total, default_warmup(cfg.optim, total)))
     run_dir = Path(cfg.output.output_dir)
+    checkpoints = CheckpointManager(cfg.checkpoint, run_dir, dist, {"arch": cfg.model.arch, "vocab": vocab.chars})
+    resume_from = checkpoints.resolve()
+    meta = checkpoints.load(resume_from, strategy, cfg.train.seed) if resume_from else None
     described = describe_run(cfg, dist, strategy, model, data)
     if dist.is_main:
         write_run_config(run_dir, described)
-    logger = build_logger(cfg.logging, dist.is_main, run_dir, described)
+    logger = build_logger(cfg.logging, dist.is_main, run_dir, described, resume=meta is not None)
     try:
-        trainer = Trainer(strategy, wrapped, schedule, data, cfg.train, logger, run_dir, total)
+        trainer = Trainer(strategy, wrapped, schedule, data, cfg.train, logger, run_dir, total, checkpoints)
+        if meta is not None:
+            trainer.restore(meta)
+            if dist.is_main:
+                print(f"scale-ocr: resumed from {resume_from} at step {meta['step']}", flush=True)
         summary = {"strategy": cfg.strategy.strategy, "arch": cfg.model.arch, "precision": cfg.train.precision,
                    "launcher": dist.launcher, "backend": dist.backend, "device": str(dist.device),
                    "skipped_samples": sum(data.skipped.values()), **trainer.fit()}
@@ -68,8 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     dist = init_distributed(cfg.strategy.backend)
     try:
         run(cfg, dist)
-    finally:
-        destroy_distributed()
+    except BaseException:
+        destroy_distributed(clean=False)
+        raise
+    destroy_distributed()
     return 0
 
 

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from scale_ocr.checkpoint import CheckpointManager
 from scale_ocr.config import TrainConfig
 from scale_ocr.data.loader import Data
 from scale_ocr.distributed import all_reduce_max, all_reduce_sum
@@ -49,6 +50,7 @@ class RunState:
 
     step: int = 0
     epoch: int = 0
+    epoch_step: int = 0  # optimizer steps done in the current epoch
     timed_steps: int = 0
     timed_seconds: float = 0.0
     epoch_loss: list[torch.Tensor] = field(default_factory=list)
@@ -80,12 +82,14 @@ class Trainer:
         logger: a JSONL/W&B logger on rank 0, a null logger elsewhere.
         run_dir: where models and metrics go.
         total_steps: optimizer steps in the run.
+        checkpoints: saves resumable checkpoints when due; None disables them.
     """
 
     def __init__(self, strategy: Strategy, model: nn.Module, schedule: LRSchedule, data: Data, cfg: TrainConfig,
-                 logger, run_dir: Path, total_steps: int) -> None:
+                 logger, run_dir: Path, total_steps: int, checkpoints: CheckpointManager | None = None) -> None:
         self.strategy, self.model, self.schedule, self.data, self.cfg = strategy, model, schedule, data, cfg
         self.logger, self.run_dir, self.total_steps = logger, run_dir, total_steps
+        self.checkpoints, self.last_saved = checkpoints, -1
         self.device = strategy.dist.device
         self.autocast = autocast_factory(cfg.precision, self.device)
         self.global_batch = cfg.batch_size * cfg.grad_accum * strategy.world_size
@@ -123,23 +127,53 @@ class Trainer:
         start = time.perf_counter()
         bar = tqdm(total=self.total_steps, desc="train", disable=not self.interactive, dynamic_ncols=True,
                    mininterval=1.0)
+        bar.update(self.state.step)
         epochs = math.ceil(self.total_steps / self.steps_per_epoch)
-        for epoch in range(epochs):
-            self.state.epoch = epoch
+        while self.state.epoch < epochs and self.state.step < self.total_steps:
             self.train_epoch(bar)
             self._stop_timing()
             self.end_epoch()
+            self.state.epoch += 1
+            self.state.epoch_step = 0
         bar.close()
+        if self.checkpoints is not None and self.checkpoints.cfg.save_every and self.last_saved != self.state.step:
+            self.save_checkpoint()
         return self.finish(time.perf_counter() - start)
 
+    def trainer_state(self) -> dict[str, Any]:
+        """Everything besides model and optimizer that a resumed run needs to continue exactly."""
+        return {
+            "step": self.state.step, "epoch": self.state.epoch, "epoch_step": self.state.epoch_step,
+            "samples_in_epoch": self.state.epoch_step * self.global_batch, "global_batch": self.global_batch,
+            "schedule": self.schedule.state_dict(), "best": list(self.state.best) if self.state.best else None,
+        }
+
+    def restore(self, meta: dict[str, Any]) -> None:
+        """Continue from a checkpoint's trainer state (model and optimizer are already loaded)."""
+        self.state.step, self.state.epoch = meta["step"], meta["epoch"]
+        self.schedule.load_state_dict(meta["schedule"])
+        self.state.best = tuple(meta["best"]) if meta.get("best") else None
+        self.resume_samples = meta["samples_in_epoch"]
+
+    def save_checkpoint(self) -> None:
+        self._stop_timing()  # checkpoint I/O is not training throughput
+        self.checkpoints.save(self.strategy, self.trainer_state())
+        self.last_saved = self.state.step
+
     def train_epoch(self, bar: tqdm) -> None:
-        self.data.train_sampler.set_epoch(self.state.epoch)
+        sampler = self.data.train_sampler
+        sampler.set_epoch(self.state.epoch)
+        # A resumed run continues the epoch's global sample order where the checkpoint left it.
+        sampler.skip_global(getattr(self, "resume_samples", 0))
+        self.resume_samples = 0
+        steps = len(self.data.train_loader) // self.cfg.grad_accum
+        self.state.epoch_step = self.steps_per_epoch - steps
         self.model.train()
         batches = iter(self.data.train_loader)
         self.state.epoch_loss = []
         self._start_timing()
         window = Window(self._now())
-        for _ in range(self.steps_per_epoch):
+        for _ in range(steps):
             if self.state.step >= self.total_steps:
                 break
             loss = self.train_step(batches)
@@ -147,7 +181,10 @@ class Trainer:
             window.add(loss, stats, self.schedule.lr)  # the rate this step used
             self.schedule.step()
             self.state.step += 1
+            self.state.epoch_step += 1
             self.state.epoch_loss.append(loss)
+            if self.checkpoints is not None and self.checkpoints.due(self.state.step):
+                self.save_checkpoint()
             self._start_timing()
             bar.update(1)
             if self.state.step % self.cfg.log_every == 0 or self.state.step == self.total_steps:
@@ -195,6 +232,7 @@ class Trainer:
                   f"samples/s={metrics['train/samples_per_sec']:.1f}", flush=True)
 
     def end_epoch(self) -> None:
+        self.data.train_sampler.skip_global(0)
         result = evaluate(self.model, self.data.val_loader, self.data.vocab, self.device, self.autocast)
         self.state.last_eval = result.metrics
         self.logger.log({f"val/{k}": v for k, v in result.metrics.items()} | {"epoch": self.state.epoch},
@@ -226,7 +264,7 @@ class Trainer:
             "world_size": self.strategy.world_size,
             "global_batch": self.global_batch,
             "steps": self.state.step,
-            "epochs": self.state.epoch + 1,
+            "epochs": self.state.epoch,
             "train_loss": loss_sum / max(n, 1),
             "val_loss": ev.get("val_loss"),
             "exact_match": ev.get("exact_match"),

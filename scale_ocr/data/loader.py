@@ -59,6 +59,29 @@ class WithValid(Dataset):
         return img, word, True
 
 
+class ResumableSampler(DistributedSampler):
+    """A DistributedSampler that can start an epoch part-way, to continue a resumed run's data order.
+
+    The global permutation of an epoch depends only on (seed, epoch); rank r takes every world-th
+    index of it. Skipping the first ``consumed`` samples of the *global* order is therefore skipping
+    ``consumed // world_size`` on each rank, whatever the world size was when the run stopped.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.start = 0
+
+    def skip_global(self, consumed: int) -> None:
+        """Skip the first ``consumed`` samples of this epoch's global order (0 resets)."""
+        self.start = consumed // self.num_replicas
+
+    def __iter__(self):
+        return iter(list(super().__iter__())[self.start:])
+
+    def __len__(self) -> int:
+        return super().__len__() - self.start
+
+
 @dataclass
 class Batch:
     """A collated batch: images and CTC targets for the model, words and mask for metrics."""
@@ -100,7 +123,7 @@ class Data:
 
     train_loader: DataLoader
     val_loader: DataLoader
-    train_sampler: DistributedSampler
+    train_sampler: ResumableSampler
     vocab: Vocab
     num_train: int
     num_val: int
@@ -147,12 +170,16 @@ def build_data(cfg: DataConfig, vocab: Vocab, input_size: tuple[int, int], batch
             f"{len(train_ds)} training samples cannot fill one batch of {batch_size} on each of "
             f"{dist.world_size} ranks; add samples or lower --batch-size"
         )
-    sampler = DistributedSampler(train_ds, num_replicas=dist.world_size, rank=dist.rank, shuffle=True,
+    sampler = ResumableSampler(train_ds, num_replicas=dist.world_size, rank=dist.rank, shuffle=True,
                                  seed=seed, drop_last=True)
     workers = _workers(cfg, dist)
     common = dict(collate_fn=Collate(vocab), num_workers=workers, pin_memory=dist.device.type == "cuda",
                   persistent_workers=workers > 0)
-    train_loader = DataLoader(WithValid(train_ds), batch_size=batch_size, sampler=sampler, drop_last=True, **common)
+    # The loader draws its workers' base seed from this generator rather than the global RNG, so
+    # starting an epoch's iterator does not shift the augmentation stream a resumed run restores.
+    gen = torch.Generator().manual_seed(seed * 1000 + dist.rank)
+    train_loader = DataLoader(WithValid(train_ds), batch_size=batch_size, sampler=sampler, drop_last=True,
+                              generator=gen, **common)
     val_loader = DataLoader(EvalShard(val_ds, dist.rank, dist.world_size), batch_size=batch_size, shuffle=False,
                             **common)
     digest = labels_digest(cfg.train_path) if cfg.train_path else None

@@ -94,6 +94,19 @@ class Strategy(ABC):
         into the bare model.
         """
 
+    @abstractmethod
+    def checkpoint_state(self) -> dict[str, Any]:
+        """``{"model": ..., "optim": ...}`` keyed by parameter names, as torch.distributed.checkpoint saves it.
+
+        The layout is the same for every strategy (the one ``get_state_dict`` gives for a plain module
+        and a torch optimizer), so a checkpoint written under one strategy and world size loads under
+        any other; sharded tensors stay sharded and are resharded on load. A collective.
+        """
+
+    @abstractmethod
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """Apply a state of the :meth:`checkpoint_state` layout, filled in place by the checkpoint reader."""
+
     def engine_config(self) -> dict[str, Any] | None:
         """The engine's resolved configuration (the DeepSpeed JSON actually used), if any."""
         return None

@@ -93,3 +93,36 @@ def make_scaler(precision: str, device: torch.device, sharded: bool = False):
 
         return ShardedGradScaler(device=device.type)
     return torch.amp.GradScaler(device.type)
+
+
+def torch_checkpoint_state(module, optimizer) -> dict[str, Any]:
+    """Model and optimizer state of a plain, DDP-wrapped or FSDP2-sharded module, by parameter name."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(module, optimizer)  # initialises a fresh optimizer's state
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def torch_load_checkpoint_state(module, optimizer, state: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def init_optimizer_state(optimizer) -> None:
+    """Create a fresh optimizer's lazily built state (zero moments) with a zero-gradient, zero-lr step,
+    so a checkpoint reader has tensors of the right shapes to load into."""
+    if optimizer.state:
+        return
+    params = [p for g in optimizer.param_groups for p in g["params"]]  # DeepSpeed's flat partitions need no grad flag
+    lrs = [g["lr"] for g in optimizer.param_groups]
+    grads = [p.grad for p in params]  # engines may keep buffer views here; put them back after
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    for g in optimizer.param_groups:
+        g["lr"] = 0.0
+    optimizer.step()
+    for g, lr in zip(optimizer.param_groups, lrs, strict=True):
+        g["lr"] = lr
+    for p, grad in zip(params, grads, strict=True):
+        p.grad = grad

@@ -9,7 +9,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import StepStats, Strategy
-from scale_ocr.strategies.common import TorchStepper, dense_clip, dense_grad_norm, make_scaler
+from scale_ocr.strategies.common import (
+    TorchStepper,
+    dense_clip,
+    dense_grad_norm,
+    make_scaler,
+    torch_checkpoint_state,
+    torch_load_checkpoint_state,
+)
 
 
 class DDP(Strategy):
@@ -42,6 +49,12 @@ class DDP(Strategy):
 
     def step(self) -> StepStats:
         return self.stepper.step()
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return torch_checkpoint_state(self.module, self.optimizer)
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        torch_load_checkpoint_state(self.module, self.optimizer, state)
 
     def full_state_dict(self) -> dict[str, Any] | None:
         return self.module.state_dict() if self.is_main else None

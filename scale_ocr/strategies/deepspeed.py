@@ -11,6 +11,7 @@ from torch import nn
 from scale_ocr.errors import UserError
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import StepStats, Strategy
+from scale_ocr.strategies.common import init_optimizer_state
 from scale_ocr.strategies.ds_config import load_ds_config, preset_path, resolve_ds_config
 
 
@@ -49,8 +50,10 @@ class DeepSpeed(Strategy):
         kwargs: dict[str, Any] = {"model": model, "config": self.ds_config, "dist_init_required": False}
         if "optimizer" in self.ds_config:
             kwargs["model_parameters"] = optimizer.groups(model)
+            self._client_groups = kwargs["model_parameters"]
         else:
             kwargs["optimizer"] = optimizer.build(model)
+            self._client_groups = [dict(g, params=list(g["params"])) for g in kwargs["optimizer"].param_groups]
         try:
             self.engine, self.optimizer, _, _ = deepspeed.initialize(**kwargs)
         except (AssertionError, ValueError, TypeError, KeyError) as exc:
@@ -84,6 +87,112 @@ class DeepSpeed(Strategy):
             skipped=self.engine.skipped_steps > skipped_before,
             loss_scale=float(self.optimizer.cur_scale) if fp16 else None,
         )
+
+    def _base_optimizer(self):
+        """The torch optimizer DeepSpeed steps over its flat fp32 partitions."""
+        return getattr(self.engine.optimizer, "optimizer", self.engine.optimizer)
+
+    def _link_optimizer_state(self) -> None:
+        """Make sure Adam's moments exist and DeepSpeed's per-parameter views point at them.
+
+        Both are built lazily at the first step (ZeRO-3 creates the moments then; ZeRO-1/2 link their
+        fragments then), and a checkpoint may be read or written before it.
+        """
+        zero_opt = self.engine.optimizer
+        if hasattr(zero_opt, "_set_fp32_optimizer_param_groups"):  # ZeRO-3 attaches partitions only to step
+            zero_opt._set_fp32_optimizer_param_groups()
+            try:
+                init_optimizer_state(self._base_optimizer())
+            finally:
+                zero_opt._clear_fp32_optimizer_param_groups()
+        else:
+            init_optimizer_state(self._base_optimizer())
+        if hasattr(zero_opt, "_hp_optimizer_states_linked"):
+            zero_opt._hp_optimizer_states_linked = False
+            zero_opt._lazy_init_hp_params_optimizer_state()
+
+    def _adam_step(self) -> float:
+        for st in self._base_optimizer().state.values():
+            if "step" in st:
+                return float(st["step"])
+        return 0.0
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Full (unpartitioned) fp32 weights and Adam moments per parameter name.
+
+        ZeRO's own checkpoints only reopen under the same stage and world size; gathering each
+        parameter through DeepSpeed's public ``safe_get_full_*`` API gives the layout every strategy
+        shares. Parameters are gathered one at a time, so peak extra memory is one parameter.
+        """
+        import torch
+        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+        module = self.engine.module
+        model, states = {}, {}
+        self._link_optimizer_state()
+        step = torch.tensor(self._adam_step())
+        for name, p in module.named_parameters():
+            shape = tuple(getattr(p, "ds_shape", p.shape))
+            full = safe_get_full_fp32_param(p)  # collective under ZeRO-3: same order on every rank
+            model[name] = full.detach().reshape(shape).cpu().clone()
+            entry = {"step": step.clone()}
+            for key in ("exp_avg", "exp_avg_sq"):
+                value = safe_get_full_optimizer_state(p, key)
+                entry[key] = (value.detach().reshape(shape).cpu().clone() if value is not None
+                              else torch.zeros(shape))
+            states[name] = entry
+        for name, b in module.named_buffers():
+            model[name] = b.detach().cpu().clone()
+        names = {id(p): n for n, p in module.named_parameters()}
+        groups = [{**{k: v for k, v in g.items() if k != "params"},
+                   "params": [names[id(p)] for p in g["params"] if id(p) in names]}
+                  for g in self._client_groups]
+        return {"model": model, "optim": {"state": states, "param_groups": groups}}
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        import torch
+        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+        module, dev = self.engine.module, self.dist.device
+        saved = state["optim"]["state"]
+        self._link_optimizer_state()
+        for name, p in module.named_parameters():
+            value = state["model"][name].to(dev)
+            self._set_master(p, value, None, safe_set_full_fp32_param)  # the fp32 master partition
+            self._set_model_param(p, value)  # and the copy forward() uses
+            for key in ("exp_avg", "exp_avg_sq"):
+                self._set_master(p, saved[name][key].to(dev), key, safe_set_full_optimizer_state)
+        step = next(iter(saved.values()))["step"]
+        for st in self._base_optimizer().state.values():
+            if "step" in st:
+                st["step"] = step.clone() if torch.is_tensor(st["step"]) else int(step)
+        for name, b in module.named_buffers():
+            b.data.copy_(state["model"][name].to(b.device))
+
+    def _set_master(self, p, value, key, public_setter) -> None:
+        """Write this rank's slice of ``value`` into the fp32 master (``key=None``) or an Adam moment."""
+        if self.zero_stage != 3:
+            public_setter(p, value) if key is None else public_setter(p, value, key)
+            return
+        # ZeRO-3's public setter slices ``value`` by the padded partition size and fails on the last
+        # rank whenever numel is not a multiple of the world size; write the slice ourselves.
+        zero_opt = self.engine.optimizer
+        part, _ = zero_opt._get_fp32_opt_state_partition(p, release_swap_buffers=False, optim_state_key=key)
+        start = part.numel() * zero_opt._get_param_partition_rank(p)
+        chunk = value.flatten()[start:start + part.numel()]
+        part.data.zero_()
+        part.data[: chunk.numel()].copy_(chunk)
+
+    def _set_model_param(self, p, value) -> None:
+        if self.zero_stage == 3:
+            import deepspeed
+
+            # Gather, overwrite on every rank (they hold the same value), and let DeepSpeed repartition.
+            with deepspeed.zero.GatheredParameters([p], modifier_rank=0):
+                if self.is_main:
+                    p.data.copy_(value.reshape(p.shape))
+        else:
+            p.data.copy_(value.to(p.dtype))
 
     def full_state_dict(self) -> dict[str, Any] | None:
         if self.zero_stage == 3:

@@ -9,7 +9,7 @@ from torch import nn
 
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import StepStats, Strategy
-from scale_ocr.strategies.common import TorchStepper
+from scale_ocr.strategies.common import TorchStepper, init_optimizer_state
 
 
 class Fairscale(Strategy):
@@ -57,6 +57,29 @@ class Fairscale(Strategy):
 
     def step(self) -> StepStats:
         return self.stepper.step()
+
+    def _names(self) -> dict[int, str]:
+        return {id(p): n for n, p in self.module.named_parameters()}
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        # OSS keeps a plain torch optimizer over the parameters this rank owns; its state is saved
+        # under the parameter names, so each rank writes its own shard and any layout can read it.
+        local = self.optimizer.optim
+        init_optimizer_state(local)
+        names = self._names()
+        state = {names[id(p)]: dict(local.state[p]) for g in local.param_groups for p in g["params"]
+                 if p in local.state}
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[id(p)] for p in g["params"]]}
+                  for g in self.optimizer.param_groups]
+        return {"model": self.module.state_dict(), "optim": {"state": state, "param_groups": groups}}
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state["model"])
+        local, names, saved = self.optimizer.optim, self._names(), state["optim"]["state"]
+        for g in local.param_groups:
+            for p in g["params"]:
+                if names[id(p)] in saved:
+                    local.state[p] = {k: v.to(p.device) if k != "step" else v for k, v in saved[names[id(p)]].items()}
 
     def full_state_dict(self) -> dict[str, Any] | None:
         # Parameters are replicated (OSS broadcasts them after every step); only the state is sharded.

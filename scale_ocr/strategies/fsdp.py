@@ -10,7 +10,7 @@ from torch import nn
 
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import StepStats, Strategy
-from scale_ocr.strategies.common import TorchStepper, make_scaler
+from scale_ocr.strategies.common import TorchStepper, make_scaler, torch_checkpoint_state, torch_load_checkpoint_state
 
 
 def apply_fsdp(model: nn.Module, mesh, reshard_after_forward: bool) -> nn.Module:
@@ -78,6 +78,12 @@ class FSDP(Strategy):
 
     def step(self) -> StepStats:
         return self.stepper.step()
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return torch_checkpoint_state(self.model, self.optimizer)
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        torch_load_checkpoint_state(self.model, self.optimizer, state)
 
     def full_state_dict(self) -> dict[str, Any] | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

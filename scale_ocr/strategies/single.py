@@ -9,7 +9,14 @@ from torch import nn
 
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import StepStats, Strategy
-from scale_ocr.strategies.common import TorchStepper, dense_clip, dense_grad_norm, make_scaler
+from scale_ocr.strategies.common import (
+    TorchStepper,
+    dense_clip,
+    dense_grad_norm,
+    make_scaler,
+    torch_checkpoint_state,
+    torch_load_checkpoint_state,
+)
 
 
 class SingleDevice(Strategy):
@@ -38,6 +45,12 @@ class SingleDevice(Strategy):
 
     def step(self) -> StepStats:
         return self.stepper.step()
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return torch_checkpoint_state(self.module, self.optimizer)
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        torch_load_checkpoint_state(self.module, self.optimizer, state)
 
     def full_state_dict(self) -> dict[str, Any] | None:
         return self.module.state_dict()

@@ -88,3 +88,24 @@ def test_unreachable_server_in_online_mode_falls_back_offline(tmp_path):
     assert "W&B online mode could not start" in proc.stderr and "wandb sync" in proc.stderr
     assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 1
     assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 6
+
+
+@pytest.mark.slow
+def test_resumed_run_appends_to_the_same_wandb_run(tmp_path):
+    run_dir = tmp_path / "run"
+    base = ["--strategy", "ddp", "--train-samples", "64", "--val-samples", "16", "-b", "4", "--log-every", "2",
+            "--max-chars", "5", "--epochs", "2", "--save-every", "4", "--output-dir", str(run_dir)]
+    env = _wandb_env(HOME=str(tmp_path))
+    first = torchrun_train([*base, "--max-steps", "4"], env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_id = (run_dir / "wandb_run_id").read_text().strip()
+    second = torchrun_train([*base, "--max-steps", "8", "--resume", "auto"], env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (run_dir / "wandb_run_id").read_text().strip() == run_id
+    runs = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(r.name.endswith(run_id) for r in runs)
+    later = read_offline_run(runs[-1])
+    assert later.run_id == run_id
+    assert [h["_step"] for h in later.history if "train/loss" in h] == [6, 8]
+    # metrics.jsonl keeps the first part and appends the rest.
+    assert [r["step"] for r in read_jsonl(run_dir) if "train/loss" in r] == [2, 4, 6, 8]

@@ -1,0 +1,162 @@
+"""Resumable checkpoints in one format for every strategy and world size.
+
+Layout of ``RUN_DIR/checkpoints/``::
+
+    step_00000100/            torch.distributed.checkpoint shards (model + optimizer by parameter
+                              name; sharded strategies write their shards) and .metadata
+    step_00000100/trainer.json  step, epoch, data position, LR schedule, best score, model and vocab
+    step_00000100/rng_rank{r}.pt  each rank's RNG states
+    latest                    name of the newest complete checkpoint
+
+A checkpoint is written into ``step_N.tmp/`` and renamed only once every rank has finished, and
+``latest`` moves after that, so a crash or kill during a save leaves the previous one loadable.
+Nothing is unpickled on load except tensors (``weights_only``) and JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as tdist
+import torch.distributed.checkpoint as dcp
+
+from scale_ocr.config import CheckpointConfig
+from scale_ocr.distributed import DistInfo
+from scale_ocr.errors import UserError
+from scale_ocr.strategies import Strategy
+
+STALL_ENV = "SCALE_OCR_TEST_STALL_SAVE"  # tests: seconds to sleep mid-write, to kill a rank there
+
+
+def _barrier() -> None:
+    if tdist.is_initialized():
+        tdist.barrier()
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG this process draws from, as tensors and plain numbers (loadable with weights_only)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached": float(cached)},
+        "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64),
+                   "gauss_next": gauss_next},
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["internal"].tolist()), py["gauss_next"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class CheckpointManager:
+    """Saves, finds and loads checkpoints of one run directory.
+
+    Args:
+        cfg: the checkpoint section (cadence, resume, pruning).
+        run_dir: the run directory; checkpoints go to ``run_dir/checkpoints``.
+        dist: this process's place in the job.
+        identity: what must match on resume (model name, vocabulary).
+    """
+
+    def __init__(self, cfg: CheckpointConfig, run_dir: Path, dist: DistInfo, identity: dict[str, Any]) -> None:
+        self.cfg, self.dir, self.dist, self.identity = cfg, run_dir / "checkpoints", dist, identity
+
+    def due(self, step: int) -> bool:
+        return self.cfg.save_every > 0 and step % self.cfg.save_every == 0
+
+    def save(self, strategy: Strategy, trainer_state: dict[str, Any]) -> Path:
+        """Write a complete checkpoint for ``trainer_state["step"]`` (a collective)."""
+        step = trainer_state["step"]
+        final = self.dir / f"step_{step:08d}"
+        tmp = self.dir / f"step_{step:08d}.tmp"
+        if self.dist.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        _barrier()
+        dcp.save(strategy.checkpoint_state(), checkpoint_id=str(tmp))
+        torch.save(rng_state(), tmp / f"rng_rank{self.dist.rank}.pt")
+        if os.environ.get(STALL_ENV):
+            time.sleep(float(os.environ[STALL_ENV]))
+        _barrier()  # every rank's shards are on disk
+        if self.dist.is_main:
+            meta = {**trainer_state, **self.identity, "world_size": self.dist.world_size, "format": 1}
+            (tmp / "trainer.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.replace(final)
+            pointer = self.dir / "latest.tmp"
+            pointer.write_text(final.name + "\n", encoding="utf-8")
+            pointer.replace(self.dir / "latest")
+            self._prune()
+        _barrier()
+        return final
+
+    def _prune(self) -> None:
+        if self.cfg.keep_last <= 0:
+            return
+        done = sorted(p for p in self.dir.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
+        for old in done[: -self.cfg.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def resolve(self) -> Path | None:
+        """The checkpoint ``--resume`` names: None for a fresh start (``auto`` with nothing saved yet)."""
+        spec = self.cfg.resume
+        if spec is None:
+            return None
+        if spec == "auto":
+            latest = self.dir / "latest"
+            return self.dir / latest.read_text().strip() if latest.is_file() else None
+        path = Path(spec)
+        if (path / "checkpoints" / "latest").is_file():  # a run directory
+            path = path / "checkpoints" / (path / "checkpoints" / "latest").read_text().strip()
+        elif (path / "latest").is_file():  # a checkpoints directory
+            path = path / (path / "latest").read_text().strip()
+        if not (path / "trainer.json").is_file() or not (path / ".metadata").is_file():
+            raise UserError(f"--resume {spec}: no complete checkpoint there (trainer.json and .metadata expected); "
+                            "pass a checkpoints/step_N folder, a run directory, or `auto`")
+        return path
+
+    def load(self, path: Path, strategy: Strategy, seed: int) -> dict[str, Any]:
+        """Restore model, optimizer and RNG from ``path``; returns the trainer state to continue from."""
+        try:
+            meta = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UserError(f"{path / 'trainer.json'} is unreadable ({exc}); the checkpoint is damaged") from None
+        for key, ours in self.identity.items():
+            if meta.get(key) != ours:
+                raise UserError(
+                    f"checkpoint {path} was trained with {key}={meta.get(key)!r}, this run uses {ours!r}; "
+                    f"resume with the same {key} or start a new --output-dir"
+                )
+        state = strategy.checkpoint_state()  # the layout to fill, sharded as this strategy shards
+        try:
+            dcp.load(state, checkpoint_id=str(path))
+        except Exception as exc:  # noqa: BLE001 - DCP raises several types for damaged files
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
+            raise UserError(f"checkpoint {path} cannot be read ({type(exc).__name__}: {first})") from None
+        strategy.load_checkpoint_state(state)
+        rng_file = path / f"rng_rank{self.dist.rank}.pt"
+        if meta["world_size"] == self.dist.world_size and rng_file.is_file():
+            set_rng_state(torch.load(rng_file, weights_only=True))
+        else:
+            # Another world size: no saved stream belongs to this rank; derive one deterministically.
+            torch.manual_seed(seed + 1 + self.dist.rank + 7919 * meta["step"])
+        return meta
