@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import socket
 from dataclasses import dataclass
@@ -139,6 +140,9 @@ def destroy_distributed(clean: bool = True) -> None:
             entered: peers may be stuck in a collective this rank will never join.
     """
     if dist.is_available() and dist.is_initialized():
+        # Engines keep async work handles (fairscale's OSS broadcasts, for one) in reference cycles;
+        # freed at interpreter exit after the group is gone, gloo can abort the process. Free them now.
+        gc.collect()
         if clean:
             try:
                 dist.barrier()

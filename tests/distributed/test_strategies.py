@@ -91,3 +91,13 @@ def test_accumulation_and_clipping_match_ddp(name, tmp_path, ddp_accum):
         assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-4)
         assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5)
     assert ours[0]["train/grad_norm"] > 0.5  # clipping really happened
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "zero2", "zero3", "fairscale"])
+def test_plain_python_world_size_one(name, tmp_path):
+    """What benchmarks/gpu_check.sh does on one GPU: a multi-rank engine in a 1-rank job."""
+    run_dir = tmp_path / name
+    proc = python_train(["--strategy", name, *TINY, "--output-dir", str(run_dir)])
+    m = _check(proc, run_dir, 1)
+    assert m["launcher"] == "python"
