@@ -14,6 +14,8 @@ USAGE = """usage: scale-ocr COMMAND [ARGS]
 
 commands:
   train        train a model (see `scale-ocr train --help`)
+  export       CKPT OUT.safetensors: consolidated fp32 model with its name, vocabulary and input size
+  predict      MODEL IMAGE...: recognise words with a checkpoint or an export
   models       list registered models
   strategies   list distributed strategies
 """
@@ -24,6 +26,27 @@ def _models(argv: list[str]) -> int:
 
     for name in list_models(argv[0] if argv else "*"):
         print(name)
+    return 0
+
+
+def _export(argv: list[str]) -> int:
+    from scale_ocr.export import export
+
+    if len(argv) != 2:
+        print("usage: scale-ocr export CHECKPOINT OUT.safetensors", file=sys.stderr)
+        return 2
+    print(f"scale-ocr: wrote {export(argv[0], argv[1])}")
+    return 0
+
+
+def _predict(argv: list[str]) -> int:
+    from scale_ocr.export import load_any, predict
+
+    if len(argv) < 2:
+        print("usage: scale-ocr predict CHECKPOINT_OR_EXPORT IMAGE...", file=sys.stderr)
+        return 2
+    for name, word, conf in predict(load_any(argv[0]), argv[1:]):
+        print(f"{name}\t{word}\t{conf:.4f}")
     return 0
 
 
@@ -46,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         from scale_ocr.train import main as train_main
 
         return train_main.__wrapped__(rest)
+    if command == "export":
+        return _export(rest)
+    if command == "predict":
+        return _predict(rest)
     if command == "models":
         return _models(rest)
     if command == "strategies":

@@ -44,7 +44,8 @@ def run(cfg: RunConfig, dist: DistInfo) -> dict:
     total = plan_steps(steps_per_epoch, cfg.train.epochs, cfg.train.max_steps)
     schedule = LRSchedule(optimizer, cfg.optim.lr, lr_factor(cfg.optim.sched, total, default_warmup(cfg.optim, total)))
     run_dir = Path(cfg.output.output_dir)
-    checkpoints = CheckpointManager(cfg.checkpoint, run_dir, dist, {"arch": cfg.model.arch, "vocab": vocab.chars})
+    checkpoints = CheckpointManager(cfg.checkpoint, run_dir, dist, {"arch": cfg.model.arch, "vocab": vocab.chars,
+                                                                   "input_size": list(cfg.model.input_size)})
     resume_from = checkpoints.resolve()
     meta = checkpoints.load(resume_from, strategy, cfg.train.seed) if resume_from else None
     described = describe_run(cfg, dist, strategy, model, data)

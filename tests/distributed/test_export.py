@@ -1,0 +1,49 @@
+"""export -> predict on a model trained under ZeRO-3: the same words and confidences as the live model."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from conftest import TINY, make_folder, run_cmd, torchrun_train
+
+from scale_ocr.errors import UserError
+from scale_ocr.export import load_any, predict
+
+
+@pytest.mark.slow
+def test_export_then_predict_matches_live_model(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = torchrun_train(["--strategy", "zero3", *TINY, "--save-every", "6", "--output-dir", str(run_dir)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "model.safetensors"
+    proc = run_cmd([sys.executable, "-m", "scale_ocr", "export", str(run_dir), str(out)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+    folder = make_folder(tmp_path / "imgs", {f"{i}.png": w for i, w in enumerate(["abc", "word", "42", "XyZ"])})
+    images = sorted(str(p) for p in (folder / "images").iterdir())
+    exported = load_any(out)
+    assert exported.arch == "crnn_mobilenet_v3_small" and exported.input_size == (32, 128)
+    from_export = predict(exported, images)
+
+    # The live model: the bare model with the weights the run saved at its end.
+    live = load_any(run_dir)
+    live.model.load_state_dict(torch.load(run_dir / "last_model.pt", weights_only=True))
+    from_live = predict(live, images)
+    assert [w for _, w, _ in from_export] == [w for _, w, _ in from_live]
+    assert [c for _, _, c in from_export] == pytest.approx([c for _, _, c in from_live], abs=1e-6)
+
+    proc = run_cmd([sys.executable, "-m", "scale_ocr", "predict", str(out), *images])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 4 and lines[0].split("\t")[0] == images[0]
+
+
+def test_truncated_export_is_one_clear_error(tmp_path):
+    bad = tmp_path / "model.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")
+    with pytest.raises(UserError, match="not a readable safetensors export"):
+        load_any(bad)
+    with pytest.raises(UserError, match="does not exist"):
+        load_any(tmp_path / "missing")
