@@ -14,6 +14,7 @@ USAGE = """usage: scale-ocr COMMAND [ARGS]
 
 commands:
   train        train a model (see `scale-ocr train --help`)
+  verify       [ARCH] --strategies ddp,fsdp,...: same maths under every strategy, or a non-zero exit
   export       CKPT OUT.safetensors: consolidated fp32 model with its name, vocabulary and input size
   predict      MODEL IMAGE...: recognise words with a checkpoint or an export
   models       list registered models
@@ -69,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         from scale_ocr.train import main as train_main
 
         return train_main.__wrapped__(rest)
+    if command == "verify":
+        from scale_ocr.verify import main as verify_main
+
+        return verify_main(rest)
     if command == "export":
         return _export(rest)
     if command == "predict":

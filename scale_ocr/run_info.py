@@ -69,14 +69,15 @@ def write_run_config(run_dir: Path, doc: dict[str, Any]) -> None:
 
 
 def run_summary_line(s: dict[str, Any], run_dir: Path) -> str:
-    """One line for stdout with the figures people compare."""
-    def pct(v):
-        return "n/a" if v is None else f"{100 * v:.1f}%"
+    """One line for stdout with the figures people compare (n/a where a value was not measured)."""
+    def fmt(key: str, spec: str, scale: float = 1.0) -> str:
+        v = s.get(key)
+        return "n/a" if v is None else format(v * scale, spec)
 
     return (
         f"scale-ocr: strategy={s['strategy']} world_size={s['world_size']} global_batch={s['global_batch']} "
-        f"steps={s['steps']} train_loss={s['train_loss']:.4f} val_loss={s['val_loss']:.4f} "
-        f"exact_match={pct(s['exact_match'])} cer={s['cer']:.4f} samples/s={s['samples_per_sec']:.1f} "
-        f"peak_mem={s['peak_memory_bytes'] / 2**20:.0f}MiB wall={s['wall_seconds']:.1f}s "
-        f"-> {run_dir / 'metrics.json'}"
+        f"steps={s['steps']} train_loss={fmt('train_loss', '.4f')} val_loss={fmt('val_loss', '.4f')} "
+        f"exact_match={fmt('exact_match', '.1f', 100)}% cer={fmt('cer', '.4f')} "
+        f"samples/s={fmt('samples_per_sec', '.1f')} peak_mem={fmt('peak_memory_bytes', '.0f', 2**-20)}MiB "
+        f"wall={fmt('wall_seconds', '.1f')}s -> {run_dir / 'metrics.json'}"
     )

@@ -1,0 +1,149 @@
+"""``scale-ocr verify``: check that switching strategy leaves the training maths alone.
+
+Each strategy trains the same model from the same seed, data order and global batch as a real
+multi-process job; losses and global grad norms per step and the final parameters are compared with
+a reference strategy (DDP by default). Tolerances, and why they are not zero: engines reduce
+gradients in different orders (all-reduce vs reduce-scatter, buckets vs flat partitions), so fp32
+sums differ in the last bits and Adam carries that forward. Over 20 steps at lr 1e-3 that stays an
+order of magnitude below ``LOSS_RTOL`` and ``PARAM_RTOL`` (measured: ~1e-4), while any real difference (a learning rate, a missing
+accumulation scale, a wrong clip) exceeds them by orders of magnitude.
+
+``single`` is not a valid reference for models with BatchNorm (the CRNNs): one process over the global
+batch computes batch statistics over all of it, N ranks over their shards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DEFAULT_STRATEGIES = "ddp,fsdp,fsdp_grad_op,zero1,zero2,zero3,fairscale"
+LOSS_RTOL = 1e-3  # relative, per logged step
+NORM_RTOL = 1e-2  # relative, per step (the grad norm amplifies last-bit differences most)
+PARAM_RTOL = 1e-3  # relative L2 distance of all parameters after the last step
+# (Not a max-abs bound: Adam's update is about lr per element whatever the gradient's size, so an
+# element whose gradient is ~0 can move by lr in either direction from last-bit noise alone.)
+TRAIN_PY = Path(__file__).resolve().parent / "train.py"
+
+
+@dataclass
+class RunResult:
+    losses: list[float]
+    norms: list[float]
+    params: dict[str, torch.Tensor]
+
+
+@dataclass
+class Row:
+    strategy: str
+    loss_diff: float
+    norm_diff: float
+    param_diff: float
+    error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and self.loss_diff <= LOSS_RTOL and self.norm_diff <= NORM_RTOL \
+            and self.param_diff <= PARAM_RTOL
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scale-ocr verify", description=__doc__.split("\n\n")[0])
+    p.add_argument("arch", nargs="?", default="crnn_mobilenet_v3_small")
+    p.add_argument("--strategies", default=DEFAULT_STRATEGIES, help="comma-separated strategy names")
+    p.add_argument("--reference", default="ddp", help="the strategy the others are compared with")
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("-b", "--batch-size", type=int, default=4, help="per-rank micro-batch")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--output-dir", default=None, help="keep the runs here (default: a temporary folder)")
+    p.add_argument("--extra", action="append", default=[], metavar="STRATEGY=ARGS",
+                   help="extra train.py flags for one strategy, e.g. zero2='--lr 2e-3' (experiments, tests)")
+    return p
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _train(strategy: str, args, out: Path, extra: list[str]) -> RunResult:
+    n = args.steps
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.world_size),
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(TRAIN_PY), args.arch,
+           "--strategy", strategy, "--max-steps", str(n), "--epochs", "1", "-b", str(args.batch_size),
+           "--train-samples", str(n * args.batch_size * args.world_size), "--val-samples", "8",
+           "--max-chars", "5", "--no-augment", "--log-every", "1", "--lr", str(args.lr), "--seed", "0",
+           "--save-every", str(n), "--keep-last", "1", "--wandb-mode", "disabled", "--output-dir", str(out), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error:" in ln][-1:] or ["failed"]
+        raise RuntimeError(tail[0][:200])
+    records = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "train/loss" in r]
+    from scale_ocr.export import load_checkpoint_model
+
+    # Parameters only: BatchNorm running statistics legitimately differ (DDP broadcasts rank 0's
+    # buffers every forward, sharded engines keep each rank's own), and they do not enter training.
+    params = {k: v.detach().float() for k, v in load_checkpoint_model(out).model.named_parameters()}
+    return RunResult([r["train/loss"] for r in steps], [r["train/grad_norm"] for r in steps], params)
+
+
+def _rel(a: list[float], b: list[float]) -> float:
+    if len(a) != len(b):
+        return float("inf")
+    return max((abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True)), default=0.0)
+
+
+def compare(name: str, ours: RunResult, ref: RunResult) -> Row:
+    keys = sorted(ref.params)
+    a = torch.cat([ours.params[k].flatten() for k in keys])
+    b = torch.cat([ref.params[k].flatten() for k in keys])
+    param_diff = float((a - b).norm() / b.norm().clamp(min=1e-12))
+    return Row(name, _rel(ours.losses, ref.losses), _rel(ours.norms, ref.norms), param_diff)
+
+
+def format_table(rows: list[Row], reference: str) -> str:
+    lines = [f"{'strategy':<15} {'max loss rel':>13} {'max norm rel':>13} {'params rel L2':>14}  result",
+             f"{'-' * 15} {'-' * 13} {'-' * 13} {'-' * 14}  ------"]
+    for r in rows:
+        if r.error:
+            lines.append(f"{r.strategy:<15} {'':>13} {'':>13} {'':>14}  ERROR {r.error}")
+        else:
+            verdict = "reference" if r.strategy == reference else ("pass" if r.passed else "FAIL")
+            lines.append(f"{r.strategy:<15} {r.loss_diff:>13.2e} {r.norm_diff:>13.2e} {r.param_diff:>14.2e}  {verdict}")
+    lines.append(f"tolerances: loss rel {LOSS_RTOL:g}, grad norm rel {NORM_RTOL:g}, params rel L2 {PARAM_RTOL:g}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    names = [s for s in args.strategies.split(",") if s]
+    extras = dict(e.split("=", 1) for e in args.extra)
+    order = [args.reference] + [s for s in names if s != args.reference]
+    root = Path(args.output_dir) if args.output_dir else Path(tempfile.mkdtemp(prefix="scale-ocr-verify-"))
+    results: dict[str, RunResult] = {}
+    rows: list[Row] = []
+    for name in order:
+        print(f"scale-ocr verify: training {name} on {args.world_size} ranks for {args.steps} steps", flush=True)
+        try:
+            results[name] = _train(name, args, root / name, shlex.split(extras.get(name, "")))
+        except RuntimeError as exc:
+            rows.append(Row(name, float("nan"), float("nan"), float("nan"), str(exc)))
+            continue
+        if name != args.reference and args.reference in results:
+            rows.append(compare(name, results[name], results[args.reference]))
+        elif name == args.reference:
+            rows.append(Row(name, 0.0, 0.0, 0.0))
+    print(format_table(rows, args.reference))
+    return 0 if all(r.passed for r in rows) else 1
