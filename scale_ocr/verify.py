@@ -2,11 +2,16 @@
 
 Each strategy trains the same model from the same seed, data order and global batch as a real
 multi-process job; losses and global grad norms per step and the final parameters are compared with
-a reference strategy (DDP by default). Tolerances, and why they are not zero: engines reduce
-gradients in different orders (all-reduce vs reduce-scatter, buckets vs flat partitions), so fp32
-sums differ in the last bits and Adam carries that forward. Over 20 steps at lr 1e-3 that stays an
-order of magnitude below ``LOSS_RTOL`` and ``PARAM_RTOL`` (measured: ~1e-4), while any real difference (a learning rate, a missing
-accumulation scale, a wrong clip) exceeds them by orders of magnitude.
+a reference strategy (DDP by default).
+
+Why the tolerances are not zero: engines reduce gradients in different ways - DDP and ZeRO sum then
+divide, fairscale's ShardedDataParallel divides each rank's gradient before summing - so gradients
+differ in the last bit. Adam then amplifies that: its first update is lr * g / (|g| + eps), about
++-lr for any element whose gradient is near zero, so last-bit noise there flips whole updates.
+Measured over 20 steps at lr 1e-3 on 2 CPU ranks: sum-then-divide engines stay within 1e-4 of DDP
+(bitwise-equal sums for 2 ranks), fairscale within 4e-3 (loss), 3e-2 (grad norm), 1.5e-3
+(parameters). A real difference - a learning rate, a lost accumulation scale, a wrong clip - is one
+to two orders of magnitude larger than the tolerances below.
 
 ``single`` is not a valid reference for models with BatchNorm (the CRNNs): one process over the global
 batch computes batch statistics over all of it, N ranks over their shards.
@@ -27,9 +32,9 @@ from pathlib import Path
 import torch
 
 DEFAULT_STRATEGIES = "ddp,fsdp,fsdp_grad_op,zero1,zero2,zero3,fairscale"
-LOSS_RTOL = 1e-3  # relative, per logged step
-NORM_RTOL = 1e-2  # relative, per step (the grad norm amplifies last-bit differences most)
-PARAM_RTOL = 1e-3  # relative L2 distance of all parameters after the last step
+LOSS_RTOL = 1e-2  # relative, per logged step
+NORM_RTOL = 1e-1  # relative, per step (the grad norm amplifies last-bit differences most)
+PARAM_RTOL = 5e-3  # relative L2 distance of all parameters after the last step
 # (Not a max-abs bound: Adam's update is about lr per element whatever the gradient's size, so an
 # element whose gradient is ~0 can move by lr in either direction from last-bit noise alone.)
 TRAIN_PY = Path(__file__).resolve().parent / "train.py"
