@@ -90,6 +90,7 @@ class Trainer:
         self.strategy, self.model, self.schedule, self.data, self.cfg = strategy, model, schedule, data, cfg
         self.logger, self.run_dir, self.total_steps = logger, run_dir, total_steps
         self.checkpoints, self.last_saved = checkpoints, -1
+        self.resume_samples = 0  # samples of the current epoch a restored checkpoint already consumed
         self.device = strategy.dist.device
         self.autocast = autocast_factory(cfg.precision, self.device)
         self.global_batch = cfg.batch_size * cfg.grad_accum * strategy.world_size
@@ -164,7 +165,7 @@ class Trainer:
         sampler = self.data.train_sampler
         sampler.set_epoch(self.state.epoch)
         # A resumed run continues the epoch's global sample order where the checkpoint left it.
-        sampler.skip_global(getattr(self, "resume_samples", 0))
+        sampler.skip_global(self.resume_samples)
         self.resume_samples = 0
         steps = len(self.data.train_loader) // self.cfg.grad_accum
         self.state.epoch_step = self.steps_per_epoch - steps
