@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from scale_ocr.config import CheckpointConfig
 from scale_ocr.distributed import DistInfo
@@ -149,9 +150,11 @@ class CheckpointManager:
         state = strategy.checkpoint_state()  # the layout to fill, sharded as this strategy shards
         try:
             dcp.load(state, checkpoint_id=str(path))
-        except Exception as exc:  # noqa: BLE001 - DCP raises several types for damaged files
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
-            raise UserError(f"checkpoint {path} cannot be read ({type(exc).__name__}: {first})") from None
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP raises several types for damaged files;
+            # CheckpointException (what a rank's failed read becomes) derives from BaseException
+            cause = (str(exc).strip().splitlines() or [type(exc).__name__])[-1].split(". ")[0][:200]
+            raise UserError(f"checkpoint {path} cannot be read ({cause}); a file in it is truncated or damaged: "
+                            "resume from an earlier checkpoints/step_N") from None
         strategy.load_checkpoint_state(state)
         rng_file = path / f"rng_rank{self.dist.rank}.pt"
         if meta["world_size"] == self.dist.world_size and rng_file.is_file():

@@ -48,6 +48,7 @@ def _build(arch: str, chars: str, input_size: tuple[int, int]) -> tuple[nn.Modul
 def load_checkpoint_model(path: Path) -> LoadedModel:
     """The model of a checkpoint folder (``step_N``, a ``checkpoints`` folder or a run directory)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     ckpt = _checkpoint_dir(path)
     meta_file = ckpt / "trainer.json"
@@ -60,7 +61,8 @@ def load_checkpoint_model(path: Path) -> LoadedModel:
         with warnings.catch_warnings():  # "loading in a single process" is exactly the intent here
             warnings.simplefilter("ignore", UserWarning)
             dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
-    except Exception as exc:  # noqa: BLE001 - damaged or foreign files raise several types
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - damaged or foreign files raise several
+        # types; CheckpointException derives from BaseException
         raise UserError(f"checkpoint {ckpt} cannot be read ({type(exc).__name__}); it is damaged or incomplete") from None
     model.load_state_dict(state["model"])
     return LoadedModel(model.eval(), meta["arch"], vocab, tuple(meta["input_size"]))

@@ -266,7 +266,7 @@ class Trainer:
             "global_batch": self.global_batch,
             "steps": self.state.step,
             "epochs": self.state.epoch,
-            "train_loss": loss_sum / max(n, 1),
+            "train_loss": loss_sum / n if n else None,  # None: nothing trained (resumed at the last step)
             "val_loss": ev.get("val_loss"),
             "exact_match": ev.get("exact_match"),
             "ci_match": ev.get("ci_match"),

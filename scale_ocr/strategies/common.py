@@ -58,6 +58,26 @@ class TorchStepper:
         return StepStats(grad_norm=norm, skipped=skipped, loss_scale=scale)
 
 
+def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
+    """Give every rank rank ``src``'s buffers (BatchNorm running statistics), as DDP does before each
+    forward. Engines that do not (FSDP, DeepSpeed) call this after each step, so all ranks hold the same
+    buffers: evaluation, checkpoints and resumes then see one model, not one per rank."""
+    import torch.distributed as tdist
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    if not tdist.is_initialized() or tdist.get_world_size() == 1:
+        return
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for b in module.buffers():
+        by_dtype.setdefault(b.dtype, []).append(b)
+    for dtype in sorted(by_dtype, key=str):  # the same order on every rank
+        group = by_dtype[dtype]
+        flat = _flatten_dense_tensors([b.detach() for b in group])
+        tdist.broadcast(flat, src)
+        for b, value in zip(group, _unflatten_dense_tensors(flat, group), strict=True):
+            b.detach().copy_(value)
+
+
 def local_grads(params) -> list[torch.Tensor]:
     return [p.grad for p in params if p.grad is not None]
 

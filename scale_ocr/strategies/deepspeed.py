@@ -11,7 +11,7 @@ from torch import nn
 from scale_ocr.errors import UserError
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import StepStats, Strategy
-from scale_ocr.strategies.common import init_optimizer_state
+from scale_ocr.strategies.common import broadcast_buffers, init_optimizer_state
 from scale_ocr.strategies.ds_config import load_ds_config, preset_path, resolve_ds_config
 
 
@@ -80,6 +80,7 @@ class DeepSpeed(Strategy):
     def step(self) -> StepStats:
         skipped_before = self.engine.skipped_steps
         self.engine.step()
+        broadcast_buffers(self.engine.module)  # as DDP: one set of BatchNorm statistics, rank 0's
         norm = self.engine.get_global_grad_norm()
         fp16 = self.engine.fp16_enabled()
         return StepStats(

@@ -10,7 +10,13 @@ from torch import nn
 
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import StepStats, Strategy
-from scale_ocr.strategies.common import TorchStepper, make_scaler, torch_checkpoint_state, torch_load_checkpoint_state
+from scale_ocr.strategies.common import (
+    TorchStepper,
+    broadcast_buffers,
+    make_scaler,
+    torch_checkpoint_state,
+    torch_load_checkpoint_state,
+)
 
 
 def apply_fsdp(model: nn.Module, mesh, reshard_after_forward: bool) -> nn.Module:
@@ -77,7 +83,9 @@ class FSDP(Strategy):
         self.stepper.backward(loss)
 
     def step(self) -> StepStats:
-        return self.stepper.step()
+        stats = self.stepper.step()
+        broadcast_buffers(self.model)  # FSDP keeps each rank's BatchNorm statistics; DDP replicates rank 0's
+        return stats
 
     def checkpoint_state(self) -> dict[str, Any]:
         return torch_checkpoint_state(self.model, self.optimizer)

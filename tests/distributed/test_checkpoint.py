@@ -7,10 +7,12 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import BIN, REPO, TRAIN, _env, _free_port, python_train, read_jsonl, torchrun_train
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 BASE = ["--train-samples", "64", "--val-samples", "16", "-b", "4", "--log-every", "2", "--max-chars", "5",
         "--epochs", "2", "--max-steps", "6", "--wandb-mode", "disabled", "--sched", "constant"]
@@ -30,53 +32,117 @@ def ddp_straight(tmp_path_factory):
     return run_dir
 
 
+# Every saver at world size 2 resumes under two other strategies: one at world size 2, one on a single
+# process (plain `python`, per-device batch doubled so the global batch stays 8).
+MATRIX = [("ddp", "zero3", 2), ("ddp", "single", 1),
+          ("fsdp", "zero2", 2), ("fsdp", "ddp", 1),
+          ("zero2", "fairscale", 2), ("zero2", "zero3", 1),
+          ("zero3", "fsdp", 2), ("zero3", "single", 1),
+          ("fairscale", "ddp", 2), ("fairscale", "fsdp", 1)]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """``saved(strategy)``: the step-4 checkpoint of a 2-rank run under that strategy (trained once)."""
+    cache: dict[str, Path] = {}
+
+    def get(strategy: str) -> Path:
+        if strategy not in cache:
+            run_dir = tmp_path_factory.mktemp(f"saved_{strategy}")
+            proc = torchrun_train(["--strategy", strategy, *BASE, "--max-steps", "4", "--save-every", "4",
+                                   "--output-dir", str(run_dir)])
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            cache[strategy] = run_dir / "checkpoints" / "step_00000004"
+        return cache[strategy]
+
+    return get
+
+
+def _launch(strategy: str, world: int, args: list[str]):
+    if world == 2:
+        return torchrun_train(["--strategy", strategy, *BASE, *args])
+    return python_train(["--strategy", strategy, *BASE, "-b", "8", *args])
+
+
+def read_checkpoint(path: Path) -> dict[str, object]:
+    """A checkpoint as flat full (unsharded) tensors, read in this process without a process group."""
+    out = path.parent / f"{path.name}.pt"
+    dcp_to_torch_save(str(path), str(out))
+
+    def flat(d, prefix=""):
+        items = {}
+        for k, v in d.items():
+            items.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return items
+
+    return flat(torch.load(out, weights_only=True))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("saver,resumer", [("zero3", "fsdp"), ("fsdp", "zero2"), ("fairscale", "ddp"),
-                                           ("zero2", "fairscale"), ("ddp", "zero3")])
-def test_resume_under_another_strategy(saver, resumer, tmp_path, ddp_straight):
-    src, dst = tmp_path / "src", tmp_path / "dst"
-    proc = torchrun_train(["--strategy", saver, *BASE, "--max-steps", "4", "--save-every", "4",
-                           "--output-dir", str(src)])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    meta = json.loads((src / "checkpoints" / "step_00000004" / "trainer.json").read_text())
+@pytest.mark.parametrize("saver,resumer,world", MATRIX, ids=[f"{s}-to-{r}-ws{w}" for s, r, w in MATRIX])
+def test_resume_matrix(saver, resumer, world, saved, tmp_path, ddp_straight):
+    ckpt = saved(saver)
+    meta = json.loads((ckpt / "trainer.json").read_text())
     assert meta["step"] == 4 and meta["world_size"] == 2 and meta["arch"] == "crnn_mobilenet_v3_small"
-    proc = torchrun_train(["--strategy", resumer, *BASE, "--resume", str(src), "--output-dir", str(dst)])
+
+    # 1. Optimizer state survives the move intact. Resuming with --max-steps at the checkpoint's step
+    # trains nothing and saves at once, so the new run's checkpoint is exactly what the resumer loaded,
+    # re-sharded by its own engine: every tensor (weights, Adam step/exp_avg/exp_avg_sq) must be equal.
+    same = tmp_path / "same"
+    proc = _launch(resumer, world, ["--max-steps", "4", "--save-every", "4", "--resume", str(ckpt),
+                                    "--output-dir", str(same)])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"resumed from {src / 'checkpoints' / 'step_00000004'} at step 4" in proc.stdout
-    ours, ref = _losses(dst), _losses(ddp_straight)
-    # Same weights, Adam moments, schedule, data position and RNG streams: the curve continues as if
-    # the job had never stopped (to float noise from different reduction orders).
-    assert set(ours) == {6}
-    assert ours[6] == pytest.approx(ref[6], rel=1e-4)
+    assert f"resumed from {ckpt} at step 4" in proc.stdout
+    before, after = read_checkpoint(ckpt), read_checkpoint(same / "checkpoints" / "step_00000004")
+    assert before.keys() == after.keys()
+    tensors = [k for k, v in before.items() if isinstance(v, torch.Tensor)]
+    assert sum(k.startswith("optim.state.") and k.endswith(".exp_avg_sq") for k in tensors) > 50
+    for k in tensors:
+        assert torch.equal(before[k], after[k]), k
+    assert before["optim.param_groups"] == after["optim.param_groups"]
 
-
-@pytest.mark.slow
-def test_resume_on_a_different_world_size(tmp_path, ddp_straight):
+    # 2. Training continues the uninterrupted DDP curve: same weights, Adam moments, schedule, data
+    # position (and, at the same world size, RNG streams).
     dst = tmp_path / "dst"
-    proc = python_train(["--strategy", "single", *BASE, "-b", "8", "--resume",
-                         str(ddp_straight / "checkpoints" / "step_00000004"), "--output-dir", str(dst)])
+    proc = _launch(resumer, world, ["--resume", str(ckpt), "--output-dir", str(dst)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     ours, ref = _losses(dst), _losses(ddp_straight)
-    # Another per-device batch changes BatchNorm statistics, so only closeness is expected.
-    assert ours[6] == pytest.approx(ref[6], rel=0.05)
+    assert set(ours) == {6}
+    if world == 2:
+        assert ours[6] == pytest.approx(ref[6], rel=1e-4)  # float noise from other reduction orders
+    else:
+        # One process sees the global batch of 8 at once: BatchNorm statistics change, so only closeness.
+        assert ours[6] == pytest.approx(ref[6], rel=0.05)
+
+
+EXACT = [("single", 1, 0.0), ("ddp", 2, 0.0), ("zero2", 2, 1e-6), ("fsdp", 2, 1e-6)]
 
 
 @pytest.mark.slow
-def test_exact_resume_is_bitwise_on_cpu(tmp_path):
-    common = ["--strategy", "single", "--train-samples", "32", "--val-samples", "8", "-b", "4", "--max-chars", "5",
-              "--sched", "constant", "--wandb-mode", "disabled"]
+@pytest.mark.parametrize("strategy,world,tol", EXACT, ids=[s for s, _, _ in EXACT])
+def test_exact_resume(strategy, world, tol, tmp_path):
+    """2 epochs straight == 1 epoch, stop, resume, 1 more: bitwise for single/ddp on CPU fp32, and within
+    ``tol`` (relative L2 per tensor) for sharded engines, whose gather/scatter may reorder float sums."""
+    common = ["--strategy", strategy, "--train-samples", "32", "--val-samples", "8", "-b", str(8 // world),
+              "--max-chars", "5", "--sched", "constant", "--wandb-mode", "disabled"]
+    launch = torchrun_train if world == 2 else python_train
     a, b = tmp_path / "a", tmp_path / "b"
-    assert python_train([*common, "--epochs", "2", "--output-dir", str(a)]).returncode == 0
-    first = python_train([*common, "--epochs", "1", "--save-every", "100", "--output-dir", str(b)])
+    straight = launch([*common, "--epochs", "2", "--output-dir", str(a)])
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    first = launch([*common, "--epochs", "1", "--save-every", "100", "--output-dir", str(b)])
     assert first.returncode == 0, first.stderr[-2000:]
-    second = python_train([*common, "--epochs", "2", "--resume", "auto", "--save-every", "100",
-                           "--output-dir", str(b)])
+    second = launch([*common, "--epochs", "2", "--resume", "auto", "--save-every", "100", "--output-dir", str(b)])
     assert second.returncode == 0, second.stderr[-2000:]
+    assert "at step 4" in second.stdout
     wa = torch.load(a / "last_model.pt", weights_only=True)
     wb = torch.load(b / "last_model.pt", weights_only=True)
     assert wa.keys() == wb.keys()
     for k in wa:
-        assert torch.equal(wa[k], wb[k]), k
+        if tol == 0.0:
+            assert torch.equal(wa[k], wb[k]), k
+        else:
+            diff = (wa[k].double() - wb[k].double()).norm() / wa[k].double().norm().clamp_min(1e-12)
+            assert diff <= tol, (k, float(diff))
 
 
 @pytest.mark.slow
@@ -125,3 +191,18 @@ def test_checkpoint_of_another_model_is_refused(tmp_path, capsys):
     assert code == 2 and "arch='crnn_mobilenet_v3_small'" in err and "Traceback" not in err
     code = main([*small, "--vocab", "digits", "--resume", "auto"])
     assert code == 2 and "vocab" in capsys.readouterr().err
+
+
+def test_truncated_checkpoint_is_refused(tmp_path, capsys):
+    from scale_ocr.train import main
+
+    run_dir = tmp_path / "run"
+    small = ["--strategy", "single", "--train-samples", "16", "--val-samples", "4", "-b", "4", "--max-steps", "1",
+             "--max-chars", "5", "--wandb-mode", "disabled", "--save-every", "1", "--output-dir", str(run_dir)]
+    assert main(small) == 0
+    shard = next((run_dir / "checkpoints" / "step_00000001").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    code = main([*small, "--max-steps", "2", "--resume", "auto"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "step_00000001 cannot be read" in err and len(err.strip().splitlines()) == 1

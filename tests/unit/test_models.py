@@ -54,3 +54,26 @@ def test_ctc_loss_is_fp32_under_autocast():
     assert loss.dtype == torch.float32
     per = ctc_loss(logits, torch.tensor([[1, 2], [3, 0]]), torch.tensor([2, 1]), reduction="none")
     assert per.shape == (2,)
+
+
+@pytest.mark.parametrize("name", list_models("vitstr_*"))
+def test_vitstr_forward_backward(name):
+    torch.manual_seed(0)
+    model = create_model(name, num_classes=11, input_size=(32, 128), depth=1)  # one block keeps the test fast
+    out = model(torch.randn(2, 3, 32, 128), torch.tensor([[1, 2, 3], [4, 5, 0]]), torch.tensor([3, 2]))
+    assert out["logits"].shape == (2, 32, 11)  # one CTC frame per 4-pixel column
+    assert torch.isfinite(out["loss"])
+    out["loss"].backward()
+    assert all(p.grad is not None for p in model.parameters())
+    blocks = {id(p) for unit in model.sharding_units() for p in unit.parameters()}
+    assert blocks and blocks < {id(p) for p in model.parameters()}
+
+
+def test_vitstr_small_is_large_enough_to_show_sharding():
+    n = sum(p.numel() for p in create_model("vitstr_small").parameters())
+    assert 20e6 < n < 23e6
+
+
+def test_vitstr_rejects_input_not_divisible_by_patch():
+    with pytest.raises(UserError, match="not a multiple of the 8x4 patch"):
+        create_model("vitstr_tiny", input_size=(30, 128))

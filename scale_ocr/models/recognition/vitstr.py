@@ -1,0 +1,104 @@
+"""ViTSTR: a plain Vision Transformer over word images, read out per column with CTC.
+
+docTR's ViTSTR reads characters off the first tokens with cross-entropy; here the patch
+grid's columns become CTC frames (tokens of one column are averaged), so it trains with the same loss,
+data and decoding as CRNN and every strategy sees one more model family: all-Linear, LayerNorm, no
+BatchNorm, and sizes from 5M to 300M parameters, where sharding starts to matter.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from scale_ocr.errors import UserError
+from scale_ocr.models.recognition.ctc import ctc_loss
+from scale_ocr.models.registry import register_model
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block (attention + MLP), the unit FSDP shards."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: float = 4.0) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.norm2 = nn.LayerNorm(dim)
+        hidden = int(dim * mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class ViTSTR(nn.Module):
+    """ViT recognizer.
+
+    Args:
+        num_classes: vocabulary size + 1 (class 0 is the CTC blank).
+        input_size: (H, W) of the word images; both must be multiples of ``patch``.
+        patch: (ph, pw) patch size; W / pw is the number of CTC frames.
+        dim, depth, heads: transformer width, number of blocks, attention heads.
+    """
+
+    def __init__(self, num_classes: int, input_size: tuple[int, int], patch: tuple[int, int], dim: int,
+                 depth: int, heads: int) -> None:
+        super().__init__()
+        (h, w), (ph, pw) = input_size, patch
+        if h % ph or w % pw:
+            raise UserError(f"--input-size {h}x{w} is not a multiple of the {ph}x{pw} patch; use e.g. 32x128")
+        self.grid = (h // ph, w // pw)
+        self.patch_embed = nn.Conv2d(3, dim, kernel_size=patch, stride=patch)
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.grid[0] * self.grid[1], dim))
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+
+    def sharding_units(self) -> list[nn.Module]:
+        """Each transformer block is one FSDP unit; embeddings, norm and head go with the root."""
+        return list(self.blocks)
+
+    def forward(self, images: torch.Tensor, targets: torch.Tensor | None = None,
+                target_lengths: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        x = rearrange(self.patch_embed(images), "b d h w -> b (h w) d") + self.pos_embed
+        for block in self.blocks:
+            x = block(x)
+        x = rearrange(self.norm(x), "b (h w) d -> b w h d", h=self.grid[0]).mean(dim=2)  # one frame per column
+        logits = self.head(x)
+        out = {"logits": logits}
+        if targets is not None and target_lengths is not None:
+            out["loss"] = ctc_loss(logits, targets, target_lengths)
+        return out
+
+
+def _vitstr(num_classes: int, input_size: tuple[int, int], dim: int, depth: int, heads: int,
+            patch: tuple[int, int] = (8, 4)) -> ViTSTR:
+    return ViTSTR(num_classes, tuple(input_size), patch, dim, depth, heads)
+
+
+@register_model
+def vitstr_tiny(num_classes: int = 95, input_size: tuple[int, int] = (32, 128), depth: int = 12) -> ViTSTR:
+    """ViT-Tiny width (192, 3 heads), 12 blocks: about 5.4M parameters."""
+    return _vitstr(num_classes, input_size, 192, depth, 3)
+
+
+@register_model
+def vitstr_small(num_classes: int = 95, input_size: tuple[int, int] = (32, 128), depth: int = 12) -> ViTSTR:
+    """ViT-Small width (384, 6 heads), 12 blocks: about 21M parameters."""
+    return _vitstr(num_classes, input_size, 384, depth, 6)
+
+
+@register_model
+def vitstr_base(num_classes: int = 95, input_size: tuple[int, int] = (32, 128), depth: int = 12) -> ViTSTR:
+    """ViT-Base width (768, 12 heads), 12 blocks: about 85M parameters."""
+    return _vitstr(num_classes, input_size, 768, depth, 12)
+
+
+@register_model
+def vitstr_large(num_classes: int = 95, input_size: tuple[int, int] = (32, 128), depth: int = 24) -> ViTSTR:
+    """ViT-Large width (1024, 16 heads), 24 blocks: about 303M parameters."""
+    return _vitstr(num_classes, input_size, 1024, depth, 16)
