@@ -274,8 +274,17 @@ class Trainer:
             "best_exact_match": self.state.best[0] if self.state.best else None,
             "samples_per_sec": sps,
             "peak_memory_bytes": int(peak),
+            "state_bytes": self._state_bytes(),
             "wall_seconds": wall,
         }
+
+    def _state_bytes(self) -> dict[str, int] | None:
+        """Model-state bytes by category, the largest over ranks (sharded engines split unevenly)."""
+        report = self.strategy.memory_report()
+        fields = ("params", "grads", "optimizer", "other", "host", "model_state")
+        local = report.as_dict() if report is not None else dict.fromkeys(fields, -1)
+        peak = {k: int(all_reduce_max(local[k], self.device)) for k in fields}  # same calls on every rank
+        return peak if peak["model_state"] >= 0 else None
 
 
 def _save(state: dict[str, Any], path: Path) -> None:

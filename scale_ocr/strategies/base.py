@@ -17,6 +17,8 @@ from torch import nn
 
 from scale_ocr.config import OptimConfig, StrategyConfig, TrainConfig
 from scale_ocr.distributed import DistInfo
+from scale_ocr.memory.meter import StateBytes, StateMeter
+from scale_ocr.memory.model import StateLayout
 from scale_ocr.optim import OptimizerSpec
 
 
@@ -53,6 +55,7 @@ class Strategy(ABC):
 
     def __init__(self, cfg: StrategyConfig, dist: DistInfo, train: TrainConfig, optim: OptimConfig) -> None:
         self.cfg, self.dist, self.train, self.optim = cfg, dist, train, optim
+        self.meter: StateMeter | None = None  # set by setup(): counts model-state bytes at each step
 
     @property
     def rank(self) -> int:
@@ -106,6 +109,16 @@ class Strategy(ABC):
     @abstractmethod
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         """Apply a state of the :meth:`checkpoint_state` layout, filled in place by the checkpoint reader."""
+
+    @abstractmethod
+    def state_layout(self) -> StateLayout:
+        """How this engine stores parameters, gradients and optimizer state (the memory model's input);
+        needs no process group, so memory can be estimated before launching."""
+
+    def memory_report(self) -> StateBytes | None:
+        """Bytes of parameters, gradients, optimizer state and engine buffers this rank held at its
+        largest optimizer step, counted from the tensors (None before the first step)."""
+        return self.meter.peak if self.meter is not None else None
 
     def engine_config(self) -> dict[str, Any] | None:
         """The engine's resolved configuration (the DeepSpeed JSON actually used), if any."""

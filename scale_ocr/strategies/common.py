@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from scale_ocr.memory.meter import StateMeter, module_tensors, optimizer_tensors
 from scale_ocr.strategies.base import StepStats
 
 
@@ -146,3 +147,20 @@ def init_optimizer_state(optimizer) -> None:
         g["lr"] = lr
     for p, grad in zip(params, grads, strict=True):
         p.grad = grad
+
+
+def torch_state_meter(module: torch.nn.Module, optimizer, device: torch.device, stepping=None,
+                      other: Callable[[], list[torch.Tensor]] = list) -> StateMeter:
+    """A :class:`StateMeter` for engines whose state is plain (or DTensor) parameters, their
+    gradients and a torch optimizer's state.
+
+    Args:
+        stepping: the torch optimizer that actually steps, if ``optimizer`` wraps one (fairscale's OSS).
+        other: returns engine buffers to count besides (reduce buckets).
+    """
+    inner = stepping or optimizer
+
+    def collect() -> dict[str, list]:
+        return {**module_tensors(module), "optimizer": optimizer_tensors(inner), "other": other()}
+
+    return StateMeter(inner, collect, device)

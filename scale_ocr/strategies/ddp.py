@@ -7,6 +7,7 @@ from typing import Any
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from scale_ocr.memory.model import StateLayout
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import StepStats, Strategy
 from scale_ocr.strategies.common import (
@@ -16,6 +17,7 @@ from scale_ocr.strategies.common import (
     make_scaler,
     torch_checkpoint_state,
     torch_load_checkpoint_state,
+    torch_state_meter,
 )
 
 
@@ -39,7 +41,12 @@ class DDP(Strategy):
         self.stepper = TorchStepper(self.optimizer, self.train.grad_accum, self.optim.clip_grad,
                                     dense_grad_norm(params), dense_clip(params),
                                     make_scaler(self.train.precision, device))
+        self.meter = torch_state_meter(self.module, self.optimizer, device)
         return self.model, self.optimizer
+
+    def state_layout(self) -> StateLayout:
+        return StateLayout(ideal_stage=0, note="gradient_as_bucket_view=True: gradients are views of the reducer's "
+                           "buckets; without it DDP keeps a second gradient-sized copy")
 
     def no_sync(self):
         return self.model.no_sync()

@@ -9,6 +9,8 @@ from typing import Any
 from torch import nn
 
 from scale_ocr.errors import UserError
+from scale_ocr.memory.meter import StateMeter, optimizer_tensors, tensors_in
+from scale_ocr.memory.model import StateLayout
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import StepStats, Strategy
 from scale_ocr.strategies.common import broadcast_buffers, init_optimizer_state
@@ -60,7 +62,50 @@ class DeepSpeed(Strategy):
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise UserError(f"DeepSpeed rejected {self.source}: {first}") from None
         self.zero_stage = self.engine.zero_optimization_stage()
+        self.meter = StateMeter(self._base_optimizer(), self._state_tensors, self.dist.device)
         return self.engine, self.optimizer
+
+    def _state_tensors(self) -> dict[str, list]:
+        """What this rank holds, as DeepSpeed lays it out (see scale_ocr.memory.meter).
+
+        Parameters: ZeRO-3's partitions (``ds_tensor``), otherwise the full (flat) module weights.
+        Gradients: module ``.grad``, ZeRO's gradient partitions, and the fp32 gradient the base
+        optimizer steps on. Optimizer: the fp32 master partitions plus Adam's moments. Other: any other
+        tensor the ZeRO optimizer keeps (reduce buckets, staging buffers).
+        """
+        zero_opt, base = self.engine.optimizer, self._base_optimizer()
+        params = list(self.engine.module.parameters())
+        masters = [p for g in base.param_groups for p in g["params"]]  # ZeRO-3: only the sub-group stepping
+        grads = [p.grad for p in params] + [p.grad for p in masters]
+        for name in ("averaged_gradients", "grads_in_partition", "grad_partitions_flat_buffer",
+                     "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition", "offload_gradient_dict"):
+            grads += list(tensors_in(getattr(zero_opt, name, None)))
+        for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):  # every master partition
+            masters += list(tensors_in(getattr(zero_opt, name, None)))
+        other = [t for v in vars(zero_opt).values() for t in tensors_in(v, 2)] if zero_opt is not base else []
+        for bucket in getattr(zero_opt, "ipg_buckets", {}).values():  # reduce buckets, allocated up front
+            other += list(tensors_in(getattr(bucket, "buffer", None)))
+        return {"params": [getattr(p, "ds_tensor", p) for p in params], "grads": grads,
+                "optimizer": masters + optimizer_tensors(base), "other": other}
+
+    def state_layout(self) -> StateLayout:
+        zero = self.ds_config.get("zero_optimization", {})
+        stage = int(zero.get("stage", 0))
+        mixed = bool(self.ds_config["bf16"]["enabled"] or self.ds_config["fp16"]["enabled"])
+        weight = 2 if mixed else 4
+        off_opt = zero.get("offload_optimizer", {}).get("device", "none") in ("cpu", "nvme")
+        off_par = zero.get("offload_param", {}).get("device", "none") in ("cpu", "nvme")
+        host = "optimizer+params" if off_opt and off_par else "optimizer" if off_opt else ""
+        # Offloaded ZeRO-1/2 keeps only the fp32 gradient partition (on the host), no 16-bit one.
+        grad_bytes = 0 if (off_opt and stage < 3) else weight
+        bucket = int(zero.get("reduce_bucket_size", 5e8)) * weight if stage == 3 else 0
+        note = ("fp32 master partition even with fp32 weights; the gradient partition is upcast to fp32 "
+                "for the step" + (" one sub-group at a time; a reduce bucket of reduce_bucket_size elements "
+                                  "is allocated up front" if stage == 3 else ""))
+        return StateLayout(ideal_stage=stage, mixed=mixed, param_bytes=weight, params_sharded=stage == 3,
+                           grad_bytes=grad_bytes, grads_sharded=True, step_grad_bytes=4,
+                           step_grad_chunk=int(zero.get("sub_group_size", 1e9)) if stage == 3 else None,
+                           master_bytes=4, optim_sharded=True, buffer_bytes=bucket, host=host, note=note)
 
     def engine_config(self) -> dict[str, Any]:
         return self.ds_config
@@ -202,7 +247,9 @@ class DeepSpeed(Strategy):
             state = self.engine.module.state_dict()
         if not self.is_main or state is None:
             return None
-        return {k: v.detach().cpu().clone() for k, v in state.items()}
+        # Consolidated weights are fp32 whatever the engine computes in (bf16/fp16 weights are upcast).
+        return {k: v.detach().cpu().float() if v.is_floating_point() else v.detach().cpu().clone()
+                for k, v in state.items()}
 
     def teardown(self) -> None:
         if hasattr(self, "engine") and hasattr(self.engine, "destroy"):

@@ -63,9 +63,10 @@ def resolve_ds_config(raw: dict[str, Any], *, source: str, micro_batch: int, gra
                       clip_grad: float, precision: str, lr: float, weight_decay: float) -> dict[str, Any]:
     """A copy of ``raw`` with every ``"auto"`` filled and the batch arithmetic checked.
 
-    bf16 ``"auto"`` resolves to false: scale-ocr's bf16 is torch autocast over fp32 weights, which keeps
-    BatchNorm and the CTC loss in fp32 under every strategy. Set ``"bf16": {"enabled": true}`` to have
-    DeepSpeed hold bf16 weights instead.
+    fp16/bf16 ``"auto"`` follow ``--precision``: DeepSpeed then holds 16-bit weights with fp32 master
+    partitions, the mixed-precision layout ZeRO's memory savings are defined for (with fp32 weights it
+    still clones an fp32 master, so ZeRO-3 would hold 20 bytes per parameter / N instead of 16).
+    The trainer's autocast stays on around the forward, so the CTC loss is still computed in fp32.
     """
     cfg = copy.deepcopy(raw)
     _fill(cfg, "train_micro_batch_size_per_gpu", micro_batch, source, "--batch-size")
@@ -78,7 +79,7 @@ def resolve_ds_config(raw: dict[str, Any], *, source: str, micro_batch: int, gra
         fp16["enabled"] = precision == "fp16"
     bf16 = cfg.setdefault("bf16", {})
     if bf16.get("enabled", "auto") == "auto":
-        bf16["enabled"] = False
+        bf16["enabled"] = precision == "bf16"
     if fp16["enabled"] and bf16["enabled"]:
         raise UserError(f"{source}: fp16 and bf16 are both enabled; enable at most one")
     if "scheduler" in cfg:

@@ -7,9 +7,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from scale_ocr.memory.model import StateLayout
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import StepStats, Strategy
-from scale_ocr.strategies.common import TorchStepper, init_optimizer_state
+from scale_ocr.strategies.common import TorchStepper, init_optimizer_state, torch_state_meter
 
 
 class Fairscale(Strategy):
@@ -33,7 +34,14 @@ class Fairscale(Strategy):
             scaler = ShardedGradScaler()
         self.stepper = TorchStepper(self.optimizer, self.train.grad_accum, self.optim.clip_grad,
                                     self._grad_norm, self._clip, scaler, zero_grad=self._zero_grad)
+        self.meter = torch_state_meter(self.module, self.optimizer, self.dist.device, stepping=self.optimizer.optim,
+                                       other=lambda: [b.buffer for b in self.model._bucket_list])
         return self.model, self.optimizer
+
+    def state_layout(self) -> StateLayout:
+        return StateLayout(ideal_stage=2, optim_sharded=True,
+                           note="ShardedDataParallel reduces each gradient to its owner, but every rank keeps "
+                           "full-size .grad tensors: gradients are not sharded in memory")
 
     def _zero_grad(self) -> None:
         # Bucketed gradients are views into ShardedDataParallel's reduce buckets: clearing only the

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from scale_ocr.memory.model import StateLayout
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import StepStats, Strategy
 from scale_ocr.strategies.common import (
@@ -16,6 +17,7 @@ from scale_ocr.strategies.common import (
     make_scaler,
     torch_checkpoint_state,
     torch_load_checkpoint_state,
+    torch_state_meter,
 )
 
 
@@ -59,7 +61,14 @@ class FSDP(Strategy):
         self.stepper = TorchStepper(self.optimizer, self.train.grad_accum, self.optim.clip_grad,
                                     self._grad_norm, self._clip,
                                     make_scaler(self.train.precision, self.dist.device, sharded=True))
+        self.meter = torch_state_meter(self.model, self.optimizer, self.dist.device)
         return self.model, self.optimizer
+
+    def state_layout(self) -> StateLayout:
+        note = ("each unit's parameters are gathered for its forward and backward only" if self.reshard_after_forward
+                else "gathered parameters stay from forward until backward ends (not at the step)")
+        return StateLayout(ideal_stage=3 if self.reshard_after_forward else 2, params_sharded=True,
+                           grads_sharded=True, optim_sharded=True, note=note)
 
     def _grad_norm(self) -> torch.Tensor:
         grads = [p.grad for p in self.params if p.grad is not None]

@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from scale_ocr.memory.model import StateLayout
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import StepStats, Strategy
 from scale_ocr.strategies.common import (
@@ -16,6 +17,7 @@ from scale_ocr.strategies.common import (
     make_scaler,
     torch_checkpoint_state,
     torch_load_checkpoint_state,
+    torch_state_meter,
 )
 
 
@@ -35,7 +37,11 @@ class SingleDevice(Strategy):
         self.stepper = TorchStepper(self.optimizer, self.train.grad_accum, self.optim.clip_grad,
                                     dense_grad_norm(params), dense_clip(params),
                                     make_scaler(self.train.precision, self.dist.device))
+        self.meter = torch_state_meter(self.module, self.optimizer, self.dist.device)
         return self.model, self.optimizer
+
+    def state_layout(self) -> StateLayout:
+        return StateLayout(ideal_stage=0)
 
     def no_sync(self):
         return contextlib.nullcontext()
@@ -65,3 +71,7 @@ class DataParallel(SingleDevice):
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         return nn.DataParallel(model)
+
+    def state_layout(self) -> StateLayout:
+        return StateLayout(ideal_stage=0, note="on GPUs, replicas of the weights are re-broadcast to every device "
+                           "each forward and gradients are summed on the first one, which holds the optimizer")

@@ -21,9 +21,11 @@ def test_presets_resolve(name):
     assert "auto" not in json.dumps(cfg)
 
 
-def test_fp16_auto_follows_precision():
-    cfg = resolve_ds_config({"fp16": {"enabled": "auto"}}, **{**KW, "precision": "fp16"})
-    assert cfg["fp16"]["enabled"] is True
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_half_precision_auto_follows_precision(precision):
+    raw = {"fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}}
+    cfg = resolve_ds_config(raw, **{**KW, "precision": precision})
+    assert cfg["fp16"]["enabled"] is (precision == "fp16") and cfg["bf16"]["enabled"] is (precision == "bf16")
 
 
 def test_optimizer_section_is_filled():

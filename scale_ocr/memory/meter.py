@@ -1,0 +1,123 @@
+"""Model-state bytes counted from the tensors a rank really holds.
+
+Peak RSS on CPU (and even CUDA's max-allocated) mixes model state with allocator caching, activations
+and set-up copies, so comparing engines by it says little. Instead each strategy lists the tensors it
+holds, by category, and :class:`StateMeter` sums their storages at the optimizer step: the moment
+model state peaks (gradients reduced and still held, optimizer moments and fp32 masters live, and
+DeepSpeed's fp32 gradient partitions created). Storages are counted once, so views (DDP's gradient
+bucket views, DeepSpeed's flat partitions) are not double-counted, and a storage claimed by an earlier
+category is not counted again by a later one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+#: Claim order: a storage reachable as a parameter is a parameter even if an engine also keeps it elsewhere.
+CATEGORIES = ("params", "grads", "optimizer", "other")
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes one rank holds, by category.
+
+    Attributes:
+        params: the parameters as this rank stores them (its shard under FSDP/ZeRO-3).
+        grads: gradients, including engines' gradient partitions and fp32 gradient copies.
+        optimizer: optimizer state: Adam moments, step counters, and fp32 master weights.
+        other: other engine buffers found alongside (reduce buckets, staging buffers).
+        host: of all the above, bytes in host memory while the run's device is an accelerator
+            (offloaded state); 0 on CPU runs, where there is one memory.
+    """
+
+    params: int = 0
+    grads: int = 0
+    optimizer: int = 0
+    other: int = 0
+    host: int = 0
+
+    @property
+    def model_state(self) -> int:
+        """Parameters + gradients + optimizer state: what the ZeRO paper's formulas describe."""
+        return self.params + self.grads + self.optimizer
+
+    def as_dict(self) -> dict[str, int]:
+        return {**asdict(self), "model_state": self.model_state}
+
+
+def tensors_in(obj: Any, depth: int = 3) -> Iterator[torch.Tensor]:
+    """Tensors inside nested lists, tuples and dicts (DeepSpeed keeps its partitions that way)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth > 0 and isinstance(obj, dict):
+        for v in obj.values():
+            yield from tensors_in(v, depth - 1)
+    elif depth > 0 and isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from tensors_in(v, depth - 1)
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``t``: the local shard of a DTensor (FSDP2), ``t`` itself otherwise."""
+    return t.to_local() if hasattr(t, "to_local") and hasattr(t, "device_mesh") else t
+
+
+def count_state(groups: dict[str, Iterable[torch.Tensor | None]], device: torch.device) -> StateBytes:
+    """Sum the distinct storages of ``groups`` (category -> tensors), first claim wins."""
+    seen: set[tuple[str, int]] = set()
+    sizes = dict.fromkeys(CATEGORIES, 0)
+    host = 0
+    for cat in CATEGORIES:
+        for t in groups.get(cat, ()):
+            if t is None:
+                continue
+            t = local_tensor(t)
+            storage = t.untyped_storage()
+            key = (str(t.device), storage.data_ptr())
+            if storage.nbytes() == 0 or key in seen:
+                continue
+            seen.add(key)
+            sizes[cat] += storage.nbytes()
+            if device.type != "cpu" and t.device.type == "cpu":
+                host += storage.nbytes()
+    return StateBytes(**sizes, host=host)
+
+
+class StateMeter:
+    """Counts a strategy's state at every optimizer step (a step pre-hook) and keeps the largest.
+
+    Args:
+        optimizer: the torch optimizer that actually steps (DeepSpeed's and OSS's inner one).
+        collect: returns category -> tensors, as :func:`count_state` takes them.
+        device: the run's device (decides what counts as host memory).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, collect: Callable[[], dict[str, Iterable]],
+                 device: torch.device) -> None:
+        self.collect, self.device = collect, device
+        self.peak: StateBytes | None = None
+        self._handle = optimizer.register_step_pre_hook(self._on_step)
+
+    def _on_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        # Adam builds its moments during a parameter's first step: until every parameter about to be
+        # stepped has state, the count would miss them. (DeepSpeed's ZeRO-3 steps one sub-group at a time.)
+        if any(p not in optimizer.state for g in optimizer.param_groups for p in g["params"]):
+            return
+        now = count_state(self.collect(), self.device)
+        if self.peak is None or now.model_state + now.other >= self.peak.model_state + self.peak.other:
+            self.peak = now
+
+
+def module_tensors(module: torch.nn.Module) -> dict[str, list[torch.Tensor | None]]:
+    """Parameters and their gradients of a plain, DDP- or FSDP2-wrapped module."""
+    params = list(module.parameters())
+    return {"params": params, "grads": [p.grad for p in params]}
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Everything in a torch optimizer's per-parameter state (moments, step counters)."""
+    return [t for st in optimizer.state.values() for t in tensors_in(st)]

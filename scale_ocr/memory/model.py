@@ -1,0 +1,126 @@
+"""The memory model: what each strategy holds per rank, in theory and as its engine really does.
+
+Three figures per strategy, in bytes per rank for a model of ``n`` parameters on ``world`` ranks:
+
+* **ideal**: the ZeRO paper's model-state formulas. Mixed-precision Adam holds 2n (16-bit weights)
+  + 2n (16-bit gradients) + K n with K = 12 (fp32 master, momentum, variance); stage 1 divides the
+  K n by the world size, stage 2 the gradients too, stage 3 everything. The fp32 analogue is
+  4n + 4n + 8n (no master copy: the weights are the master). FSDP is stage 3, FSDP without resharding
+  after forward and fairscale are stage 2, DDP/DataParallel/single are stage 0.
+* **engine**: what the engine holds at the optimizer step, where model state peaks, built from the
+  strategy's :class:`StateLayout`, which names the engine's departures from the ideal (see each
+  strategy's ``state_layout``). The benchmark checks it against bytes counted from the tensors.
+* **deepspeed**: DeepSpeed's own estimators (``estimate_zero2/3_model_states_mem_needs``) for the
+  DeepSpeed strategies, reproduced here so predictions need no process group and no DeepSpeed import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """How one engine stores model state, per parameter element.
+
+    Attributes:
+        ideal_stage: the ZeRO stage (0-3) whose ideal formula this strategy is compared with.
+        mixed: weights are held in 16 bits with an fp32 master (DeepSpeed bf16/fp16); False when the
+            weights themselves are fp32 (torch engines: autocast computes in 16 bits over fp32 weights).
+        param_bytes, params_sharded: stored weights.
+        grad_bytes, grads_sharded: gradients kept until the step.
+        step_grad_bytes: an extra fp32 gradient the engine builds for the step (DeepSpeed upcasts its
+            gradient partition), over ``step_grad_chunk`` elements at a time (None: the whole shard).
+        master_bytes: fp32 master weights kept beside the stored weights (0 when they are the master).
+        optim_bytes, optim_sharded: Adam's moments.
+        buffer_bytes: engine buffers allocated up front whatever the model size (ZeRO-3's reduce bucket).
+        host: which parts live in host memory on an accelerator: "", "optimizer" or "optimizer+params".
+        note: what the engine adds beyond the ideal, in one sentence.
+    """
+
+    ideal_stage: int
+    mixed: bool = False
+    param_bytes: int = FP32
+    params_sharded: bool = False
+    grad_bytes: int = FP32
+    grads_sharded: bool = False
+    step_grad_bytes: int = 0
+    step_grad_chunk: int | None = None
+    master_bytes: int = 0
+    optim_bytes: int = 2 * FP32
+    optim_sharded: bool = False
+    buffer_bytes: int = 0
+    host: str = ""
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted bytes per rank (``params + grads + optimizer`` is the model state)."""
+
+    params: float
+    grads: float
+    optimizer: float
+    other: float
+    host: float
+    ideal: float
+
+    @property
+    def model_state(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+    def as_dict(self) -> dict[str, float]:
+        return {**asdict(self), "model_state": self.model_state}
+
+
+def ideal_model_state(n: int, world: int, stage: int, mixed: bool) -> float:
+    """The ZeRO paper's model-state bytes per rank (Rajbhandari et al. 2020, section 5)."""
+    p, g, k = (2, 2, 12) if mixed else (4, 4, 8)
+    return n * (p / (world if stage >= 3 else 1) + g / (world if stage >= 2 else 1) + k / (world if stage >= 1 else 1))
+
+
+def predict(layout: StateLayout, n: int, world: int) -> Prediction:
+    """Bytes per rank that ``layout``'s engine holds at the optimizer step for ``n`` parameters."""
+    shard = n / world
+
+    def per(bytes_: int, sharded: bool) -> float:
+        return bytes_ * (shard if sharded else n)
+
+    params = per(layout.param_bytes, layout.params_sharded)
+    step_elems = shard if layout.step_grad_chunk is None else min(layout.step_grad_chunk, shard)
+    grads = per(layout.grad_bytes, layout.grads_sharded) + layout.step_grad_bytes * step_elems
+    optimizer = per(layout.master_bytes + layout.optim_bytes, layout.optim_sharded)
+    host = 0.0
+    if "optimizer" in layout.host:
+        host += optimizer + layout.step_grad_bytes * step_elems
+    if "params" in layout.host:
+        host += params
+    return Prediction(params, grads, optimizer, float(layout.buffer_bytes), host,
+                      ideal_model_state(n, world, layout.ideal_stage, layout.mixed))
+
+
+def deepspeed_estimate(stage: int, n: int, largest_layer: int, world: int, offload_optimizer: bool,
+                       offload_params: bool, gpus_per_node: int | None = None,
+                       additional_buffer_factor: float = 1.5) -> tuple[int, int]:
+    """(host, device) bytes from DeepSpeed's model-state estimators for mixed-precision ZeRO-2/3,
+    with the same arguments and arithmetic (``zero_init=True`` for stage 3, DeepSpeed's default)."""
+    gpus_per_node = gpus_per_node or world
+    nodes = world // gpus_per_node
+    if stage <= 2:
+        if offload_optimizer:
+            device = 2 * n
+            host = n * max(4 * world, 16) * additional_buffer_factor
+        else:
+            device = 2 * n + int(18 * n / world)
+            host = n * 4 * gpus_per_node * additional_buffer_factor
+        return int(host), int(device)
+    largest = 4 * largest_layer
+    if offload_optimizer and offload_params:
+        device, host = largest, n * 18 * (1 / nodes) * additional_buffer_factor
+    elif offload_optimizer:
+        device, host = largest + int(2 * n / world), n * 16 * (1 / nodes) * additional_buffer_factor
+    else:
+        device, host = largest + int(18 * n / world), largest_layer * 4 * gpus_per_node * additional_buffer_factor
+    return int(host), int(device)
