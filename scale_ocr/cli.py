@@ -17,6 +17,8 @@ commands:
   verify       [ARCH] --strategies ddp,fsdp,...: same maths under every strategy, or a non-zero exit
   export       CKPT OUT.safetensors: consolidated fp32 model with its name, vocabulary and input size
   predict      MODEL IMAGE...: recognise words with a checkpoint or an export
+  estimate-memory  (--model ARCH | --params N) --world-size N: per-rank memory of every strategy
+  bench        scaling benchmark (same as `python -m benchmarks.scaling`)
   models       list registered models
   strategies   list distributed strategies
 """
@@ -78,6 +80,14 @@ def main(argv: list[str] | None = None) -> int:
         return _export(rest)
     if command == "predict":
         return _predict(rest)
+    if command == "estimate-memory":
+        from scale_ocr.memory.estimate import main as estimate_main
+
+        return estimate_main(rest)
+    if command == "bench":
+        from benchmarks.scaling import main as bench_main
+
+        return bench_main(rest)
     if command == "models":
         return _models(rest)
     if command == "strategies":

@@ -99,9 +99,12 @@ class DeepSpeed(Strategy):
         # Offloaded ZeRO-1/2 keeps only the fp32 gradient partition (on the host), no 16-bit one.
         grad_bytes = 0 if (off_opt and stage < 3) else weight
         bucket = int(zero.get("reduce_bucket_size", 5e8)) * weight if stage == 3 else 0
-        note = ("fp32 master partition even with fp32 weights; the gradient partition is upcast to fp32 "
-                "for the step" + (" one sub-group at a time; a reduce bucket of reduce_bucket_size elements "
-                                  "is allocated up front" if stage == 3 else ""))
+        note = ("an fp32 master partition beside the 16-bit weights" if mixed
+                else "clones an fp32 master partition although the weights are fp32")
+        note += "; the gradient partition is upcast to fp32 for the step"
+        if stage == 3:
+            note += (f" one sub-group ({zero.get('sub_group_size', 1e9):.0e} elements) at a time; a reduce bucket "
+                     f"of reduce_bucket_size ({zero.get('reduce_bucket_size', 5e8):.0e}) elements is allocated up front")
         return StateLayout(ideal_stage=stage, mixed=mixed, param_bytes=weight, params_sharded=stage == 3,
                            grad_bytes=grad_bytes, grads_sharded=True, step_grad_bytes=4,
                            step_grad_chunk=int(zero.get("sub_group_size", 1e9)) if stage == 3 else None,
