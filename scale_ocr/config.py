@@ -78,6 +78,8 @@ class DataConfig:
     )
     augment: bool = opt(True, "train-time augmentations (blur, noise, inversion, perspective)",
                         action=argparse.BooleanOptionalAction)
+    data_cache: str | None = opt(None, "train and validate on a pre-rendered image cache held in memory (no "
+                                 "augmentation; `python -m scale_ocr.data.cache` builds one; benchmarks use it)")
 
     def __post_init__(self) -> None:
         if self.min_chars < 1 or self.max_chars < self.min_chars:
@@ -88,6 +90,8 @@ class DataConfig:
             raise UserError("--train-samples and --val-samples must be at least 1")
         if self.workers is not None and self.workers < 0:
             raise UserError(f"--workers {self.workers}: use 0 or more")
+        if self.data_cache and (self.train_path or self.val_path):
+            raise UserError("--data-cache replaces --train-path/--val-path; give one or the other")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,9 +116,12 @@ class TrainConfig:
     epochs: int = opt(5, "number of epochs (a run stops at --epochs or --max-steps, whichever comes first)")
     max_steps: int | None = opt(None, "stop after this many optimizer steps", aliases=("--max_steps",))
     grad_accum: int = opt(1, "micro-batches accumulated per optimizer step", aliases=("--grad_accum",))
-    precision: str = opt("fp32", "numeric precision: autocast to bf16/fp16 with fp32 weights", choices=PRECISIONS)
+    precision: str = opt("fp32", "numeric precision: bf16/fp16 autocast over fp32 weights (DeepSpeed strategies "
+                         "hold 16-bit weights with fp32 master partitions)", choices=PRECISIONS)
     seed: int = opt(0, "seed for weights, data order and synthetic data")
     log_every: int = opt(10, "log training metrics every N optimizer steps")
+    eval: bool = opt(True, "validate at the end of each epoch (benchmarks turn it off to time training alone)",
+                     action=argparse.BooleanOptionalAction)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 EXIT_USER_ERROR = 2
+EXIT_OUT_OF_MEMORY = 3  # distinct, so the benchmark runner can record an OOM as a result
 
 F = TypeVar("F", bound=Callable[..., int])
 
@@ -28,6 +29,13 @@ def _one_line(exc: BaseException) -> str:
     text = lines[-1] if lines else type(exc).__name__
     prefix = f"{UserError.__name__}: "
     return text[len(prefix):] if text.startswith(prefix) else text
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator failing (a memory limit, or the host running out)."""
+    text = str(exc)
+    return (type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, MemoryError)
+            or "DefaultCPUAllocator: can't allocate memory" in text or "CUDA out of memory" in text)
 
 
 def report_user_errors(main: F) -> F:
@@ -50,6 +58,12 @@ def report_user_errors(main: F) -> F:
                 if os.environ.get("RANK", "0") == "0":
                     print(f"scale-ocr: error: {_one_line(exc)}", file=sys.stderr, flush=True)
                 return EXIT_USER_ERROR
+            if is_out_of_memory(exc):  # printed by the rank that ran out, whichever it is
+                first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+                print(f"scale-ocr: error: out of memory on rank {os.environ.get('RANK', '0')} ({first}); lower "
+                      "--batch-size or pick a strategy that shards more (see `scale-ocr estimate-memory`)",
+                      file=sys.stderr, flush=True)
+                return EXIT_OUT_OF_MEMORY
             raise
 
     return wrapper  # type: ignore[return-value]

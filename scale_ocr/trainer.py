@@ -234,6 +234,11 @@ class Trainer:
 
     def end_epoch(self) -> None:
         self.data.train_sampler.skip_global(0)
+        if not self.cfg.eval:
+            state = self.strategy.full_state_dict()  # collective: every rank takes part
+            if state is not None:
+                _save(state, self.run_dir / "last_model.pt")
+            return
         result = evaluate(self.model, self.data.val_loader, self.data.vocab, self.device, self.autocast)
         self.state.last_eval = result.metrics
         self.logger.log({f"val/{k}": v for k, v in result.metrics.items()} | {"epoch": self.state.epoch},
@@ -274,6 +279,8 @@ class Trainer:
             "best_exact_match": self.state.best[0] if self.state.best else None,
             "samples_per_sec": sps,
             "peak_memory_bytes": int(peak),
+            "peak_reserved_bytes": (int(all_reduce_max(torch.cuda.max_memory_reserved(self.device), self.device))
+                                    if self.device.type == "cuda" else None),
             "state_bytes": self._state_bytes(),
             "wall_seconds": wall,
         }

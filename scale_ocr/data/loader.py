@@ -153,12 +153,18 @@ def build_data(cfg: DataConfig, vocab: Vocab, input_size: tuple[int, int], batch
     train_tf = build_transform(input_size, train=True, augment=cfg.augment)
     val_tf = build_transform(input_size, train=False)
     report = ScanReport()
-    if cfg.train_path:
+    if cfg.data_cache:
+        from scale_ocr.data.cache import TensorWords
+
+        train_ds = TensorWords(cfg.data_cache, vocab, input_size)
+    elif cfg.train_path:
         train_ds = RecognitionFolder(cfg.train_path, vocab, cfg.on_bad_sample, train_tf)
         report = train_ds.report
     else:
         train_ds = SyntheticWords(vocab.chars, cfg.train_samples, cfg.min_chars, cfg.max_chars, seed, train_tf)
-    if cfg.val_path:
+    if cfg.data_cache:
+        val_ds = train_ds  # benchmarks: validation, if any, is not what is measured
+    elif cfg.val_path:
         val_ds = RecognitionFolder(cfg.val_path, vocab, cfg.on_bad_sample, val_tf)
         for k, v in val_ds.report.skipped.items():
             report.skipped[f"val_{k}"] = v

@@ -75,11 +75,14 @@ def build_strategy(name: str, world: int, precision: str, ds_config: str | None)
 
 
 def estimate(size: ModelSize, world: int, precision: str, strategies: list[str], ds_config: str | None = None,
-             activations: int | None = None) -> dict[str, Any]:
-    """Per-strategy predictions in bytes (the ``--json`` document)."""
+             activations: int | None = None, model: nn.Module | None = None) -> dict[str, Any]:
+    """Per-strategy predictions in bytes (the ``--json`` document); ``model``, when known, lets engines
+    adapt to it as they will at set-up (DeepSpeed keeps fp32 weights for BatchNorm models)."""
     rows = {}
     for name in strategies:
         strategy, ranks = build_strategy(name, world, precision, ds_config)
+        if model is not None:
+            strategy.configure_for(model)
         layout = strategy.state_layout()
         pred = predict(layout, size.params, ranks)
         row: dict[str, Any] = {**pred.as_dict(), "world_size": ranks, "note": layout.note, "deepspeed": None}
@@ -143,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         h, w = (int(v) for v in args.input_size.lower().split("x"))
     except ValueError:
         raise UserError(f"--input-size {args.input_size!r}: expected HxW such as 32x128") from None
-    acts = None
+    acts, model = None, None
     if args.model:
         from scale_ocr.models import create_model
 
@@ -155,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.activations:
             raise UserError("--activations needs --model (it runs one forward)")
         size = ModelSize(int(args.params), int(args.largest_layer))
-    doc = estimate(size, args.world_size, args.precision, names, args.ds_config, acts)
+    doc = estimate(size, args.world_size, args.precision, names, args.ds_config, acts, model)
     doc["model"] = args.model
     print(json.dumps(doc, indent=2) if args.json else format_table(doc))
     return 0

@@ -110,6 +110,9 @@ class Strategy(ABC):
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         """Apply a state of the :meth:`checkpoint_state` layout, filled in place by the checkpoint reader."""
 
+    def configure_for(self, model: nn.Module) -> None:  # noqa: B027 - optional hook
+        """Adjust engine settings that depend on the model (called by ``setup``, and by memory estimates)."""
+
     @abstractmethod
     def state_layout(self) -> StateLayout:
         """How this engine stores parameters, gradients and optimizer state (the memory model's input);

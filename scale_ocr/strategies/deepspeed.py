@@ -14,7 +14,7 @@ from scale_ocr.memory.model import StateLayout
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import StepStats, Strategy
 from scale_ocr.strategies.common import broadcast_buffers, init_optimizer_state
-from scale_ocr.strategies.ds_config import load_ds_config, preset_path, resolve_ds_config
+from scale_ocr.strategies.ds_config import keep_fp32_weights, load_ds_config, preset_path, resolve_ds_config
 
 
 class DeepSpeed(Strategy):
@@ -38,16 +38,25 @@ class DeepSpeed(Strategy):
             self.source = str(preset_path(preset))
         else:
             raise UserError("--strategy deepspeed needs --ds-config PATH; or pick a preset such as zero2")
+        self.fp32_for_batchnorm = False  # set by configure_for()
+        self.raw_config = load_ds_config(self.source)
         self.ds_config = resolve_ds_config(
-            load_ds_config(self.source), source=self.source, micro_batch=self.train.batch_size,
+            self.raw_config, source=self.source, micro_batch=self.train.batch_size,
             grad_accum=self.train.grad_accum, world_size=self.world_size, clip_grad=self.optim.clip_grad,
             precision=self.train.precision, lr=self.optim.lr, weight_decay=self.optim.wd,
         )
+
+    def configure_for(self, model: nn.Module) -> None:
+        self.fp32_for_batchnorm = keep_fp32_weights(self.ds_config, self.raw_config, model)
 
     def setup(self, model: nn.Module, optimizer: OptimizerSpec) -> tuple[nn.Module, Any]:
         import deepspeed
 
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        self.configure_for(model)
+        if self.fp32_for_batchnorm and self.is_main:
+            print("scale-ocr: DeepSpeed keeps fp32 weights (under autocast) for this BatchNorm model; "
+                  "set \"bf16\": {\"enabled\": true} in the JSON to force 16-bit weights", flush=True)
         model = model.to(self.dist.device)
         kwargs: dict[str, Any] = {"model": model, "config": self.ds_config, "dist_init_required": False}
         if "optimizer" in self.ds_config:

@@ -67,6 +67,7 @@ def resolve_ds_config(raw: dict[str, Any], *, source: str, micro_batch: int, gra
     partitions, the mixed-precision layout ZeRO's memory savings are defined for (with fp32 weights it
     still clones an fp32 master, so ZeRO-3 would hold 20 bytes per parameter / N instead of 16).
     The trainer's autocast stays on around the forward, so the CTC loss is still computed in fp32.
+    Models with BatchNorm are the exception (see :func:`keep_fp32_weights`).
     """
     cfg = copy.deepcopy(raw)
     _fill(cfg, "train_micro_batch_size_per_gpu", micro_batch, source, "--batch-size")
@@ -96,6 +97,25 @@ def resolve_ds_config(raw: dict[str, Any], *, source: str, micro_batch: int, gra
     if leftover:
         raise UserError(f"{source}: no run setting fills \"auto\" at {leftover}; give it a value")
     return cfg
+
+
+def keep_fp32_weights(cfg: dict[str, Any], raw: dict[str, Any], model) -> bool:
+    """Turn DeepSpeed's 16-bit weights off again for a model with BatchNorm when they came from "auto".
+
+    DeepSpeed casts the whole module, BatchNorm's weights and running statistics included, while
+    autocast computes BatchNorm in fp32: the two cannot run together, and bf16 running statistics drift.
+    Such models keep fp32 weights with autocast, as under every other engine. Returns True if it did.
+    """
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    if not any(isinstance(m, _BatchNorm) for m in model.modules()):
+        return False
+    changed = False
+    for key in ("fp16", "bf16"):
+        if cfg[key]["enabled"] and raw.get(key, {}).get("enabled", "auto") == "auto":
+            cfg[key]["enabled"] = False
+            changed = True
+    return changed
 
 
 def _find_auto(node: Any, path: str = "") -> str | None:
