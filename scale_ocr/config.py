@@ -138,7 +138,10 @@ class TrainConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class StrategyConfig:
-    strategy: str = opt("ddp", "distributed strategy (see `scale-ocr strategies`)")
+    strategy: str = opt("ddp", "distributed strategy (see `scale-ocr strategies`), or auto: the fastest predicted "
+                        "to fit in each device's memory")
+    device_memory_gb: float | None = opt(None, "memory per rank that --strategy auto plans for (default: the GPU's; "
+                                         "on CPU, host RAM divided by the local ranks)")
     ds_config: str | None = opt(None, "DeepSpeed JSON; \"auto\" values are filled from this run's config",
                                 aliases=("--deepspeed_config", "--deepspeed-config"))
     backend: str | None = opt(None, "process-group backend (default: nccl on GPU, gloo on CPU)",

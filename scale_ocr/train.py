@@ -26,6 +26,7 @@ from scale_ocr.models import create_model
 from scale_ocr.optim import LRSchedule, build_optimizer_spec, default_warmup, lr_factor
 from scale_ocr.run_info import describe_run, run_summary_line, write_run_config
 from scale_ocr.strategies import check_launch, create_strategy
+from scale_ocr.strategies.auto import resolve_auto
 from scale_ocr.tracking import build_logger
 from scale_ocr.trainer import Trainer, plan_steps
 from scale_ocr.vocab import Vocab
@@ -72,7 +73,7 @@ def run(cfg: RunConfig, dist: DistInfo) -> dict:
 
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_config(argv)
+    cfg = resolve_auto(parse_config(argv), *peek_launch())
     check_launch(cfg.strategy, *peek_launch())  # before the rendezvous, which a bad launch could hang
     dist = init_distributed(cfg.strategy.backend)
     try:

@@ -85,7 +85,8 @@ def estimate(size: ModelSize, world: int, precision: str, strategies: list[str],
             strategy.configure_for(model)
         layout = strategy.state_layout()
         pred = predict(layout, size.params, ranks)
-        row: dict[str, Any] = {**pred.as_dict(), "world_size": ranks, "note": layout.note, "deepspeed": None}
+        row: dict[str, Any] = {**pred.as_dict(), "world_size": ranks, "note": layout.note, "deepspeed": None,
+                               "params_sharded": layout.params_sharded}
         if layout.master_bytes and layout.ideal_stage >= 2 and layout.mixed:  # DeepSpeed ZeRO-2/3, as its estimators assume
             host, dev = deepspeed_estimate(layout.ideal_stage, size.params, size.largest_layer, ranks,
                                            offload_optimizer="optimizer" in layout.host,

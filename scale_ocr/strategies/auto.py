@@ -1,0 +1,96 @@
+"""``--strategy auto``: the fastest strategy predicted to fit in each device's memory.
+
+Memory per rank = the memory model's model state and engine buffers (minus what an engine keeps on
+the host) + activations measured from one real forward at the run's batch (a short probe on CPU) +
+the gathered parameters of the largest unit for engines that gather + a runtime margin. Strategies
+are tried from the fastest to the slowest, in the order the quick benchmark measures them (replicated
+first, then sharded gradients/optimizer, then sharded parameters, then offload), and the first that
+fits is chosen; the choice and why are printed in one line.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import torch
+
+from scale_ocr.config import RunConfig
+from scale_ocr.errors import UserError
+
+#: Fastest first (benchmarks/results, quick preset: ddp > zero1/zero2 > fairscale > fsdp_grad_op > fsdp > zero3).
+MULTI_RANK_ORDER = ("ddp", "zero2", "zero1", "fairscale", "fsdp_grad_op", "fsdp", "zero3", "zero2_offload",
+                    "zero3_offload")
+SINGLE_RANK_ORDER = ("single", "zero2_offload", "zero3_offload")
+GIB = 2**30
+
+
+def device_memory_bytes(cfg: RunConfig, local_world: int) -> tuple[int, str]:
+    """Per-rank memory to plan for, and where the figure comes from."""
+    if cfg.strategy.device_memory_gb:
+        return int(cfg.strategy.device_memory_gb * GIB), "--device-memory-gb"
+    if torch.cuda.is_available() and cfg.strategy.backend != "gloo":
+        return torch.cuda.get_device_properties(0).total_memory, torch.cuda.get_device_name(0)
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return host // max(local_world, 1), f"host RAM / {local_world} local ranks"
+
+
+def runtime_margin(on_gpu: bool) -> int:
+    """What the process needs besides model state and activations: CUDA context and allocator slack on
+    GPU; the interpreter, torch's libraries and the data pipeline on CPU (measured ~0.7 GiB RSS)."""
+    return int(0.75 * GIB) if on_gpu else 1 * GIB
+
+
+def memory_needs(cfg: RunConfig, world: int) -> tuple[dict[str, int], dict[str, float], int]:
+    """Bytes per rank each candidate needs, fastest first; its model state; the measured activations."""
+    from scale_ocr.memory.estimate import activation_bytes, estimate, model_size
+    from scale_ocr.models import create_model
+    from scale_ocr.vocab import Vocab
+
+    vocab = Vocab(cfg.model.charset)
+    model = create_model(cfg.model.arch, num_classes=vocab.num_classes, input_size=cfg.model.input_size)
+    size = model_size(model)
+    acts = activation_bytes(model, cfg.train.batch_size, cfg.model.input_size, cfg.train.precision)
+    on_gpu = torch.cuda.is_available() and cfg.strategy.backend != "gloo"
+    order = SINGLE_RANK_ORDER if world == 1 else MULTI_RANK_ORDER
+    doc = estimate(size, world, cfg.train.precision, list(order), model=model)
+    margin = runtime_margin(on_gpu)
+    needs, state = {}, {}
+    for name in order:
+        row = doc["strategies"][name]
+        gathered = 2 * 4 * size.largest_layer if row["params_sharded"] else 0  # a unit in flight, and the next
+        needs[name] = int(row["model_state"] + row["other"] - row["host"] + acts + gathered + margin)
+        state[name] = row["model_state"]
+    return needs, state, acts
+
+
+def choose_strategy(cfg: RunConfig, world: int, local_world: int) -> tuple[str, str]:
+    """(strategy name, one-line reason) for this model, batch, precision and world size."""
+    needs, state, acts = memory_needs(cfg, world)
+    order = list(needs)
+    capacity, source = device_memory_bytes(cfg, local_world)
+    fits = [n for n in order if needs[n] <= capacity]
+    if not fits:
+        best = min(needs, key=needs.get)
+        raise UserError(
+            f"--strategy auto: nothing fits {capacity / GIB:.1f} GiB per rank ({source}); the smallest, {best}, needs "
+            f"{needs[best] / GIB:.1f} GiB with activations {acts / GIB:.1f} GiB at --batch-size {cfg.train.batch_size}; "
+            "lower the batch size or add ranks")
+    pick = fits[0]
+    skipped = order[: order.index(pick)]
+    why = (f"{pick} is the fastest that fits: needs {needs[pick] / GIB:.2f} of {capacity / GIB:.1f} GiB per rank "
+           f"({source}; model state {state[pick] / GIB:.2f}, activations {acts / GIB:.2f})")
+    if skipped:
+        why += f"; {skipped[-1]} would need {needs[skipped[-1]] / GIB:.2f} GiB"
+    return pick, why
+
+
+def resolve_auto(cfg: RunConfig, world: int, launcher: str) -> RunConfig:
+    """The config with ``--strategy auto`` replaced by the chosen name (printed once, by rank 0)."""
+    if cfg.strategy.strategy != "auto":
+        return cfg
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    name, why = choose_strategy(cfg, world, local_world)
+    if os.environ.get("RANK", "0") == "0":
+        print(f"scale-ocr: --strategy auto -> {why}", flush=True)
+    return replace(cfg, strategy=replace(cfg.strategy, strategy=name))

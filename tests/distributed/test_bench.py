@@ -1,0 +1,158 @@
+"""The scaling benchmark: real jobs on a tiny model, OOM recorded as a result, reports rebuilt from results.jsonl."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_cmd
+
+from benchmarks.report import build_report
+from benchmarks.scaling import PRESETS, Config, Suite, classify, plan, work_dir
+
+
+def _bench(out: Path, *args: str, timeout: int = 600):
+    return run_cmd([sys.executable, "-m", "benchmarks.scaling", *args, "--wandb-mode", "disabled", "--out", str(out)],
+                   timeout=timeout)
+
+
+def _results(out: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (out / "results.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def tiny_suite(tmp_path_factory):
+    """Two strategies at world sizes 1 and 2 on the smallest CRNN, plus the DataParallel baseline."""
+    out = tmp_path_factory.mktemp("bench") / "tiny"
+    proc = _bench(out, "--models", "crnn_mobilenet_v3_small", "--strategies", "dp,ddp,zero2", "--world-sizes", "1,2",
+                  "--batch-size", "4", "--steps", "3", "--warmup", "1", "--precision", "fp32")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    yield out, proc
+    shutil.rmtree(work_dir(out), ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_runner_measures_every_configuration(tiny_suite):
+    out, proc = tiny_suite
+    rows = _results(out)
+    assert [r["config"]["key"] for r in rows] == [
+        "crnn_mobilenet_v3_small/dp/ws1/r0", "crnn_mobilenet_v3_small/ddp/ws1/r0", "crnn_mobilenet_v3_small/ddp/ws2/r0",
+        "crnn_mobilenet_v3_small/zero2/ws1/r0", "crnn_mobilenet_v3_small/zero2/ws2/r0"]
+    launchers = {r["config"]["strategy"]: r["config"]["launcher"] for r in rows}
+    assert launchers == {"dp": "python", "ddp": "torchrun", "zero2": "deepspeed"}
+    for r in rows:
+        m = r["metrics"]
+        assert r["status"] == "ok", r
+        assert m["timed_steps"] == 3 and m["samples_per_sec"] > 0
+        assert m["samples_per_sec_p25"] <= m["samples_per_sec"] <= m["samples_per_sec_p75"]
+        assert 0 < m["step_time_p50"] <= m["step_time_p95"]
+        assert m["peak_memory_bytes"] > 0 and m["flops_per_sample"] > 0
+        # Model state counted from the tensors agrees with the memory model.
+        assert m["measured_over_predicted"] == pytest.approx(1.0, abs=0.1), r["config"]["key"]
+        assert m["versions"]["torch"] and m["hardware"]["cores"] >= 1
+    by_key = {r["config"]["key"]: r["metrics"]["state_bytes"] for r in rows}
+    # ZeRO-2 at two ranks holds less model state than at one; DDP the same at both.
+    assert by_key["crnn_mobilenet_v3_small/zero2/ws2/r0"]["model_state"] < \
+        0.8 * by_key["crnn_mobilenet_v3_small/zero2/ws1/r0"]["model_state"]
+    assert by_key["crnn_mobilenet_v3_small/ddp/ws2/r0"] == by_key["crnn_mobilenet_v3_small/ddp/ws1/r0"]
+    dp = rows[0]["config"]
+    # DataParallel: the largest world's global batch (2 x 4) in one process with every core.
+    assert dp["batch_size"] == 8 and dp["threads_per_rank"] >= 2 * rows[1]["config"]["threads_per_rank"]
+    report = (out / "report.md").read_text()
+    for name in ("| dp | 1 |", "| ddp | 2 |", "| zero2 | 2 |", "measured ÷ predicted"):
+        assert name in report, name
+    for png in ("throughput", "memory", "ratio_to_dp"):
+        assert (out / f"{png}_crnn_mobilenet_v3_small.png").stat().st_size > 5000
+
+
+@pytest.mark.slow
+def test_report_regenerates_from_results_alone(tiny_suite, tmp_path):
+    out, _ = tiny_suite
+    copy = tmp_path / out.name  # the report names its own directory in the rebuild command
+    copy.mkdir()
+    shutil.copy(out / "results.jsonl", copy / "results.jsonl")
+    proc = run_cmd([sys.executable, "-m", "benchmarks.report", str(copy)])
+    assert proc.returncode == 0, proc.stderr
+    assert (copy / "report.md").read_text() == (out / "report.md").read_text()
+    for png in sorted(out.glob("*.png")):
+        assert (copy / png.name).read_bytes() == png.read_bytes(), png.name
+
+
+@pytest.mark.slow
+def test_out_of_memory_is_a_result(tmp_path):
+    """A job beyond its memory is recorded as oom; the suite carries on and reports it."""
+    out = tmp_path / "oom"
+    # vitstr_base's fp32 Adam state alone (85M x 16 bytes) is over a 1.2 GB per-process cap.
+    proc = _bench(out, "--models", "vitstr_base", "--strategies", "single", "--world-sizes", "1", "--steps", "1",
+                  "--warmup", "0", "--batch-size", "2", "--precision", "fp32", "--memory-limit-gb", "1.2")
+    shutil.rmtree(work_dir(out), ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = _results(out)
+    assert row["status"] == "oom", row
+    assert "out of memory" in row["error"]
+    assert row["metrics"]["predicted"]["model_state"] > 1.2 * 2**30  # the memory model saw it coming
+    assert "**oom**" in (out / "report.md").read_text()
+
+
+def test_classify_exit_codes_and_messages():
+    assert classify(0, "") == ("ok", None)
+    assert classify(3, "scale-ocr: error: out of memory on rank 1 (...)")[0] == "oom"
+    assert classify(1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate")[0] == "oom"
+    assert classify(-9, "")[0] == "oom"  # the kernel's OOM killer
+    status, error = classify(2, "noise\nscale-ocr: error: unknown model 'x'\n")
+    assert status == "failed" and error == "scale-ocr: error: unknown model 'x'"
+
+
+def test_plan_gives_dataparallel_the_whole_machine():
+    suite = Suite(models=("m",), strategies=("dp", "ddp", "zero3"), world_sizes=(1, 2, 4), batch_size=8)
+    jobs = plan(suite, cores=16, gpus=0)
+    assert jobs[0] == Config("m", "dp", 1, 32, 0, 16, "python")  # one process, all cores, 4 x 8 samples
+    assert {(j.strategy, j.world_size, j.threads_per_rank, j.launcher) for j in jobs[1:]} == {
+        ("ddp", 1, 4, "torchrun"), ("ddp", 2, 4, "torchrun"), ("ddp", 4, 4, "torchrun"),
+        ("zero3", 1, 4, "deepspeed"), ("zero3", 2, 4, "deepspeed"), ("zero3", 4, 4, "deepspeed")}
+    assert all(j.world_size <= 2 for j in plan(suite, cores=16, gpus=2))  # no more ranks than GPUs
+
+
+def test_presets_name_registered_models_and_strategies():
+    from scale_ocr.models import list_models
+    from scale_ocr.strategies import list_strategies
+
+    for name, suite in PRESETS.items():
+        assert set(suite.models) <= set(list_models()), name
+        assert set(suite.strategies) <= set(list_strategies()), name
+    # The quick preset's largest model is big enough for sharding to show (issue 5).
+    assert "vitstr_small" in PRESETS["quick"].models
+
+
+def test_report_from_a_handwritten_results_file(tmp_path):
+    """Rebuilding twice from the same results.jsonl gives the same bytes (fast; no jobs launched)."""
+    def row(strategy, ws, sps, state, status="ok"):
+        metrics = {"hardware": {"host": "h", "cpu": "cpu", "cores": 2, "memory_bytes": 2**34, "gpus": []},
+                   "versions": {"torch": "2", "deepspeed": "0", "fairscale": "0", "python": "3", "scale-ocr": "0",
+                                "git": "abc"}}
+        if status == "ok":
+            metrics.update(samples_per_sec=sps, samples_per_sec_p25=sps * 0.9, samples_per_sec_p75=sps * 1.1,
+                           step_time_p50=8 / sps, step_time_p95=9 / sps, peak_memory_bytes=2**30,
+                           state_bytes={"params": state, "grads": state, "optimizer": 2 * state, "other": 0,
+                                        "host": 0, "model_state": 4 * state},
+                           predicted={"params": state, "grads": state, "optimizer": 2 * state, "other": 0,
+                                      "model_state": 4 * state, "ideal": 4 * state},
+                           measured_over_predicted=1.0, achieved_tflops=0.1, mfu=None)
+        cfg = {"model": "m", "strategy": strategy, "world_size": ws, "batch_size": 8, "repeat": 0, "key": f"m/{strategy}/ws{ws}/r0",
+               "params": 10**6, "precision": "bf16", "steps": 3, "warmup": 1, "preset": None, "threads_per_rank": 1,
+               "launcher": "torchrun"}
+        return {"config": cfg, "status": status, "error": None if status == "ok" else "out of memory", "metrics": metrics}
+
+    lines = [row("dp", 1, 100, 4e6), row("ddp", 1, 60, 4e6), row("ddp", 2, 110, 4e6), row("fsdp", 2, 90, 2e6),
+             row("zero3", 2, 0, 0, status="oom")]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    first = build_report(tmp_path).read_text()
+    pngs = {p.name: p.read_bytes() for p in tmp_path.glob("*.png")}
+    assert build_report(tmp_path).read_text() == first
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.png")} == pngs and len(pngs) == 3
+    assert "| ddp | 2 | 110.0 (99.0–121.0) | 1.10 | 92% |" in first
+    assert "| fsdp | 1.9 | 1.9 | 3.8 | 0.0 | 7.6 | 7.6 | 1.000 | 50% | 7.6 |" in first
+    assert "`m/zero3/ws2/r0`: **oom**: out of memory" in first
