@@ -231,10 +231,13 @@ def log_to_wandb(out_dir: Path, mode: str = "offline") -> str | None:
     except ImportError:
         print("bench: wandb is not installed; summary not logged", file=sys.stderr)
         return None
+    from benchmarks.scaling import work_dir
+
     results = load(out_dir)
-    run = wandb.init(project="scale-ocr-bench", group=out_dir.name, job_type="summary", name=f"{out_dir.name}-summary",
-                     mode=mode, dir=str(out_dir.parent.parent / ".work" / out_dir.name), reinit="finish_previous",
-                     config={"results_dir": out_dir.name})
+    work = work_dir(out_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    run = wandb.init(project="scale-ocr", group=out_dir.name, job_type="bench-summary", name=f"{out_dir.name}-summary",
+                     mode=mode, dir=str(work), reinit="finish_previous", config={"results_dir": out_dir.name})
     cols = ["key", "model", "strategy", "world_size", "status", "samples_per_sec", "step_time_p50", "step_time_p95",
             "peak_memory_bytes", "model_state_bytes", "predicted_model_state_bytes", "measured_over_predicted"]
     rows = []

@@ -53,6 +53,22 @@ def _predict(argv: list[str]) -> int:
     return 0
 
 
+def _bench(argv: list[str]) -> int:
+    """``python -m benchmarks.scaling`` from the checkout this package lives in."""
+    from pathlib import Path
+
+    from scale_ocr.errors import UserError
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "benchmarks" / "scaling.py").is_file():
+        raise UserError("scale-ocr bench needs the source checkout (its benchmarks/ folder); clone the repository "
+                        "and install it with `pip install -e .`")
+    sys.path.insert(0, str(root))  # ours, ahead of the `benchmarks` package fairscale installs
+    from benchmarks.scaling import main as bench_main
+
+    return bench_main(argv)
+
+
 def _strategies(argv: list[str]) -> int:
     from scale_ocr.strategies import list_strategies
 
@@ -85,9 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return estimate_main(rest)
     if command == "bench":
-        from benchmarks.scaling import main as bench_main
-
-        return bench_main(rest)
+        return _bench(rest)
     if command == "models":
         return _models(rest)
     if command == "strategies":

@@ -127,8 +127,8 @@ def test_presets_name_registered_models_and_strategies():
     assert "vitstr_small" in PRESETS["quick"].models
 
 
-def test_report_from_a_handwritten_results_file(tmp_path):
-    """Rebuilding twice from the same results.jsonl gives the same bytes (fast; no jobs launched)."""
+def _handwritten(out: Path) -> Path:
+    """A results.jsonl as the runner writes it: DataParallel, DDP at 1 and 2 ranks, FSDP, and one OOM."""
     def row(strategy, ws, sps, state, status="ok"):
         metrics = {"hardware": {"host": "h", "cpu": "cpu", "cores": 2, "memory_bytes": 2**34, "gpus": []},
                    "versions": {"torch": "2", "deepspeed": "0", "fairscale": "0", "python": "3", "scale-ocr": "0",
@@ -141,14 +141,22 @@ def test_report_from_a_handwritten_results_file(tmp_path):
                            predicted={"params": state, "grads": state, "optimizer": 2 * state, "other": 0,
                                       "model_state": 4 * state, "ideal": 4 * state},
                            measured_over_predicted=1.0, achieved_tflops=0.1, mfu=None)
-        cfg = {"model": "m", "strategy": strategy, "world_size": ws, "batch_size": 8, "repeat": 0, "key": f"m/{strategy}/ws{ws}/r0",
-               "params": 10**6, "precision": "bf16", "steps": 3, "warmup": 1, "preset": None, "threads_per_rank": 1,
-               "launcher": "torchrun"}
-        return {"config": cfg, "status": status, "error": None if status == "ok" else "out of memory", "metrics": metrics}
+        cfg = {"model": "m", "strategy": strategy, "world_size": ws, "batch_size": 8, "repeat": 0,
+               "key": f"m/{strategy}/ws{ws}/r0", "params": 10**6, "precision": "bf16", "steps": 3, "warmup": 1,
+               "preset": None, "threads_per_rank": 1, "launcher": "torchrun"}
+        return {"config": cfg, "status": status, "error": None if status == "ok" else "out of memory",
+                "metrics": metrics}
 
     lines = [row("dp", 1, 100, 4e6), row("ddp", 1, 60, 4e6), row("ddp", 2, 110, 4e6), row("fsdp", 2, 90, 2e6),
              row("zero3", 2, 0, 0, status="oom")]
-    (tmp_path / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return out
+
+
+def test_report_from_a_handwritten_results_file(tmp_path):
+    """Rebuilding twice from the same results.jsonl gives the same bytes (fast; no jobs launched)."""
+    _handwritten(tmp_path)
     first = build_report(tmp_path).read_text()
     pngs = {p.name: p.read_bytes() for p in tmp_path.glob("*.png")}
     assert build_report(tmp_path).read_text() == first
@@ -156,3 +164,20 @@ def test_report_from_a_handwritten_results_file(tmp_path):
     assert "| ddp | 2 | 110.0 (99.0–121.0) | 1.10 | 92% |" in first
     assert "| fsdp | 1.9 | 1.9 | 3.8 | 0.0 | 7.6 | 7.6 | 1.000 | 50% | 7.6 |" in first
     assert "`m/zero3/ws2/r0`: **oom**: out of memory" in first
+
+
+def test_wandb_summary_run_is_written_offline(tmp_path, monkeypatch):
+    from benchmarks.report import log_to_wandb
+    from scale_ocr.tracking.wandb_reader import read_offline_run
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    out = _handwritten(tmp_path / "wb-suite")
+    build_report(out)
+    try:
+        run_dir = Path(log_to_wandb(out, "offline"))
+        run = read_offline_run(run_dir.parent)
+        assert run.group == "wb-suite" and run.project == "scale-ocr"
+        logged = {k.split("/")[0] for h in run.history for k in h}  # media items log as KEY/_type, KEY/path, ...
+        assert {"results", "throughput_m", "memory_m", "ratio_to_dp_m"} <= logged
+    finally:
+        shutil.rmtree(work_dir(out), ignore_errors=True)
