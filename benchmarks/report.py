@@ -55,6 +55,7 @@ def aggregate(results: list[dict[str, Any]]) -> dict[str, dict[tuple[str, int], 
             "reserved": _median(rows, "peak_reserved_bytes"), "state": state,
             "predicted": first["metrics"].get("predicted"), "ratio": _median(rows, "measured_over_predicted"),
             "tflops": _median(rows, "achieved_tflops"), "mfu": _median(rows, "mfu"),
+            "comm": _median(rows, "comm_share"),
         }
     return table
 
@@ -151,13 +152,13 @@ def model_section(model: str, cells, out_dir: Path) -> list[str]:
     pngs = plot(model, cells, out_dir)
     lines += [f"![{p[:-4]}]({p})" for p in pngs[:1]] + [""]
     lines += ["| strategy | ranks | samples/s (p25–p75) | × DP | scaling eff. | step p50 / p95 ms | "
-              "peak mem MiB | × DP | TFLOP/s | MFU |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+              "peak mem MiB | × DP | comm | TFLOP/s | MFU |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for key in _order(cells):
         c = cells[key]
         s, ws = key
         if c["status"] != "ok":
-            lines.append(f"| {s} | {ws} | **{c['status']}** | | | | | | | |")
+            lines.append(f"| {s} | {ws} | **{c['status']}** | | | | | | | | |")
             continue
         one = single.get(s)
         eff = c["sps"] / (ws * one["sps"]) if one and one["sps"] and ws > 1 else None
@@ -165,7 +166,8 @@ def model_section(model: str, cells, out_dir: Path) -> list[str]:
             f"| {s} | {ws} | {_fmt(c['sps'])} ({_fmt(c['sps_p25'])}–{_fmt(c['sps_p75'])}) | "
             f"{_fmt(c['sps'] / dp['sps'] if dp else None, '.2f')} | {_fmt(eff, '.0%')} | "
             f"{_fmt(c['p50'], '.0f', 1e3)} / {_fmt(c['p95'], '.0f', 1e3)} | {_fmt(c['peak'], '.0f', 1 / MIB)} | "
-            f"{_fmt(c['peak'] / dp['peak'] if dp and c['peak'] else None, '.2f')} | {_fmt(c['tflops'], '.3f')} | "
+            f"{_fmt(c['peak'] / dp['peak'] if dp and c['peak'] else None, '.2f')} | {_fmt(c['comm'], '.0%')} | "
+            f"{_fmt(c['tflops'], '.3f')} | "
             f"{_fmt(c['mfu'], '.1%')} |")
     top = max((ws for _, ws in cells), default=1)
     ddp = cells.get(("ddp", top))
@@ -207,6 +209,8 @@ def build_report(out_dir: Path) -> Path:
              "size's global batch); an N-rank job gets cores ÷ (largest world size) threads per rank at every "
              "world size, so the largest world uses the same cores as the baseline. Scaling efficiency = "
              "samples/s ÷ (N × samples/s at world size 1).",
+             "- comm: share of profiled time (2 steps after the timed ones, torch.profiler) with a collective in "
+             "flight on the busiest rank, overlapped or not; an upper bound on what communication costs.",
              "- Peak memory: peak RSS per rank on CPU (allocator caches and set-up copies included), CUDA max "
              "allocated on GPU. Model state is counted from the tensors each rank holds and is what the "
              "memory model predicts.",

@@ -53,6 +53,7 @@ class Suite:
     repeats: int = 1
     timeout: int = 600
     memory_limit_gb: float | None = None
+    profile_steps: int = 2  # after the timed steps: torch.profiler measures the communication share
 
 
 PRESETS: dict[str, Suite] = {
@@ -132,9 +133,10 @@ def _free_port() -> int:
 
 
 def command(cfg: Config, suite: Suite, cache: Path, run_dir: Path, group: str, wandb_mode: str) -> list[str]:
-    steps = suite.warmup + suite.steps
+    steps = suite.warmup + suite.steps + suite.profile_steps
     args = [cfg.model, "--strategy", cfg.strategy, "--precision", suite.precision, "-b", str(cfg.batch_size),
             "--max-steps", str(steps), "--epochs", "1000", "--data-cache", str(cache), "--no-eval",
+            "--profile-steps", str(suite.profile_steps),
             "--log-every", "1", "--sched", "constant", "--workers", "0", "--output-dir", str(run_dir),
             "--wandb-mode", wandb_mode, "--wandb-group", group, "--run-name", cfg.key.replace("/", "-")]
     if cfg.launcher == "python":
@@ -179,10 +181,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def measure(run_dir: Path, warmup: int) -> dict[str, Any]:
+def measure(run_dir: Path, warmup: int, timed: int) -> dict[str, Any]:
     """Figures of a finished job from its metrics.jsonl (one line per step) and metrics.json."""
     records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if "train/step_time" in r and r["step"] > warmup]
+    steps = [r for r in records if "train/step_time" in r and warmup < r["step"] <= warmup + timed]
     summary = json.loads((run_dir / "metrics.json").read_text())
     times = [r["train/step_time"] for r in steps]
     global_batch = summary["global_batch"]
@@ -200,7 +202,7 @@ def measure(run_dir: Path, warmup: int) -> dict[str, Any]:
         "peak_reserved_bytes": summary.get("peak_reserved_bytes"),
         "state_bytes": summary.get("state_bytes"),
         "train_loss": summary.get("train_loss"),
-        "comm_share": None,  # not separable from compute on CPU/gloo; see report notes
+        "comm_share": summary.get("comm_share"),  # profiled steps: share of time with a collective in flight
     }
 
 
@@ -283,7 +285,7 @@ def run_suite(suite: Suite, out_dir: Path, preset: str | None, wandb_mode: str, 
     hw, ver = hardware(), versions()
     cores, gpus = hw["cores"] or 1, len(hw["gpus"])
     jobs = plan(suite, cores, gpus)
-    steps = suite.warmup + suite.steps
+    steps = suite.warmup + suite.steps + suite.profile_steps
     biggest = max(j.batch_size * j.world_size for j in jobs)
     work = work_dir(out_dir)  # run directories, W&B files and the image cache: not part of the results
     cache = work / f"words-{biggest * steps}-32x128.pt"
@@ -316,7 +318,7 @@ def run_suite(suite: Suite, out_dir: Path, preset: str | None, wandb_mode: str, 
         metrics: dict[str, Any] = {"wall_seconds": wall}
         if status == "ok":
             try:
-                metrics.update(measure(run_dir, suite.warmup))
+                metrics.update(measure(run_dir, suite.warmup, suite.steps))
             except (OSError, ValueError, KeyError, statistics.StatisticsError) as exc:
                 status, error = "failed", f"unreadable metrics: {exc}"
         size = sizes[cfg.model]
@@ -368,6 +370,7 @@ def parse(argv: list[str] | None) -> tuple[Suite, argparse.Namespace]:
     p.add_argument("--warmup", type=int, help="untimed steps before them")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--repeats", type=int)
+    p.add_argument("--profile-steps", type=int, help="profiled steps after the timed ones (0: no comm share)")
     p.add_argument("--timeout", type=int, help="seconds per job before it is recorded as a timeout")
     p.add_argument("--memory-limit-gb", type=float,
                    help="CPU: cap each rank's memory, like a device's capacity (jobs beyond it record oom)")
@@ -385,7 +388,8 @@ def parse(argv: list[str] | None) -> tuple[Suite, argparse.Namespace]:
         over["strategies"] = tuple(args.strategies.split(","))
     if args.world_sizes:
         over["world_sizes"] = tuple(int(w) for w in args.world_sizes.split(","))
-    for name in ("batch_size", "steps", "warmup", "precision", "repeats", "timeout", "memory_limit_gb"):
+    for name in ("batch_size", "steps", "warmup", "precision", "repeats", "timeout", "memory_limit_gb",
+                 "profile_steps"):
         if getattr(args, name) is not None:
             over[name] = getattr(args, name)
     return Suite(**{**asdict(base), **over}), args

@@ -122,6 +122,8 @@ class TrainConfig:
     log_every: int = opt(10, "log training metrics every N optimizer steps")
     eval: bool = opt(True, "validate at the end of each epoch (benchmarks turn it off to time training alone)",
                      action=argparse.BooleanOptionalAction)
+    profile_steps: int = opt(0, "profile the last N optimizer steps with torch.profiler (excluded from samples/s): "
+                             "rank 0's Chrome trace in the run directory, communication share in metrics.json")
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -134,6 +136,8 @@ class TrainConfig:
             raise UserError(f"--max-steps {self.max_steps}: use at least 1")
         if self.log_every < 1:
             raise UserError(f"--log-every {self.log_every}: use at least 1")
+        if self.profile_steps < 0:
+            raise UserError(f"--profile-steps {self.profile_steps}: use 0 (off) or more")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,6 +28,7 @@ from scale_ocr.errors import UserError
 from scale_ocr.evaluation import evaluate
 from scale_ocr.optim import LRSchedule
 from scale_ocr.precision import autocast_factory
+from scale_ocr.profiling import StepProfiler
 from scale_ocr.strategies import Strategy
 
 
@@ -103,6 +104,10 @@ class Trainer:
         # Steps up to this one are allocator/engine warm-up and are not timed for samples/s.
         self.warmup_steps = min(5, max(0, total_steps // 4))
         self.timing_start: tuple[float, int] | None = None
+        # The last --profile-steps steps are profiled, and left out of samples/s (the profiler slows them).
+        self.timing_end = total_steps - cfg.profile_steps
+        self.profiler = (StepProfiler(run_dir, self.timing_end + 1, total_steps, self.device, strategy.is_main)
+                         if cfg.profile_steps else None)
         self.state = RunState()
         # A live bar on a terminal; plain log lines (one per --log-every) in files and CI logs.
         self.interactive = strategy.is_main and sys.stderr.isatty()
@@ -113,7 +118,7 @@ class Trainer:
         return time.perf_counter()
 
     def _start_timing(self) -> None:
-        if self.state.step >= self.warmup_steps and self.timing_start is None:
+        if self.warmup_steps <= self.state.step < self.timing_end and self.timing_start is None:
             self.timing_start = (self._now(), self.state.step)
 
     def _stop_timing(self) -> None:
@@ -177,6 +182,10 @@ class Trainer:
         for _ in range(steps):
             if self.state.step >= self.total_steps:
                 break
+            if self.profiler is not None:
+                if self.state.step == self.timing_end:
+                    self._stop_timing()
+                self.profiler.before_step(self.state.step + 1)
             loss = self.train_step(batches)
             stats = self.strategy.step()
             window.add(loss, stats, self.schedule.lr)  # the rate this step used
@@ -184,6 +193,8 @@ class Trainer:
             self.state.step += 1
             self.state.epoch_step += 1
             self.state.epoch_loss.append(loss)
+            if self.profiler is not None:
+                self.profiler.after_step(self.state.step)
             if self.checkpoints is not None and self.checkpoints.due(self.state.step):
                 self.save_checkpoint()
             self._start_timing()
@@ -282,8 +293,16 @@ class Trainer:
             "peak_reserved_bytes": (int(all_reduce_max(torch.cuda.max_memory_reserved(self.device), self.device))
                                     if self.device.type == "cuda" else None),
             "state_bytes": self._state_bytes(),
+            "comm_share": self._comm_share(),
             "wall_seconds": wall,
         }
+
+    def _comm_share(self) -> float | None:
+        """Largest share over ranks of profiled time with a collective in flight (None unless profiled)."""
+        if self.profiler is None:
+            return None
+        share = all_reduce_max(self.profiler.share if self.profiler.share is not None else -1.0, self.device)
+        return share if share >= 0 else None
 
     def _state_bytes(self) -> dict[str, int] | None:
         """Model-state bytes by category, the largest over ranks (sharded engines split unevenly)."""
