@@ -211,18 +211,16 @@ PEAK_FLOPS = {"H200": (989e12, 67e12), "H100": (989e12, 67e12), "A100": (312e12,
               "L40S": (362e12, 91.6e12), "A10": (125e12, 31.2e12)}
 
 
-def flops_per_sample(model_name: str, input_size: tuple[int, int] = (32, 128)) -> float:
+def flops_per_sample(model, input_size: tuple[int, int] = (32, 128)) -> float:
     """Training FLOPs of one sample (forward + backward), counted by torch's FLOP counter."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from scale_ocr.models import create_model
-
-    model = create_model(model_name, input_size=input_size)
     images = torch.randn(2, 3, *input_size)
     with FlopCounterMode(display=False) as counter:
         out = model(images, torch.ones(2, 1, dtype=torch.long), torch.ones(2, dtype=torch.long))
         out["loss"].backward()
+    model.zero_grad(set_to_none=True)
     return counter.get_total_flops() / 2
 
 
@@ -295,7 +293,7 @@ def run_suite(suite: Suite, out_dir: Path, preset: str | None, wandb_mode: str, 
     group = out_dir.name
     models = {m: create_model(m) for m in suite.models}
     sizes = {m: model_size(models[m]) for m in suite.models}
-    flops = {m: flops_per_sample(m) for m in suite.models}
+    flops = {m: flops_per_sample(models[m]) for m in suite.models}
     peak = next((v for k, v in PEAK_FLOPS.items() if hw["gpus"] and k in hw["gpus"][0]), None)
     started = time.time()
     for i, cfg in enumerate(jobs, 1):
