@@ -255,6 +255,9 @@ def log_to_wandb(out_dir: Path, mode: str = "offline") -> str | None:
              **{p.stem: wandb.Image(str(p)) for p in sorted(out_dir.glob("*.png"))}})
     run_dir = run.dir
     run.finish()
+    # finish() can return while W&B's service process still holds the offline log's last block; shutting the
+    # service down closes the file, so whoever reads or syncs it next sees the whole run.
+    wandb.teardown()
     return run_dir
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -177,7 +178,17 @@ def test_wandb_summary_run_is_written_offline(tmp_path, monkeypatch):
     build_report(out)
     try:
         run_dir = Path(log_to_wandb(out, "offline"))
-        run = read_offline_run(run_dir.parent)
+        deadline = time.time() + 30  # W&B's service writes the log asynchronously; give a loaded machine time
+
+        def read():
+            try:
+                return read_offline_run(run_dir.parent)
+            except (ValueError, StopIteration):  # no file yet, or a chunk still being written
+                return None
+
+        while ((run := read()) is None or run.run_id is None) and time.time() < deadline:
+            time.sleep(0.5)
+        assert run is not None
         assert run.group == "wb-suite" and run.project == "scale-ocr"
         logged = {k.split("/")[0] for h in run.history for k in h}  # media items log as KEY/_type, KEY/path, ...
         assert {"results", "throughput_m", "memory_m", "ratio_to_dp_m"} <= logged
