@@ -32,7 +32,7 @@ def device_memory_bytes(cfg: RunConfig, local_world: int) -> tuple[int, str]:
     if torch.cuda.is_available() and cfg.strategy.backend != "gloo":
         return torch.cuda.get_device_properties(0).total_memory, torch.cuda.get_device_name(0)
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return host // max(local_world, 1), f"host RAM / {local_world} local ranks"
+    return host // max(local_world, 1), f"host RAM shared by {local_world} local rank(s)"
 
 
 def runtime_margin(on_gpu: bool) -> int:
