@@ -94,12 +94,16 @@ class StateMeter:
         optimizer: the torch optimizer that actually steps (DeepSpeed's and OSS's inner one).
         collect: returns category -> tensors, as :func:`count_state` takes them.
         device: the run's device (decides what counts as host memory).
+        samples: optimizer-step calls to measure before the hook removes itself. The tensors an engine holds
+            do not change from step to step, so a few steps find the peak, and long runs pay nothing after
+            (ZeRO-3 calls the optimizer once per sub-group, so this is a count of calls, not of steps).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, collect: Callable[[], dict[str, Iterable]],
-                 device: torch.device) -> None:
+                 device: torch.device, samples: int = 256) -> None:
         self.collect, self.device = collect, device
         self.peak: StateBytes | None = None
+        self._remaining = samples
         self._handle = optimizer.register_step_pre_hook(self._on_step)
 
     def _on_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
@@ -110,6 +114,9 @@ class StateMeter:
         now = count_state(self.collect(), self.device)
         if self.peak is None or now.model_state + now.other >= self.peak.model_state + self.peak.other:
             self.peak = now
+        self._remaining -= 1
+        if self._remaining <= 0:
+            self._handle.remove()
 
 
 def module_tensors(module: torch.nn.Module) -> dict[str, list[torch.Tensor | None]]:

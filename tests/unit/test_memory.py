@@ -130,3 +130,25 @@ def test_estimate_needs_a_model_or_a_count(capsys):
 
     assert main(["estimate-memory", "--params", "1e6", "--world-size", "0"]) == 2
     assert "--world-size must be at least 1" in capsys.readouterr().err
+
+
+def test_meter_counts_at_the_step_and_then_stops():
+    from scale_ocr.memory.meter import StateMeter, module_tensors, optimizer_tensors
+
+    model = torch.nn.Linear(10, 10)
+    opt = torch.optim.Adam(model.parameters())
+    calls = []
+
+    def collect():
+        calls.append(1)
+        return {**module_tensors(model), "optimizer": optimizer_tensors(opt)}
+
+    meter = StateMeter(opt, collect, torch.device("cpu"), samples=2)
+    for _ in range(5):
+        model(torch.randn(2, 10)).sum().backward()
+        opt.step()
+    # The first step has no Adam state yet and is skipped; then two samples, then the hook is gone.
+    assert len(calls) == 2
+    n = sum(p.numel() for p in model.parameters())
+    assert (meter.peak.params, meter.peak.grads) == (4 * n, 4 * n)
+    assert meter.peak.optimizer == 8 * n + 2 * 4  # exp_avg + exp_avg_sq, and a 4-byte step counter per tensor
