@@ -126,13 +126,9 @@ def plan(suite: Suite, cores: int, gpus: int) -> list[Config]:
     return jobs
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def command(cfg: Config, suite: Suite, cache: Path, run_dir: Path, group: str, wandb_mode: str) -> list[str]:
+    from scale_ocr.distributed import free_port
+
     steps = suite.warmup + suite.steps + suite.profile_steps
     args = [cfg.model, "--strategy", cfg.strategy, "--precision", suite.precision, "-b", str(cfg.batch_size),
             "--max-steps", str(steps), "--epochs", "1000", "--data-cache", str(cache), "--no-eval",
@@ -142,10 +138,10 @@ def command(cfg: Config, suite: Suite, cache: Path, run_dir: Path, group: str, w
     if cfg.launcher == "python":
         return [sys.executable, str(TRAIN), *args]
     if cfg.launcher == "deepspeed":
-        return [str(BIN / "deepspeed"), "--num_gpus", str(cfg.world_size), "--master_port", str(_free_port()),
+        return [str(BIN / "deepspeed"), "--num_gpus", str(cfg.world_size), "--master_port", str(free_port()),
                 str(TRAIN), *args]
     return [str(BIN / "torchrun"), "--nproc_per_node", str(cfg.world_size), "--master_addr", "127.0.0.1",
-            "--master_port", str(_free_port()), str(TRAIN), *args]
+            "--master_port", str(free_port()), str(TRAIN), *args]
 
 
 def classify(returncode: int, output: str) -> tuple[str, str | None]:

@@ -34,7 +34,8 @@ class DistInfo:
 _ENV_SET: list[str] = []  # variables init_distributed added for a plain-python job, removed on teardown
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (for a rendezvous started right after)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -124,7 +125,7 @@ def init_distributed(backend: str | None = None) -> DistInfo:
             # A 1-rank job described the way launchers describe one, so engines that read the
             # environment themselves (DeepSpeed wants LOCAL_RANK) see a consistent picture.
             for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
-                               ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(_free_port()))):
+                               ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
                 if key not in os.environ:
                     os.environ[key] = value
                     _ENV_SET.append(key)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from scale_ocr.distributed import free_port
 
 DEFAULT_STRATEGIES = "ddp,fsdp,fsdp_grad_op,zero1,zero2,zero3,fairscale"
 LOSS_RTOL = 1e-2  # relative, per logged step
@@ -76,16 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _train(strategy: str, args, out: Path, extra: list[str]) -> RunResult:
     n = args.steps
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.world_size),
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(TRAIN_PY), args.arch,
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(TRAIN_PY), args.arch,
            "--strategy", strategy, "--max-steps", str(n), "--epochs", "1", "-b", str(args.batch_size),
            "--train-samples", str(n * args.batch_size * args.world_size), "--val-samples", "8",
            "--max-chars", "5", "--no-augment", "--log-every", "1", "--lr", str(args.lr), "--seed", "0",

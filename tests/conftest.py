@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from scale_ocr.distributed import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "scale_ocr" / "train.py"
 BIN = Path(sys.executable).parent
@@ -51,22 +53,14 @@ def python_train(args: list[str], **kw) -> subprocess.CompletedProcess:
 def torchrun_train(args: list[str], nproc: int = 2, **kw) -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node N scale_ocr/train.py ARGS``: real ranks over gloo on 127.0.0.1."""
     cmd = [str(BIN / "torchrun"), "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(TRAIN), *args]
+           "--master_port", str(free_port()), str(TRAIN), *args]
     return run_cmd(cmd, **kw)
 
 
 def deepspeed_train(args: list[str], ngpus: int = 2, **kw) -> subprocess.CompletedProcess:
     """``deepspeed --num_gpus N scale_ocr/train.py ARGS`` (CPU ranks when there is no GPU)."""
-    cmd = [str(BIN / "deepspeed"), "--num_gpus", str(ngpus), "--master_port", str(_free_port()), str(TRAIN), *args]
+    cmd = [str(BIN / "deepspeed"), "--num_gpus", str(ngpus), "--master_port", str(free_port()), str(TRAIN), *args]
     return run_cmd(cmd, **kw)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def read_metrics(run_dir: Path) -> dict:

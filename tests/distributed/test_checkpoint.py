@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BIN, REPO, TRAIN, _env, _free_port, python_train, read_jsonl, torchrun_train
+from conftest import BIN, REPO, TRAIN, _env, python_train, read_jsonl, torchrun_train
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from scale_ocr.distributed import free_port
 
 BASE = ["--train-samples", "64", "--val-samples", "16", "-b", "4", "--log-every", "2", "--max-chars", "5",
         "--epochs", "2", "--max-steps", "6", "--wandb-mode", "disabled", "--sched", "constant"]
@@ -151,7 +153,7 @@ def test_killed_save_leaves_previous_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     env = _env()
     env["SCALE_OCR_TEST_STALL_SAVE"] = "30"
-    cmd = [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(_free_port()), str(TRAIN),
+    cmd = [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(free_port()), str(TRAIN),
            "--strategy", "fsdp", *BASE, "--save-every", "2", "--output-dir", str(run_dir)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
