@@ -55,6 +55,11 @@ class Suite:
     memory_limit_gb: float | None = None
     profile_steps: int = 2  # after the timed steps: torch.profiler measures the communication share
 
+    @property
+    def job_steps(self) -> int:
+        """Optimizer steps each job runs: warm-up, timed, then profiled."""
+        return self.warmup + self.steps + self.profile_steps
+
 
 PRESETS: dict[str, Suite] = {
     # CPU, minutes: a small CNN and a 21M-parameter ViT (big enough for sharding to show).
@@ -129,9 +134,8 @@ def plan(suite: Suite, cores: int, gpus: int) -> list[Config]:
 def command(cfg: Config, suite: Suite, cache: Path, run_dir: Path, group: str, wandb_mode: str) -> list[str]:
     from scale_ocr.distributed import free_port
 
-    steps = suite.warmup + suite.steps + suite.profile_steps
     args = [cfg.model, "--strategy", cfg.strategy, "--precision", suite.precision, "-b", str(cfg.batch_size),
-            "--max-steps", str(steps), "--epochs", "1000", "--data-cache", str(cache), "--no-eval",
+            "--max-steps", str(suite.job_steps), "--epochs", "1000", "--data-cache", str(cache), "--no-eval",
             "--profile-steps", str(suite.profile_steps),
             "--log-every", "1", "--sched", "constant", "--workers", "0", "--output-dir", str(run_dir),
             "--wandb-mode", wandb_mode, "--wandb-group", group, "--run-name", cfg.key.replace("/", "-")]
@@ -254,11 +258,11 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def predicted(strategy: str, world_size: int, precision: str, model) -> dict[str, float]:
+def predicted(strategy: str, world_size: int, precision: str, model, size) -> dict[str, float]:
     """The memory model's figures for this job (the engine adapts to the model as at set-up)."""
-    from scale_ocr.memory.estimate import estimate, model_size
+    from scale_ocr.memory.estimate import estimate
 
-    return estimate(model_size(model), world_size, precision, [strategy], model=model)["strategies"][strategy]
+    return estimate(size, world_size, precision, [strategy], model=model)["strategies"][strategy]
 
 
 def run_suite(suite: Suite, out_dir: Path, preset: str | None, wandb_mode: str, resume: bool = False,
@@ -279,13 +283,12 @@ def run_suite(suite: Suite, out_dir: Path, preset: str | None, wandb_mode: str, 
     hw, ver = hardware(), versions()
     cores, gpus = hw["cores"] or 1, len(hw["gpus"])
     jobs = plan(suite, cores, gpus)
-    steps = suite.warmup + suite.steps + suite.profile_steps
-    biggest = max(j.batch_size * j.world_size for j in jobs)
+    words = max(j.batch_size * j.world_size for j in jobs) * suite.job_steps  # one epoch covers every job
     work = work_dir(out_dir)  # run directories, W&B files and the image cache: not part of the results
-    cache = work / f"words-{biggest * steps}-32x128.pt"
+    cache = work / f"words-{words}-32x128.pt"
     if not cache.is_file():
-        log(f"bench: rendering {biggest * steps} words into {cache}")
-        build_cache(cache, biggest * steps, (32, 128), resolve_vocab("latin"))
+        log(f"bench: rendering {words} words into {cache}")
+        build_cache(cache, words, (32, 128), resolve_vocab("latin"))
     group = out_dir.name
     models = {m: create_model(m) for m in suite.models}
     sizes = {m: model_size(models[m]) for m in suite.models}
@@ -316,7 +319,7 @@ def run_suite(suite: Suite, out_dir: Path, preset: str | None, wandb_mode: str, 
             except (OSError, ValueError, KeyError, statistics.StatisticsError) as exc:
                 status, error = "failed", f"unreadable metrics: {exc}"
         size = sizes[cfg.model]
-        pred = predicted(cfg.strategy, cfg.world_size, suite.precision, models[cfg.model])
+        pred = predicted(cfg.strategy, cfg.world_size, suite.precision, models[cfg.model], size)
         metrics["predicted"] = {k: pred[k] for k in ("params", "grads", "optimizer", "other", "model_state", "ideal")}
         measured = (metrics.get("state_bytes") or {}).get("model_state")
         metrics["measured_over_predicted"] = measured / pred["model_state"] if measured else None
