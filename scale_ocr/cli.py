@@ -77,6 +77,28 @@ def _strategies(argv: list[str]) -> int:
     return 0
 
 
+def _train(argv: list[str]) -> int:
+    from scale_ocr.train import main as train_main
+
+    return train_main.__wrapped__(argv)  # this entry point already reports user errors
+
+
+def _verify(argv: list[str]) -> int:
+    from scale_ocr.verify import main as verify_main
+
+    return verify_main(argv)
+
+
+def _estimate_memory(argv: list[str]) -> int:
+    from scale_ocr.memory.estimate import main as estimate_main
+
+    return estimate_main(argv)
+
+
+COMMANDS = {"train": _train, "verify": _verify, "export": _export, "predict": _predict,
+            "estimate-memory": _estimate_memory, "bench": _bench, "models": _models, "strategies": _strategies}
+
+
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -84,30 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, end="")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    if command == "train":
-        from scale_ocr.train import main as train_main
-
-        return train_main.__wrapped__(rest)
-    if command == "verify":
-        from scale_ocr.verify import main as verify_main
-
-        return verify_main(rest)
-    if command == "export":
-        return _export(rest)
-    if command == "predict":
-        return _predict(rest)
-    if command == "estimate-memory":
-        from scale_ocr.memory.estimate import main as estimate_main
-
-        return estimate_main(rest)
-    if command == "bench":
-        return _bench(rest)
-    if command == "models":
-        return _models(rest)
-    if command == "strategies":
-        return _strategies(rest)
-    print(f"scale-ocr: error: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
-    return 2
+    if command not in COMMANDS:
+        print(f"scale-ocr: error: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
+        return 2
+    return COMMANDS[command](rest)
 
 
 if __name__ == "__main__":
