@@ -10,7 +10,8 @@ Layout of ``RUN_DIR/checkpoints/``::
 
 A checkpoint is written into ``step_N.tmp/`` and renamed only once every rank has finished, and
 ``latest`` moves after that, so a crash or kill during a save leaves the previous one loadable.
-Nothing is unpickled on load except tensors (``weights_only``) and JSON.
+Rank 0 writes ``manifest.json`` (size and SHA-256 of every file) before the rename; loading checks it
+first, and executes nothing from the files (:mod:`scale_ocr.safe_dcp`).
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from scale_ocr import safe_dcp
 from scale_ocr.config import CheckpointConfig
 from scale_ocr.distributed import DistInfo
 from scale_ocr.errors import UserError
+from scale_ocr.manifest import verify_manifest, write_manifest
 from scale_ocr.strategies import Strategy
 
 STALL_ENV = "SCALE_OCR_TEST_STALL_SAVE"  # tests: seconds to sleep mid-write, to kill a rank there
@@ -101,6 +104,7 @@ class CheckpointManager:
         if self.dist.is_main:
             meta = {**trainer_state, **self.identity, "world_size": self.dist.world_size, "format": 1}
             (tmp / "trainer.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+            write_manifest(tmp)  # after the barrier: it covers every rank's files, and trainer.json
             shutil.rmtree(final, ignore_errors=True)
             tmp.replace(final)
             pointer = self.dir / "latest.tmp"
@@ -117,14 +121,31 @@ class CheckpointManager:
         for old in done[: -self.cfg.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
 
+    def latest_name(self) -> str | None:
+        """``checkpoints/step_N`` of this run's newest complete checkpoint, None before the first."""
+        latest = self.dir / "latest"
+        if not latest.is_file():
+            return None
+        name = latest.read_text(encoding="utf-8").strip()
+        return f"{self.dir.name}/{name}" if (self.dir / name / "trainer.json").is_file() else None
+
+    def clean_partial(self) -> list[str]:
+        """Remove ``step_N.tmp`` folders that an interrupted save left (rank 0, holding the run lock)."""
+        removed = []
+        for tmp in sorted(self.dir.glob("step_*.tmp")):
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+                removed.append(tmp.name)
+        return removed
+
     def resolve(self) -> Path | None:
-        """The checkpoint ``--resume`` names: None for a fresh start (``auto`` with nothing saved yet)."""
+        """The checkpoint ``--resume`` names: None for a fresh start (``none``, or ``auto`` with nothing saved)."""
         spec = self.cfg.resume
-        if spec is None:
+        if spec in (None, "none"):
             return None
         if spec == "auto":
-            latest = self.dir / "latest"
-            return self.dir / latest.read_text().strip() if latest.is_file() else None
+            name = self.latest_name()
+            return self.dir.parent / name if name else None
         path = Path(spec)
         if (path / "checkpoints" / "latest").is_file():  # a run directory
             path = path / "checkpoints" / (path / "checkpoints" / "latest").read_text().strip()
@@ -137,6 +158,7 @@ class CheckpointManager:
 
     def load(self, path: Path, strategy: Strategy, seed: int) -> dict[str, Any]:
         """Restore model, optimizer and RNG from ``path``; returns the trainer state to continue from."""
+        listed = verify_manifest(path, warn=self.dist.is_main)  # before reading anything in it
         try:
             meta = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:
@@ -149,7 +171,9 @@ class CheckpointManager:
                 )
         state = strategy.checkpoint_state()  # the layout to fill, sharded as this strategy shards
         try:
-            dcp.load(state, checkpoint_id=str(path))
+            safe_dcp.load(state, path, listed)
+        except UserError:
+            raise
         except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP raises several types for damaged files;
             # CheckpointException (what a rank's failed read becomes) derives from BaseException
             cause = (str(exc).strip().splitlines() or [type(exc).__name__])[-1].split(". ")[0][:200]
@@ -158,7 +182,7 @@ class CheckpointManager:
         strategy.load_checkpoint_state(state)
         rng_file = path / f"rng_rank{self.dist.rank}.pt"
         if meta["world_size"] == self.dist.world_size and rng_file.is_file():
-            set_rng_state(torch.load(rng_file, weights_only=True))
+            set_rng_state(safe_dcp.load_tensors(rng_file))
         else:
             # Another world size: no saved stream belongs to this rank; derive one deterministically.
             torch.manual_seed(seed + 1 + self.dist.rank + 7919 * meta["step"])

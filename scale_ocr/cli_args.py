@@ -12,6 +12,7 @@ from typing import Any
 
 from scale_ocr.config import SECTIONS, RunConfig
 from scale_ocr.errors import UserError
+from scale_ocr.run_dir import check_output_dir
 
 
 def _flag(name: str) -> str:
@@ -45,6 +46,16 @@ def _base_type(annotation: Any) -> Any:
     return hint
 
 
+def _argparse_kw(f: dataclasses.Field, hints: dict[str, Any]) -> dict[str, Any]:
+    """``add_argument`` keywords for a config field: its metadata, plus a ``type`` from its annotation."""
+    kw = dict(f.metadata["argparse"])
+    if f.name == "input_size":
+        kw["type"] = _parse_input_size
+    elif "action" not in kw:
+        kw.setdefault("type", _base_type(hints[f.name]))
+    return kw
+
+
 def build_parser(prog: str = "scale-ocr train") -> argparse.ArgumentParser:
     """The training CLI: every config field becomes a flag, grouped by section."""
     parser = argparse.ArgumentParser(
@@ -65,20 +76,90 @@ def build_parser(prog: str = "scale-ocr train") -> argparse.ArgumentParser:
         hints = typing.get_type_hints(section)
         for f in dataclasses.fields(section):
             meta = dict(f.metadata)
-            kw = dict(meta["argparse"])
             flags = list(meta["flags"]) or [_flag(f.name)]
             if flags == ["arch"]:
                 group.add_argument("arch", nargs="?", help=meta["help"], default=argparse.SUPPRESS)
                 continue
-            if f.name == "input_size":
-                kw["type"] = _parse_input_size
-            elif "action" not in kw:
-                kw.setdefault("type", _base_type(hints[f.name]))
+            kw = _argparse_kw(f, hints)
             default = f.default if f.default is not dataclasses.MISSING else None
             group.add_argument(*flags, dest=f.name, help=f"{meta['help']} (default: {default})", **kw)
             for alias in meta["aliases"]:
                 group.add_argument(alias, dest=f.name, help=argparse.SUPPRESS, **kw)
     return parser
+
+
+_KINDS = {int: "a whole number (int)", float: "a number (float)", str: "text (str)",
+          _parse_input_size: "a size HxW such as 32x128, or [H, W]"}
+
+
+class _BadValue(Exception):
+    """A config-file value that its field's flag would not accept."""
+
+
+def _fields() -> dict[str, tuple[dict[str, Any], bool]]:
+    """Every config field's ``add_argument`` keywords, and whether it takes None (null)."""
+    fields = {}
+    for section in SECTIONS.values():
+        hints = typing.get_type_hints(section)
+        for f in dataclasses.fields(section):
+            fields[f.name] = (_argparse_kw(f, hints), type(None) in typing.get_args(hints[f.name]))
+    return fields
+
+
+def _expected(kw: dict[str, Any], optional: bool) -> str:
+    """What a field accepts, in words, for the error message."""
+    if kw.get("action") is argparse.BooleanOptionalAction:
+        what = "true or false"
+    elif "choices" in kw:
+        what = "one of " + ", ".join(kw["choices"])
+    else:
+        what = _KINDS.get(kw["type"], kw["type"].__name__)
+    if kw.get("nargs") == "+":
+        what += " or a list of them"
+    return what + " or null" if optional else what
+
+
+def _file_value(value: Any, kw: dict[str, Any], optional: bool) -> Any:
+    """A config-file value converted and checked as argparse treats the flag's text.
+
+    Raises:
+        _BadValue: the flag would refuse it.
+    """
+    if value is None:
+        if optional:
+            return None
+        raise _BadValue
+    if kw.get("action") is argparse.BooleanOptionalAction:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise _BadValue  # "yes", 1, ...: YAML reads unquoted yes/no as booleans already
+    if kw.get("nargs") == "+":
+        return tuple(_file_scalar(v, kw) for v in (value if isinstance(value, list) else [value]))
+    return _file_scalar(value, kw)
+
+
+def _file_scalar(value: Any, kw: dict[str, Any]) -> Any:
+    """One value (not a list, except [H, W] for a size) converted by the flag's ``type`` and ``choices``."""
+    typ = kw["type"]
+    if typ is _parse_input_size and isinstance(value, list) and len(value) == 2:
+        value = "x".join(str(_file_scalar(v, {"type": int})) for v in value)
+    # A boolean is an int to Python but never a number, size or name to a user.
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise _BadValue
+    try:
+        if isinstance(value, str) or typ in (str, _parse_input_size):
+            out = typ(str(value))  # exactly what the flag does with its text: YAML reads 1e-3 as a string
+        elif typ is int and not float(value).is_integer():
+            raise _BadValue  # 2.5 epochs; 2.0 is the number two and is kept
+        else:
+            out = typ(value)
+    except (ValueError, OverflowError, argparse.ArgumentTypeError):
+        raise _BadValue from None
+    if "choices" in kw and out not in kw["choices"]:
+        raise _BadValue
+    return out
 
 
 def _load_file(path: str) -> dict[str, Any]:
@@ -105,17 +186,18 @@ def _load_file(path: str) -> dict[str, Any]:
             flat.update(value)
         else:
             flat[key] = value
-    known = {f.name for s in SECTIONS.values() for f in dataclasses.fields(s)}
-    unknown = sorted(set(flat) - known)
+    fields = _fields()
+    unknown = sorted(set(flat) - set(fields))
     if unknown:
         raise UserError(f"--config {path} has unknown keys {unknown}; see `scale-ocr train --help`")
-    for k in ("train_path", "val_path", "input_size", "wandb_tags"):
-        if isinstance(flat.get(k), list):
-            flat[k] = tuple(flat[k])
-        elif isinstance(flat.get(k), str) and k != "input_size":
-            flat[k] = (flat[k],)
-    if isinstance(flat.get("input_size"), (str, int)):
-        flat["input_size"] = _parse_input_size(str(flat["input_size"]))
+    for key, value in flat.items():
+        kw, optional = fields[key]
+        try:
+            flat[key] = _file_value(value, kw, optional)
+        except _BadValue:
+            shown = repr(value) if isinstance(value, str) else json.dumps(value, default=str)
+            raise UserError(f"--config {path}: {key} = {shown[:80]} is not {_expected(kw, optional)}; "
+                            "fix the value or remove the key to keep the default") from None
     return flat
 
 
@@ -127,8 +209,11 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
     if "config" in ns:
         values.update(_load_file(ns.pop("config")))
     ns.pop("local_rank", None)
-    for k in ("train_path", "val_path", "wandb_tags"):
-        if k in ns:
-            ns[k] = tuple(ns[k])
+    fields = _fields()
+    for k in ns:
+        if k in fields and fields[k][0].get("nargs") == "+":
+            ns[k] = tuple(ns[k])  # argparse gives lists; the frozen config holds tuples
     values.update(ns)
-    return RunConfig.from_flat(values)
+    cfg = RunConfig.from_flat(values)
+    check_output_dir(cfg.output.output_dir)  # here, not in OutputConfig: the config classes do no I/O
+    return cfg

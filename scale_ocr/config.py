@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,17 @@ def opt(default: Any, help: str, *flags: str, aliases: tuple[str, ...] = (), **a
     """
     meta = {"help": help, "flags": flags, "aliases": aliases, "argparse": argparse_kw}
     return field(default=default, metadata=meta)
+
+
+def _require_finite(section: Any, *names: str) -> None:
+    """Refuse NaN and infinity, which float() accepts from the command line and YAML (``.nan``) alike."""
+    defaults = {f.name: f.default for f in dataclasses.fields(section)}
+    for name in names:
+        value = getattr(section, name)
+        if value is not None and not math.isfinite(value):
+            keep = f" for the default {defaults[name]}" if defaults[name] is not None else ""
+            raise UserError(f"--{name.replace('_', '-')} {value} is not a finite number; "
+                            f"give an ordinary number or leave it out{keep}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +116,7 @@ class OptimConfig:
     clip_grad: float = opt(5.0, "clip the global gradient norm to this value; 0 disables clipping")
 
     def __post_init__(self) -> None:
+        _require_finite(self, "lr", "wd", "clip_grad")  # NaN passes every comparison below
         if self.lr <= 0:
             raise UserError(f"--lr {self.lr}: the learning rate must be positive")
         if self.clip_grad < 0:
@@ -122,6 +135,8 @@ class TrainConfig:
     log_every: int = opt(10, "log training metrics every N optimizer steps")
     eval: bool = opt(True, "validate at the end of each epoch (benchmarks turn it off to time training alone)",
                      action=argparse.BooleanOptionalAction)
+    max_bad_steps: int = opt(5, "stop after this many consecutive steps whose loss or gradient was NaN/inf (each such "
+                             "step is skipped on every rank; the last good checkpoint is kept)")
     profile_steps: int = opt(0, "profile the last N optimizer steps with torch.profiler (excluded from samples/s): "
                              "rank 0's Chrome trace in the run directory, communication share in metrics.json")
 
@@ -136,6 +151,8 @@ class TrainConfig:
             raise UserError(f"--max-steps {self.max_steps}: use at least 1")
         if self.log_every < 1:
             raise UserError(f"--log-every {self.log_every}: use at least 1")
+        if self.max_bad_steps < 1:
+            raise UserError(f"--max-bad-steps {self.max_bad_steps}: use at least 1")
         if self.profile_steps < 0:
             raise UserError(f"--profile-steps {self.profile_steps}: use 0 (off) or more")
 
@@ -150,6 +167,15 @@ class StrategyConfig:
                                 aliases=("--deepspeed_config", "--deepspeed-config"))
     backend: str | None = opt(None, "process-group backend (default: nccl on GPU, gloo on CPU)",
                               choices=("nccl", "gloo"))
+    dist_timeout: float = opt(300.0, "seconds a rank may stop responding before the job ends with a line naming it "
+                              "(a stopped, hung or killed process); collectives time out a little later")
+
+    def __post_init__(self) -> None:
+        _require_finite(self, "device_memory_gb", "dist_timeout")
+        if self.dist_timeout < 5:
+            raise UserError(f"--dist-timeout {self.dist_timeout}: use at least 5 seconds")
+        if self.device_memory_gb is not None and self.device_memory_gb <= 0:
+            raise UserError(f"--device-memory-gb {self.device_memory_gb}: give the memory per rank in GB, e.g. 80")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,13 +186,21 @@ class OutputConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
-    save_every: int = opt(0, "save a resumable checkpoint every N optimizer steps and at the end (0: never)")
-    resume: str | None = opt(None, "resume from `auto` (this run's latest checkpoint, if any) or a checkpoint path")
+    save_every: int = opt(0, "save a resumable checkpoint every N optimizer steps and at the end (0: by time only, "
+                          "see --save-minutes)")
+    save_minutes: float = opt(10.0, "also save a checkpoint whenever this many minutes of training passed since the "
+                              "last one, and at the end of a run that saved one (0: off), so a killed long run "
+                              "loses at most that much")
+    resume: str = opt("auto", "`auto`: continue this output dir's run from its latest checkpoint when it has one; "
+                      "`none`: start afresh (an earlier run there is moved aside); or a checkpoint path")
     keep_last: int = opt(3, "keep only the newest K checkpoints (0 keeps all)")
 
     def __post_init__(self) -> None:
         if self.save_every < 0 or self.keep_last < 0:
             raise UserError("--save-every and --keep-last must be 0 or more")
+        _require_finite(self, "save_minutes")
+        if self.save_minutes < 0:
+            raise UserError(f"--save-minutes {self.save_minutes}: use 0 (off) or a positive number of minutes")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,12 +240,20 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
-        # CTC needs at least one frame per character (two between repeats); the CRNNs emit W/4 frames.
-        frames = self.model.input_size[1] // 4
-        if self.data.max_chars > frames:
+        # Imported here: the models package pulls in torchvision, which parsing flags does not need.
+        from scale_ocr.models.recognition.ctc import ctc_frames
+
+        # CTC needs one frame per character plus a blank between repeated ones, and synthetic words
+        # may repeat every character ("aaaa"), so the longest needs 2 * max_chars - 1 frames. Real
+        # folders are checked word by word at start-up, so only runs that render words are held to it.
+        d = self.data
+        synthetic = not d.data_cache and not (d.train_path and d.val_path)
+        frames, worst = ctc_frames(self.model.input_size), 2 * d.max_chars - 1
+        if synthetic and worst > frames:
             raise UserError(
-                f"--max-chars {self.data.max_chars} exceeds the {frames} CTC frames of a "
-                f"{self.model.input_size[1]}-pixel-wide input; lower --max-chars or widen --input-size"
+                f"--max-chars {d.max_chars} can give synthetic words needing {worst} CTC frames (a blank "
+                f"between repeated characters) but a {self.model.input_size[1]}-pixel-wide input gives {frames}; "
+                f"lower --max-chars to {(frames + 1) // 2} or widen --input-size"
             )
 
     def to_dict(self) -> dict[str, Any]:

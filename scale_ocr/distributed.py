@@ -95,11 +95,16 @@ def peek_launch() -> tuple[int, str]:
     return int(os.environ["WORLD_SIZE"]), launcher
 
 
-def init_distributed(backend: str | None = None) -> DistInfo:
+def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> DistInfo:
     """Read the launcher's environment, pick device and backend, and start the process group.
 
     A process group is started even for a single plain-python process (on a free loopback port) so
     that every strategy, DeepSpeed and FSDP included, runs unchanged at world size 1.
+
+    Args:
+        backend: nccl or gloo; None picks nccl with GPUs and gloo without.
+        timeout_s: ``--dist-timeout``. The backend's own timeout is a minute longer, so the
+            :mod:`~scale_ocr.watchdog`, which names the silent rank, speaks first.
     """
     launcher = detect_launcher()
     rank, world, local_rank, local_world = _read_env(launcher)
@@ -120,7 +125,7 @@ def init_distributed(backend: str | None = None) -> DistInfo:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     backend = backend or ("nccl" if use_cuda else "gloo")
     if not dist.is_initialized():
-        timeout = datetime.timedelta(minutes=int(os.environ.get("SCALE_OCR_DIST_TIMEOUT_MIN", "30")))
+        timeout = datetime.timedelta(seconds=timeout_s + 60)
         if launcher == "python":
             # A 1-rank job described the way launchers describe one, so engines that read the
             # environment themselves (DeepSpeed wants LOCAL_RANK) see a consistent picture.

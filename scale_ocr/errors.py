@@ -14,12 +14,40 @@ EXIT_OUT_OF_MEMORY = 3  # distinct, so the benchmark runner can record an OOM as
 F = TypeVar("F", bound=Callable[..., int])
 
 
+EXIT_PEER_LOST = 69  # EX_UNAVAILABLE: another rank died or stopped responding (see scale_ocr.watchdog)
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention for Ctrl-C
+
+
 class UserError(Exception):
     """A problem with the user's input (a path, a label, a flag, a config) and how to fix it.
 
     The message is printed as a single line prefixed with ``scale-ocr: error:``; keep it to one
     sentence that names the offending file or value and the fix.
     """
+
+    exit_code = EXIT_USER_ERROR
+    prefix = "error"
+
+
+class RunStopped(UserError):
+    """The run ended before its last step on purpose (diverged, preempted): one line, its own exit code.
+
+    Args:
+        message: what happened, what was kept and how to continue.
+        exit_code: the documented code for this kind of stop.
+        prefix: ``error`` for a failure, ``stopped`` for a requested stop such as preemption.
+    """
+
+    def __init__(self, message: str, exit_code: int, prefix: str = "error") -> None:
+        super().__init__(message)
+        self.exit_code, self.prefix = exit_code, prefix
+
+
+def is_peer_lost(exc: BaseException) -> bool:
+    """A collective failed because another rank died or went silent (gloo/NCCL wording)."""
+    text = str(exc)
+    return any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                                   "Timed out waiting", "NCCL communicator was aborted", "DistNetworkError"))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -51,13 +79,24 @@ def report_user_errors(main: F) -> F:
             return main(*args, **kwargs)
         except UserError as exc:
             if os.environ.get("RANK", "0") == "0":
-                print(f"scale-ocr: error: {_one_line(exc)}", file=sys.stderr, flush=True)
-            return EXIT_USER_ERROR
+                print(f"scale-ocr: {exc.prefix}: {_one_line(exc)}", file=sys.stderr, flush=True)
+            return exc.exit_code
+        except KeyboardInterrupt:
+            if os.environ.get("RANK", "0") == "0":
+                print("scale-ocr: interrupted (Ctrl-C); checkpoints already written are kept: `--resume auto` "
+                      "(the default) continues from the newest", file=sys.stderr, flush=True)
+            return EXIT_INTERRUPTED
         except Exception as exc:  # noqa: BLE001 - DataLoader workers wrap our errors in their own type
             if UserError.__name__ + ":" in str(exc):
                 if os.environ.get("RANK", "0") == "0":
                     print(f"scale-ocr: error: {_one_line(exc)}", file=sys.stderr, flush=True)
                 return EXIT_USER_ERROR
+            if is_peer_lost(exc):  # every survivor sees it; each names itself, as it cannot know who is first
+                first = str(exc).strip().splitlines()[0][:160]
+                print(f"scale-ocr: error: rank {os.environ.get('RANK', '0')} lost contact with another rank ({first}); "
+                      "the job ends: check the other ranks' output; `--resume auto` continues from the last "
+                      "checkpoint", file=sys.stderr, flush=True)
+                return EXIT_PEER_LOST
             if is_out_of_memory(exc):  # printed by the rank that ran out, whichever it is
                 first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
                 print(f"scale-ocr: error: out of memory on rank {os.environ.get('RANK', '0')} ({first}); lower "

@@ -3,7 +3,8 @@
 ``scale-ocr export CKPT OUT.safetensors`` reads a checkpoint written under any strategy and world size
 (without starting a process group) and writes the consolidated fp32 weights with the model name,
 vocabulary and input size as metadata. ``scale-ocr predict MODEL IMAGE...`` accepts either file kind.
-Nothing is unpickled: checkpoints hold tensors and JSON, exports are safetensors.
+Nothing runs code: a checkpoint's manifest is checked and it is read through :mod:`scale_ocr.safe_dcp`,
+exports are safetensors.
 """
 
 from __future__ import annotations
@@ -47,20 +48,28 @@ def _build(arch: str, chars: str, input_size: tuple[int, int]) -> tuple[nn.Modul
 
 def load_checkpoint_model(path: Path) -> LoadedModel:
     """The model of a checkpoint folder (``step_N``, a ``checkpoints`` folder or a run directory)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
+
+    from scale_ocr import safe_dcp
+    from scale_ocr.manifest import verify_manifest
 
     ckpt = _checkpoint_dir(path)
     meta_file = ckpt / "trainer.json"
     if not meta_file.is_file() or not (ckpt / ".metadata").is_file():
         raise UserError(f"{path} holds no complete checkpoint (trainer.json and .metadata expected)")
-    meta = json.loads(meta_file.read_text(encoding="utf-8"))
-    model, vocab = _build(meta["arch"], meta["vocab"], meta["input_size"])
+    listed = verify_manifest(ckpt)  # before reading anything in it
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        model, vocab = _build(meta["arch"], meta["vocab"], meta["input_size"])
+    except (ValueError, KeyError, TypeError) as exc:  # older checkpoints have no manifest to catch this earlier
+        raise UserError(f"{meta_file} is unreadable ({type(exc).__name__}); the checkpoint is damaged") from None
     state = {"model": model.state_dict()}
     try:
         with warnings.catch_warnings():  # "loading in a single process" is exactly the intent here
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
+            safe_dcp.load(state, ckpt, listed, no_dist=True)
+    except UserError:
+        raise
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - damaged or foreign files raise several
         # types; CheckpointException derives from BaseException
         raise UserError(f"checkpoint {ckpt} cannot be read ({type(exc).__name__}); it is damaged or incomplete") from None

@@ -22,14 +22,18 @@ from tqdm import tqdm
 
 from scale_ocr.checkpoint import CheckpointManager
 from scale_ocr.config import TrainConfig
+from scale_ocr.control import EXIT_PREEMPTED, StepControl, StopSignal
 from scale_ocr.data.loader import Data
 from scale_ocr.distributed import all_reduce_max, all_reduce_sum
-from scale_ocr.errors import UserError
+from scale_ocr.errors import RunStopped, UserError
 from scale_ocr.evaluation import evaluate
 from scale_ocr.optim import LRSchedule
 from scale_ocr.precision import autocast_factory
 from scale_ocr.profiling import StepProfiler
 from scale_ocr.strategies import Strategy
+from scale_ocr.watchdog import Watchdog
+
+EXIT_DIVERGED = 4  # --max-bad-steps consecutive non-finite steps
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -55,6 +59,8 @@ class RunState:
     timed_steps: int = 0
     timed_seconds: float = 0.0
     epoch_loss: list[torch.Tensor] = field(default_factory=list)
+    bad_steps: int = 0  # consecutive steps with a NaN/inf loss or gradient, skipped on every rank
+    skipped_steps: int = 0  # all such steps in this run
     best: tuple[float, float] | None = None  # (exact_match, -val_loss)
     last_eval: dict[str, float] = field(default_factory=dict)
 
@@ -84,13 +90,18 @@ class Trainer:
         run_dir: where models and metrics go.
         total_steps: optimizer steps in the run.
         checkpoints: saves resumable checkpoints when due; None disables them.
+        control: per-step agreement across ranks (preemption, non-finite steps, timed saves).
+        watchdog: told about each finished step and printed line (heartbeats, hang detection).
     """
 
     def __init__(self, strategy: Strategy, model: nn.Module, schedule: LRSchedule, data: Data, cfg: TrainConfig,
-                 logger, run_dir: Path, total_steps: int, checkpoints: CheckpointManager | None = None) -> None:
+                 logger, run_dir: Path, total_steps: int, checkpoints: CheckpointManager | None = None,
+                 control: StepControl | None = None, watchdog: Watchdog | None = None) -> None:
         self.strategy, self.model, self.schedule, self.data, self.cfg = strategy, model, schedule, data, cfg
         self.logger, self.run_dir, self.total_steps = logger, run_dir, total_steps
         self.checkpoints, self.last_saved = checkpoints, -1
+        self.control = control or StepControl(StopSignal(), None, strategy.is_main)
+        self.watchdog = watchdog
         self.resume_samples = 0  # samples of the current epoch a restored checkpoint already consumed
         self.device = strategy.dist.device
         self.autocast = autocast_factory(cfg.precision, self.device)
@@ -142,7 +153,10 @@ class Trainer:
             self.state.epoch += 1
             self.state.epoch_step = 0
         bar.close()
-        if self.checkpoints is not None and self.checkpoints.cfg.save_every and self.last_saved != self.state.step:
+        # A run that saved along the way (by steps or by time) ends with a checkpoint of its last step,
+        # so `--resume auto` on a finished run knows there is nothing left to train.
+        if (self.checkpoints is not None and (self.checkpoints.cfg.save_every or self.last_saved >= 0)
+                and self.last_saved != self.state.step):
             self.save_checkpoint()
         return self.finish(time.perf_counter() - start)
 
@@ -151,20 +165,41 @@ class Trainer:
         return {
             "step": self.state.step, "epoch": self.state.epoch, "epoch_step": self.state.epoch_step,
             "samples_in_epoch": self.state.epoch_step * self.global_batch, "global_batch": self.global_batch,
+            "steps_per_epoch": self.steps_per_epoch,
             "schedule": self.schedule.state_dict(), "best": list(self.state.best) if self.state.best else None,
+            "metrics_records": self.logger.records(),  # lines of metrics.jsonl this state accounts for
         }
 
-    def restore(self, meta: dict[str, Any]) -> None:
-        """Continue from a checkpoint's trainer state (model and optimizer are already loaded)."""
-        self.state.step, self.state.epoch = meta["step"], meta["epoch"]
-        self.schedule.load_state_dict(meta["schedule"])
+    def restore(self, meta: dict[str, Any]) -> str:
+        """Continue from a checkpoint's trainer state (model and optimizer are already loaded).
+
+        Progress is kept in samples (epoch and samples into it), so a run resumed with another world
+        size, batch size or accumulation re-expresses its step count in this run's optimizer steps and
+        still trains to ``--epochs``/``--max-steps``. Returns a line describing where it continues.
+        """
+        epoch, samples = meta["epoch"], meta["samples_in_epoch"]
+        same = meta.get("global_batch") == self.global_batch and meta.get("steps_per_epoch",
+                                                                          self.steps_per_epoch) == self.steps_per_epoch
+        step = meta["step"] if same else epoch * self.steps_per_epoch + samples // self.global_batch
+        self.state.step, self.state.epoch = step, epoch
+        self.schedule.load_state_dict({**meta["schedule"], "step_count": step})
         self.state.best = tuple(meta["best"]) if meta.get("best") else None
-        self.resume_samples = meta["samples_in_epoch"]
+        self.resume_samples = samples
+        where = f"at step {meta['step']}"
+        if not same:
+            where += (f" (epoch {epoch + 1}, {samples} samples into it; step {step} at this run's global batch of "
+                      f"{self.global_batch} instead of {meta.get('global_batch')})")
+        if step >= self.total_steps:
+            raise UserError(f"nothing to train: the checkpoint {where} already reaches this run's last step "
+                            f"({self.total_steps}: --epochs {self.cfg.epochs}, --max-steps {self.cfg.max_steps}); "
+                            "raise --epochs or --max-steps to train on, or pass --resume none to start afresh")
+        return where
 
     def save_checkpoint(self) -> None:
         self._stop_timing()  # checkpoint I/O is not training throughput
         self.checkpoints.save(self.strategy, self.trainer_state())
         self.last_saved = self.state.step
+        self.control.saved()
 
     def train_epoch(self, bar: tqdm) -> None:
         sampler = self.data.train_sampler
@@ -188,20 +223,64 @@ class Trainer:
                 self.profiler.before_step(self.state.step + 1)
             loss = self.train_step(batches)
             stats = self.strategy.step()
-            window.add(loss, stats, self.schedule.lr)  # the rate this step used
+            agreed = self.control.agree(bool(torch.isfinite(loss)), self._norm_finite(stats))
+            lr = self.schedule.lr  # the rate this step used
             self.schedule.step()
             self.state.step += 1
             self.state.epoch_step += 1
-            self.state.epoch_loss.append(loss)
+            if agreed.nonfinite:
+                self._bad_step(stats)
+            else:
+                self.state.bad_steps = 0
+                window.add(loss, stats, lr)
+                self.state.epoch_loss.append(loss)
             if self.profiler is not None:
                 self.profiler.after_step(self.state.step)
-            if self.checkpoints is not None and self.checkpoints.due(self.state.step):
-                self.save_checkpoint()
-            self._start_timing()
+            if self.watchdog is not None:
+                self.watchdog.progress(self.state.step, self.total_steps)
             bar.update(1)
             if self.state.step % self.cfg.log_every == 0 or self.state.step == self.total_steps:
-                self.log_window(window, bar)
+                self.log_window(window, bar)  # before a save, so the checkpoint accounts for this record
                 window = Window(self._now())
+            # Never checkpoint in the middle of a non-finite streak: the last good checkpoint must stay the newest.
+            if (self.checkpoints is not None and self.state.bad_steps == 0
+                    and (agreed.save or agreed.stop or self.checkpoints.due(self.state.step))):
+                t0 = self._now()
+                self.save_checkpoint()
+                window.start += self._now() - t0  # checkpoint I/O is not step time
+            if agreed.stop:
+                self._preempted()
+            self._start_timing()
+
+    @staticmethod
+    def _norm_finite(stats) -> bool:
+        # Under fp16 loss scaling an infinite norm is an overflow the scaler handles (it lowers the
+        # scale and skips the step); only unscaled NaN/inf gradients are a bad step.
+        return stats.loss_scale is not None or math.isfinite(float(stats.grad_norm))
+
+    def _bad_step(self, stats) -> None:
+        """A NaN/inf loss or gradient: the engine skipped the update on every rank; count it, stop on a streak."""
+        self.state.bad_steps += 1
+        self.state.skipped_steps += 1
+        self.logger.log({"train/nonfinite_steps": self.state.skipped_steps}, self.state.step)
+        if self.strategy.is_main:
+            print(f"scale-ocr: warning: step {self.state.step}: non-finite loss or gradient (grad_norm="
+                  f"{float(stats.grad_norm)}); update skipped on every rank ({self.state.bad_steps} in a row, "
+                  f"--max-bad-steps {self.cfg.max_bad_steps})", file=sys.stderr, flush=True)
+        if self.state.bad_steps >= self.cfg.max_bad_steps:
+            kept = (f"the last good checkpoint, {self.checkpoints.latest_name()}, is kept"
+                    if self.checkpoints is not None and self.checkpoints.latest_name() else "no checkpoint was saved")
+            raise RunStopped(f"training diverged: {self.state.bad_steps} consecutive steps up to step "
+                             f"{self.state.step} had a NaN/inf loss or gradient; {kept} and no model was written "
+                             "from this state; lower --lr or --clip-grad and resume from it", EXIT_DIVERGED)
+
+    def _preempted(self) -> None:
+        name = self.control.stop.received or "a preemption signal on another rank"
+        where = self.checkpoints.latest_name() if self.checkpoints is not None else None
+        raise RunStopped(f"{name} received: stopped after step {self.state.step} of {self.total_steps}"
+                         + (f", checkpoint {where} written" if where else "")
+                         + "; run the same command again (`--resume auto` is the default) to continue",
+                         EXIT_PREEMPTED, prefix="stopped")
 
     def train_step(self, batches) -> torch.Tensor:
         """Forward and backward over ``grad_accum`` micro-batches; returns their mean loss (on device)."""
@@ -222,8 +301,11 @@ class Trainer:
         n_steps = len(window.losses)
         # Collective on every rank at the same steps, so no rank waits on another.
         mem = peak_memory_bytes(self.device)
-        loss_sum, n, mem_sum = all_reduce_sum([float(torch.stack(window.losses).sum()), n_steps, mem], self.device)
+        local = float(torch.stack(window.losses).sum()) if window.losses else 0.0
+        loss_sum, n, mem_sum = all_reduce_sum([local, n_steps, mem], self.device)
         stats = window.stats
+        if stats is None:  # every step of the window was non-finite and skipped (reported as such)
+            return
         metrics = {
             "train/loss": loss_sum / max(n, 1),
             "train/lr": window.lr,
@@ -242,6 +324,8 @@ class Trainer:
             print(f"step {self.state.step}/{self.total_steps} loss={metrics['train/loss']:.4f} "
                   f"lr={metrics['train/lr']:.2e} grad_norm={metrics['train/grad_norm']:.3f} "
                   f"samples/s={metrics['train/samples_per_sec']:.1f}", flush=True)
+        if self.watchdog is not None:
+            self.watchdog.printed()
 
     def end_epoch(self) -> None:
         self.data.train_sampler.skip_global(0)
@@ -257,7 +341,8 @@ class Trainer:
         self.logger.log_examples(result.examples, self.state.step)
         state = self.strategy.full_state_dict()  # collective: every rank takes part
         score = (result.metrics["exact_match"], -result.metrics["val_loss"])
-        improved = self.state.best is None or score > self.state.best
+        # A NaN validation loss (diverged weights) is never "best".
+        improved = math.isfinite(score[1]) and (self.state.best is None or score > self.state.best)
         if improved:
             self.state.best = score
         if state is not None:
@@ -294,6 +379,7 @@ class Trainer:
                                     if self.device.type == "cuda" else None),
             "state_bytes": self._state_bytes(),
             "comm_share": self._comm_share(),
+            "nonfinite_steps": self.state.skipped_steps,
             "wall_seconds": wall,
         }
 
@@ -314,7 +400,12 @@ class Trainer:
 
 
 def _save(state: dict[str, Any], path: Path) -> None:
-    """Atomic save: a crash mid-write leaves the previous file intact."""
+    """Atomic save: a crash mid-write leaves the previous file intact. Non-finite weights are never written."""
+    bad = [k for k, v in state.items() if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        print(f"scale-ocr: warning: not writing {path.name}: {len(bad)} tensors hold NaN/inf (first: {bad[0]}); "
+              "the previous file, if any, is kept", file=sys.stderr, flush=True)
+        return
     tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
     torch.save(state, tmp)
     tmp.replace(path)

@@ -158,14 +158,14 @@ def build_data(cfg: DataConfig, vocab: Vocab, input_size: tuple[int, int], batch
 
         train_ds = TensorWords(cfg.data_cache, vocab, input_size)
     elif cfg.train_path:
-        train_ds = RecognitionFolder(cfg.train_path, vocab, cfg.on_bad_sample, train_tf)
+        train_ds = RecognitionFolder(cfg.train_path, vocab, cfg.on_bad_sample, train_tf, input_size)
         report = train_ds.report
     else:
         train_ds = SyntheticWords(vocab.chars, cfg.train_samples, cfg.min_chars, cfg.max_chars, seed, train_tf)
     if cfg.data_cache:
         val_ds = train_ds  # benchmarks: validation, if any, is not what is measured
     elif cfg.val_path:
-        val_ds = RecognitionFolder(cfg.val_path, vocab, cfg.on_bad_sample, val_tf)
+        val_ds = RecognitionFolder(cfg.val_path, vocab, cfg.on_bad_sample, val_tf, input_size)
         for k, v in val_ds.report.skipped.items():
             report.skipped[f"val_{k}"] = v
     else:

@@ -29,7 +29,7 @@ class StepStats:
     Attributes:
         grad_norm: global L2 norm of the gradients before clipping (inf when fp16 overflowed); a
             0-d tensor may stay on the device until the loop logs it.
-        skipped: the step was skipped (fp16 overflow) and parameters did not change.
+        skipped: the step was skipped (fp16 overflow, or a NaN/inf gradient norm) and parameters did not change.
         loss_scale: the fp16 loss scale in use, None without loss scaling.
     """
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +46,11 @@ class TorchStepper:
             scale = float(self.scaler.get_scale())
             self.scaler.unscale_(self.optimizer)
         norm = self.grad_norm()
+        if self.scaler is None and not math.isfinite(float(norm)):
+            # NaN/inf gradients would poison the weights and Adam's moments for good. The norm is
+            # global, so every rank takes this branch together (DeepSpeed's engines do the same).
+            self.zero_grad()
+            return StepStats(grad_norm=norm, skipped=True, loss_scale=None)
         if self.max_norm > 0:
             # A non-finite norm (fp16 overflow) zeroes nothing useful: the scaler skips that step.
             self.clip(self.max_norm, norm)

@@ -25,6 +25,9 @@ class NullLogger:
     def close(self) -> None:
         pass
 
+    def records(self) -> int:
+        return 0
+
 
 class FanOut:
     """Sends every call to several loggers; W&B trouble never stops the JSONL stream."""
@@ -48,13 +51,21 @@ class FanOut:
         for lg in self.loggers:
             lg.close()
 
+    def records(self) -> int:
+        """Records in metrics.jsonl (the stream a resumed run trims back to its checkpoint)."""
+        return max((lg.records() for lg in self.loggers if hasattr(lg, "records")), default=0)
+
 
 def build_logger(cfg: LoggingConfig, is_main: bool, run_dir: Path, run_config: dict[str, Any],
-                 resume: bool = False):
-    """JSONL plus W&B on global rank 0; a :class:`NullLogger` on every other rank."""
+                 resume: bool = False, keep_records: int | None = None):
+    """JSONL plus W&B on global rank 0; a :class:`NullLogger` on every other rank.
+
+    ``keep_records``: a run resumed from its own checkpoint trims metrics.jsonl to the records that
+    checkpoint accounts for (see :class:`JsonlLogger`).
+    """
     if not is_main:
         return NullLogger()
-    jsonl = JsonlLogger(run_dir, append=resume)
+    jsonl = JsonlLogger(run_dir, append=resume, keep=keep_records)
     return FanOut(jsonl, open_wandb(cfg, run_dir, run_config, resume=resume))
 
 

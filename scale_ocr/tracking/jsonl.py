@@ -22,17 +22,33 @@ class JsonlLogger:
     Args:
         run_dir: the run directory.
         append: keep earlier records (a resumed run) instead of starting the file afresh.
+        keep: with ``append``, keep only the first ``keep`` records: those the resumed checkpoint
+            accounts for. Later ones belong to steps the resumed run trains again, and would
+            otherwise appear twice.
     """
 
-    def __init__(self, run_dir: Path, append: bool = False) -> None:
+    def __init__(self, run_dir: Path, append: bool = False, keep: int | None = None) -> None:
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.file = (run_dir / "metrics.jsonl").open("a" if append else "w", encoding="utf-8")
+        path = run_dir / "metrics.jsonl"
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if append and path.is_file() else []
+        if keep is not None and len(lines) > keep:
+            lines = lines[:keep]
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(lines), encoding="utf-8")
+            tmp.replace(path)  # atomic: a crash here leaves the old file, never a truncated one
+        self.count = len(lines)
+        self.file = path.open("a" if append else "w", encoding="utf-8")
+
+    def records(self) -> int:
+        """Records in metrics.jsonl so far (a checkpoint stores it, see ``keep``)."""
+        return self.count
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         record = {"step": step, "time": round(time.time(), 3), **{k: clean(v) for k, v in metrics.items()}}
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
+        self.count += 1
 
     def log_examples(self, examples: list[tuple[Any, str, str]], step: int) -> None:
         pairs = [{"target": t, "prediction": p} for _, t, p in examples]

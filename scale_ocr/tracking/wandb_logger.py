@@ -1,9 +1,10 @@
 """Weights & Biases: one run per job, offline unless an API key is configured, never fatal.
 
 No W&B server is reachable from many training hosts, so the default is offline mode whenever no API
-key is configured (``wandb sync RUN_DIR/wandb/offline-run-*`` uploads later). Anything that goes
-wrong with W&B - a missing install, an unreachable server, a failing call - becomes one warning and
-the run carries on with ``metrics.jsonl``.
+key is configured (``wandb sync RUN_DIR/wandb/offline-run-*`` uploads later; ``$WANDB_DIR/wandb``
+instead of ``RUN_DIR/wandb`` when the user sets it). Anything that goes wrong with W&B - a missing
+install, an unreachable server, a failing call - becomes one warning and the run carries on with
+``metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -115,7 +116,11 @@ class WandbLogger:
 
 
 def open_wandb(cfg: LoggingConfig, run_dir: Path, run_config: dict[str, Any], resume: bool = False):
-    """Start (or, when resuming, reopen) this job's single W&B run; None when disabled or unavailable."""
+    """Start (or, when resuming, reopen) this job's single W&B run; None when disabled or unavailable.
+
+    W&B's files go under ``$WANDB_DIR/wandb`` when the user sets it (clusters point it at scratch
+    space), else under ``run_dir/wandb``; the run id file that resuming needs stays in ``run_dir``.
+    """
     mode = resolve_mode(cfg.wandb_mode)
     if mode == "disabled":
         return None
@@ -127,26 +132,27 @@ def open_wandb(cfg: LoggingConfig, run_dir: Path, run_config: dict[str, Any], re
         warn(f"wandb cannot be imported ({type(exc).__name__}: {exc}); logging to metrics.jsonl only. "
              "`pip install wandb` to enable it")
         return None
-    for var in ("WANDB_MODE", "WANDB_PROJECT"):  # set-but-empty makes wandb's settings validation fail
+    for var in ("WANDB_MODE", "WANDB_PROJECT", "WANDB_DIR"):  # set-but-empty makes wandb's settings fail
         if os.environ.get(var) == "":
             del os.environ[var]
+    wandb_dir = os.environ.get("WANDB_DIR", str(run_dir))
     id_file = run_dir / RUN_ID_FILE
     run_id = id_file.read_text().strip() if resume and id_file.is_file() else new_run_id()
     kwargs = dict(
         project=os.environ.get("WANDB_PROJECT", cfg.wandb_project), entity=cfg.wandb_entity,
         group=cfg.wandb_group, tags=list(cfg.wandb_tags) or None, name=cfg.run_name, id=run_id,
-        resume="allow", dir=str(run_dir), config=redact(run_config), reinit="finish_previous",
+        resume="allow", dir=wandb_dir, config=redact(run_config), reinit="finish_previous",
         settings=wandb.Settings(init_timeout=float(os.environ.get("WANDB_INIT_TIMEOUT", 60)), console="off",
                                 silent=True),
     )
-    run = _init(wandb, mode, kwargs, run_dir)
+    run = _init(wandb, mode, kwargs)
     if run is None:
         return None
     id_file.write_text(run.id + "\n")
     return WandbLogger(run)
 
 
-def _init(wandb, mode: str, kwargs: dict[str, Any], run_dir: Path):
+def _init(wandb, mode: str, kwargs: dict[str, Any]):
     try:
         return wandb.init(mode=mode, **kwargs)
     except Exception as exc:  # noqa: BLE001 - W&B raises many types; none may end the run
@@ -154,7 +160,7 @@ def _init(wandb, mode: str, kwargs: dict[str, Any], run_dir: Path):
     if mode != "online":
         warn(f"W&B could not start ({reason}); logging to metrics.jsonl only")
         return None
-    warn(f"W&B online mode could not start ({reason}); logging offline to {run_dir}/wandb instead - "
+    warn(f"W&B online mode could not start ({reason}); logging offline to {kwargs['dir']}/wandb instead - "
          "upload later with `wandb sync`")
     try:
         return wandb.init(mode="offline", **kwargs)

@@ -7,6 +7,23 @@ import torch.nn.functional as F
 
 from scale_ocr.vocab import Vocab
 
+FRAME_WIDTH = 4  # input columns per CTC frame in every registered model: CRNN strides W/4, ViTSTR patches 4 wide
+
+
+def ctc_frames(input_size: tuple[int, int]) -> int:
+    """CTC frames the models emit for an ``(H, W)`` input: one per ``FRAME_WIDTH`` columns."""
+    return input_size[1] // FRAME_WIDTH
+
+
+def ctc_frames_needed(word: str) -> int:
+    """The fewest frames CTC can align ``word`` to: one per character, plus a blank between repeats.
+
+    Greedy decoding merges equal neighbouring frames, so the "ll" of "hello" needs "l", blank, "l".
+    A word needing more frames than the model emits has no alignment: its loss is infinite (zeroed
+    by ``zero_infinity``), so it would silently teach the model nothing.
+    """
+    return len(word) + sum(a == b for a, b in zip(word, word[1:], strict=False))
+
 
 def ctc_loss(logits: torch.Tensor, targets: torch.Tensor, target_lengths: torch.Tensor,
              reduction: str = "mean") -> torch.Tensor:

@@ -1,0 +1,167 @@
+"""Read torch.distributed.checkpoint (DCP) folders without ever executing code from them.
+
+Stock DCP unpickles ``.metadata`` with plain :mod:`pickle` and the non-tensor entries (optimizer
+hyper-parameters) with ``torch.load(weights_only=False)``: a crafted checkpoint could run anything
+the moment it is loaded. Here ``.metadata`` goes through an unpickler that resolves only the classes
+DCP writes there (below), bytes entries and ``rng_rank*.pt`` through ``torch.load(weights_only=True)``,
+and anything else is refused with one line before it runs. Tensors were already read with
+``weights_only=True`` by DCP itself. Callers check ``manifest.json`` (:mod:`scale_ocr.manifest`) first.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+from scale_ocr.errors import UserError
+
+# Everything a .metadata written by torch 2.x references (found by logging find_class on real ones):
+# the DCP dataclasses, and what their fields hold. None of these runs code when called with data.
+_ALLOWED: dict[str, frozenset[str]] = {
+    "torch.distributed.checkpoint.metadata": frozenset({
+        "Metadata", "StorageMeta", "MetadataIndex", "ChunkStorageMetadata", "TensorStorageMetadata",
+        "BytesStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING"}),
+    "torch.distributed.checkpoint.filesystem": frozenset({"_StorageInfo"}),  # file, offset, length of an entry
+    "torch": frozenset({"Size"}),  # shapes and offsets; dtypes are checked by type below
+    "torch.serialization": frozenset({"_get_layout"}),  # torch.strided etc. pickle as a name lookup
+    "pathlib": frozenset({"PosixPath"}),  # StorageMeta.checkpoint_id
+    "pathlib._local": frozenset({"PosixPath"}),  # the same, pickled by Python >= 3.13
+}
+_CRAFTED = "which a checkpoint never holds; refusing to load it (it may have been crafted to run code): " \
+           "use a checkpoint written by scale-ocr"
+
+
+class _Refused(Exception):
+    """A pickle referred to a global outside the allow-list; carries its dotted name."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    # Names must match exactly, so dotted lookups such as "PosixPath.touch" (protocol 4) are refused.
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _ALLOWED.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise _Refused(f"{module}.{name}")
+
+
+def read_metadata_file(path: Path) -> Metadata:
+    """Unpickle a DCP ``.metadata`` file, resolving only DCP's own classes.
+
+    Raises:
+        UserError: the file refers to anything else, is not a DCP metadata file, or is damaged.
+    """
+    try:
+        with open(path, "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+    except _Refused as exc:
+        raise UserError(f"checkpoint {path} refers to `{exc}`, {_CRAFTED}") from None
+    except Exception as exc:  # noqa: BLE001 - truncated or garbage pickles raise many types
+        raise UserError(f"checkpoint {path} cannot be read ({type(exc).__name__}); the file is truncated or "
+                        "damaged: use an earlier checkpoints/step_N") from None
+    if not isinstance(metadata, Metadata):
+        raise UserError(f"checkpoint {path} holds a {type(metadata).__name__}, not DCP metadata; {_CRAFTED}")
+    return metadata
+
+
+def load_tensors(path: Path) -> Any:
+    """``torch.load(path, weights_only=True)`` with a refused global reported as one line."""
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise UserError(f"checkpoint file {path} refers to `{_global_of(exc)}`, {_CRAFTED}") from None
+
+
+def _global_of(exc: Exception) -> str:
+    # weights_only's message names the refused global as "GLOBAL module.name" among several paragraphs.
+    found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+    return found.group(1) if found else (str(exc).strip().splitlines() or ["?"])[0][:120]
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """A DCP FileSystemReader whose ``.metadata`` goes through :func:`read_metadata_file` (read once)."""
+
+    _cached: Metadata | None = None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if self._cached is None or kwargs.get("rank") is not None:
+            self._cached = read_metadata_file(Path(self._get_metadata_path(kwargs.get("rank"))))
+        if getattr(self._cached, "storage_meta", None) is None:  # as FileSystemReader does
+            self._cached.storage_meta = StorageMeta()
+        self._cached.storage_meta.load_id = self.load_id
+        return self._cached
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DefaultLoadPlanner with non-tensor entries read by ``torch.load(weights_only=True)``.
+
+    Args:
+        where: the checkpoint folder, for the error message.
+    """
+
+    def __init__(self, where: Path, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.where = where
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        fqn = read_item.dest_index.fqn
+        try:
+            obj = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise UserError(f"checkpoint {self.where}: its entry `{fqn}` refers to `{_global_of(exc)}`, "
+                            f"{_CRAFTED}") from None
+        # What DefaultLoadPlanner.load_bytes (torch 2.14) does with the object, minus the unsafe load.
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
+        else:
+            self.state_dict[fqn] = obj
+
+
+def _user_error_in(exc: CheckpointException) -> UserError | None:
+    # DCP runs each rank's steps under a wrapper that turns any exception into a CheckpointException
+    # holding (exception, traceback) per rank; ours is the sentence to show.
+    for failure in exc.failures.values():
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, UserError):
+            return inner
+    return None
+
+
+def load(state: dict[str, Any], folder: Path, listed: set[str] | None, *, no_dist: bool = False) -> None:
+    """``dcp.load(state, folder)``, executing nothing from the files.
+
+    Every process reads ``.metadata`` on its own before any collective, so all ranks refuse together
+    instead of one raising while the others wait.
+
+    Args:
+        state: the layout to fill in place, as for ``dcp.load``.
+        folder: a ``step_N`` folder whose manifest was verified.
+        listed: what :func:`scale_ocr.manifest.verify_manifest` returned (None: no manifest); every
+            shard ``.metadata`` names must be among these.
+        no_dist: load in this process alone (export, predict).
+
+    Raises:
+        UserError: damaged files, or anything in them that would run code.
+    """
+    reader = SafeFileSystemReader(folder)
+    metadata = reader.read_metadata()  # here, not inside dcp.load: DCP logs a traceback and retries on failure
+    if listed is not None:
+        unlisted = sorted({info.relative_path for info in metadata.storage_data.values()} - listed)
+        if unlisted:
+            raise UserError(f"checkpoint {folder} cannot be read: {unlisted[0]} is not in its manifest.json; "
+                            "the checkpoint is damaged: use an earlier checkpoints/step_N")
+    try:
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(folder), no_dist=no_dist)
+    except CheckpointException as exc:
+        raise (_user_error_in(exc) or exc) from None

@@ -1,0 +1,132 @@
+"""No silent hangs: heartbeats between ranks, a named culprit, and a line a minute on long waits.
+
+A rank that is stopped (SIGSTOP, a hung filesystem, a dead node) leaves its peers blocked inside a
+collective; the backend's own timeout fires late and names no one. Here every rank runs a daemon
+thread that bumps a counter in the job's rendezvous store every few seconds and watches everyone
+else's. When this rank's loop has made no progress for ``--dist-timeout`` seconds *and* a peer's
+counter has not moved for as long, the thread prints one line naming that rank and ends the process
+with :data:`EXIT_PEER_LOST` (the launcher then stops the rest; under ``--max-restarts`` it restarts the
+job, which resumes from its last checkpoint). Counters, not clocks, so hosts need no synchronised
+time. Rank 0 also prints an ``alive`` line whenever a minute passes without a log line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import threading
+import time
+
+from scale_ocr.errors import EXIT_PEER_LOST
+
+ALIVE_EVERY = 60.0  # seconds between "alive" lines while nothing else is printed
+
+
+def _connect_store(timeout: float):
+    """A client of the job's rendezvous store (torchrun's agent, or rank 0's process), None without one."""
+    import torch.distributed as tdist
+
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not host or not port:
+        return None
+    try:
+        return tdist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout),
+                              wait_for_workers=False)
+    except Exception:  # noqa: BLE001 - without a store the job still runs; the backend's timeout remains
+        return None
+
+
+class Watchdog:
+    """Heartbeat thread of one rank.
+
+    Args:
+        rank: this process's global rank.
+        world_size: ranks in the job.
+        timeout: seconds of silence (``--dist-timeout``) before a peer counts as stopped.
+        is_main: rank 0 prints the ``alive`` lines.
+    """
+
+    def __init__(self, rank: int, world_size: int, timeout: float, is_main: bool) -> None:
+        self.rank, self.world, self.timeout, self.is_main = rank, world_size, timeout, is_main
+        self.interval = max(0.5, min(10.0, timeout / 6))
+        now = time.monotonic()
+        self.last_progress = self.last_line = now
+        self.step, self.total = 0, 0
+        self.store = None
+        self._seen: dict[int, tuple[int, float]] = {}  # rank -> (counter, when it last changed)
+        self._store_ok = now
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # Keys are unique per launch attempt: an elastic restart must not read the dead attempt's counters.
+        attempt = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        self.prefix = f"scale_ocr/heartbeat/{attempt}/{os.environ.get('MASTER_PORT', '')}"
+
+    def start(self) -> Watchdog:
+        if self.world > 1:
+            self.store = _connect_store(timeout=max(2.0, 2 * self.interval))
+        self._thread = threading.Thread(target=self._run, name="scale-ocr-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def progress(self, step: int, total: int) -> None:
+        """The loop finished an optimizer step."""
+        self.last_progress = time.monotonic()
+        self.step, self.total = step, total
+
+    def printed(self) -> None:
+        """The loop printed a line itself; no ``alive`` line is needed for a while."""
+        self.last_line = time.monotonic()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.interval + 1)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            now = time.monotonic()
+            stale = self._beat(now)
+            stuck = now - self.last_progress
+            if stale and stuck >= self.timeout:
+                self._fail(stale, stuck)
+            if self.is_main and now - self.last_line >= ALIVE_EVERY:
+                self.last_line = now
+                where = f"step {self.step}/{self.total}" if self.total else "starting"
+                print(f"scale-ocr: alive: {where}, {stuck:.0f} s since the last completed step; "
+                      f"{self.world - len(stale)} of {self.world} ranks responding", file=sys.stderr, flush=True)
+
+    def _beat(self, now: float) -> list[int]:
+        """Bump our counter, read the others'; returns the ranks silent for ``timeout`` (-1: the store)."""
+        if self.store is None:
+            return []
+        try:
+            self.store.add(f"{self.prefix}/{self.rank}", 1)
+            for r in range(self.world):
+                if r == self.rank:
+                    continue
+                value = self.store.add(f"{self.prefix}/{r}", 0)
+                seen = self._seen.get(r)
+                if seen is None or seen[0] != value:
+                    self._seen[r] = (value, now)
+            self._store_ok = now
+        except Exception:  # noqa: BLE001 - the store's host itself may be the stopped process
+            if now - self._store_ok >= self.timeout:
+                return [-1]
+            return []
+        return sorted(r for r, (_, t) in self._seen.items() if now - t >= self.timeout)
+
+    def _fail(self, stale: list[int], stuck: float) -> None:
+        host = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        who = ", ".join(f"rank {r}" if r >= 0 else f"the rendezvous store at {host} (rank 0's process unless "
+                        "torchrun hosts it)" for r in stale)
+        # Every surviving rank sees the same silence; the lowest of them says so, once for the job.
+        survivors = [r for r in range(self.world) if r not in stale and not (r == 0 and -1 in stale)]
+        if survivors and self.rank != min(survivors):
+            os._exit(EXIT_PEER_LOST)
+        print(f"scale-ocr: error: {who} stopped responding: no heartbeat for over {self.timeout:.0f} s "
+              f"(--dist-timeout) while rank {self.rank} waited {stuck:.0f} s at step {self.step}; ending the job. "
+              "The process was stopped, hung or killed: check that host; with --save-every or the default "
+              "timed checkpoints, `--resume auto` continues from the last one",
+              file=sys.stderr, flush=True)
+        os._exit(EXIT_PEER_LOST)

@@ -1,0 +1,155 @@
+"""The run directory and the loop under faults: one job per directory, resume always continues,
+preemption checkpoints, divergence stops with the last good checkpoint. One process, plain python."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, TRAIN, _env, read_jsonl, read_metrics
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from scale_ocr.run_dir import RunLock
+from scale_ocr.train import main
+
+SMALL = ["--strategy", "single", "--train-samples", "32", "--val-samples", "4", "-b", "4", "--max-chars", "5",
+         "--log-every", "2", "--sched", "constant", "--wandb-mode", "disabled"]
+
+
+def _one_line(err: str, kind: str = "error") -> str:
+    lines = [ln for ln in err.splitlines() if ln.startswith(f"scale-ocr: {kind}:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _steps(run_dir: Path) -> list[int]:
+    return [r["step"] for r in read_jsonl(run_dir) if "train/loss" in r]
+
+
+def test_second_job_on_the_same_directory_is_refused(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    holder = RunLock(run_dir)
+    assert holder.acquire() is None  # "another job": flock conflicts across open files, even in one process
+    try:
+        code = main([*SMALL, "--max-steps", "1", "--output-dir", str(run_dir)])
+    finally:
+        holder.release()
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2 and "in use by another scale-ocr job" in line and f"pid {os.getpid()}" in line
+    assert not (run_dir / "config.json").exists()
+
+
+def test_stale_lock_of_a_dead_job_is_taken_over(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / ".scale-ocr.lock").write_text(json.dumps({"pid": 999999, "host": "gone", "argv": ["x"],
+                                                         "started": "yesterday"}))
+    assert main([*SMALL, "--max-steps", "1", "--output-dir", str(run_dir)]) == 0
+    assert read_metrics(run_dir)["steps"] == 1
+
+
+def test_fresh_run_moves_an_earlier_run_aside(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main([*SMALL, "--max-steps", "1", "--output-dir", str(run_dir)]) == 0
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and not p.name.startswith(".")}
+    assert main([*SMALL, "--max-steps", "2", "--output-dir", str(run_dir)]) == 0  # no checkpoint: a new run
+    assert "moved it to" in capsys.readouterr().out
+    (old,) = tmp_path.glob("run.old-*")
+    assert {n: (old / n).read_bytes() for n in before} == before  # the earlier run, byte for byte
+    assert read_metrics(run_dir)["steps"] == 2
+
+
+def test_non_empty_directory_of_something_else_is_refused(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    code = main([*SMALL, "--max-steps", "1", "--output-dir", str(tmp_path)])
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2 and "holds no scale-ocr run" in line and "notes.txt" in line
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_resume_auto_is_the_default_and_metrics_are_not_repeated(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    args = [*SMALL, "--save-every", "2", "--output-dir", str(run_dir)]
+    assert main([*args, "--max-steps", "4"]) == 0
+    # A crash after step 4 was logged but before its checkpoint: step 2 is the newest.
+    ckpts = run_dir / "checkpoints"
+    shutil.rmtree(ckpts / "step_00000004")
+    (ckpts / "latest").write_text("step_00000002\n")
+    (ckpts / "step_00000006.tmp").mkdir()  # and a save interrupted later still
+    capsys.readouterr()
+    assert main([*args, "--max-steps", "6"]) == 0  # no --resume flag
+    out = capsys.readouterr().out
+    assert "at step 2" in out and "step_00000006.tmp" in out and not (ckpts / "step_00000006.tmp").exists()
+    assert _steps(run_dir) == [2, 4, 6]  # step 4 trained twice, logged once
+    assert read_metrics(run_dir)["steps"] == 6
+    # The same command on the finished run: nothing to train is said, not a silent exit 0.
+    code = main([*args, "--max-steps", "6"])
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2 and "nothing to train" in line and "--max-steps" in line
+
+
+def test_diverging_run_stops_with_its_last_good_checkpoint(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    code = main([*SMALL, "--lr", "1e30", "--save-every", "1", "--max-bad-steps", "3", "--max-steps", "8",
+                 "--output-dir", str(run_dir)])
+    err = capsys.readouterr().err
+    line = _one_line(err)
+    assert code == 4 and "training diverged" in line and "step_00000001" in line
+    assert err.count("update skipped on every rank") == 3
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000001"
+    dcp_to_torch_save(str(run_dir / "checkpoints" / "step_00000001"), str(tmp_path / "full.pt"))
+    state = torch.load(tmp_path / "full.pt", weights_only=True)["model"]
+    assert all(torch.isfinite(v).all() for v in state.values() if torch.is_tensor(v) and v.is_floating_point())
+    assert not (run_dir / "last_model.pt").exists() and not (run_dir / "best_model.pt").exists()
+
+
+def _launch(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(TRAIN), *args], cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _signal_after_step(proc: subprocess.Popen, sig: int, step: int = 2) -> tuple[str, str]:
+    """Send ``sig`` once the run printed ``step``; returns (stdout, stderr) after it exits."""
+    out = []
+    for line in proc.stdout:
+        out.append(line)
+        if line.startswith(f"step {step}/"):
+            proc.send_signal(sig)
+            break
+    rest, err = proc.communicate(timeout=120)
+    return "".join(out) + rest, err
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_the_resumed_run_ends_bitwise_equal(tmp_path):
+    common = [*SMALL, "--log-every", "1", "--train-samples", "64", "--max-steps", "10"]
+    straight = subprocess.run([sys.executable, str(TRAIN), *common, "--output-dir", str(tmp_path / "a")], cwd=REPO,
+                              env=_env(), capture_output=True, text=True, timeout=300)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    b = tmp_path / "b"
+    proc = _launch([*common, "--output-dir", str(b)])
+    out, err = _signal_after_step(proc, signal.SIGTERM)
+    line = _one_line(err, "stopped")
+    assert proc.returncode == 75 and "SIGTERM received" in line, err
+    saved = (b / "checkpoints" / "latest").read_text().strip()
+    assert saved in line and int(saved.split("_")[1]) < 10
+    again = subprocess.run([sys.executable, str(TRAIN), *common, "--output-dir", str(b)], cwd=REPO, env=_env(),
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and f"at step {int(saved.split('_')[1])}" in again.stdout, again.stderr[-2000:]
+    wa = torch.load(tmp_path / "a" / "last_model.pt", weights_only=True)
+    wb = torch.load(b / "last_model.pt", weights_only=True)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_ctrl_c_is_one_line(tmp_path):
+    proc = _launch([*SMALL, "--log-every", "1", "--train-samples", "256", "--output-dir", str(tmp_path / "r")])
+    _, err = _signal_after_step(proc, signal.SIGINT, step=1)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == 130 and len(lines) == 1 and lines[0].startswith("scale-ocr: interrupted (Ctrl-C)"), err
