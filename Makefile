@@ -22,7 +22,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/torchrun --nproc_per_node $(NPROC) scale_ocr/train.py --strategy ddp \
 		--train-samples 20480 --val-samples 512 --epochs 3 -b 32 --sched constant --log-every 50 \
-		--output-dir runs/demo
+		--resume none --output-dir runs/demo
 	@cat runs/demo/metrics.json
 
 # Fast suite; FULL=1 (what CI runs) adds the multi-process and learning tests marked slow.

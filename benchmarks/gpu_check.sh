@@ -53,7 +53,7 @@ for s in single dp ddp fsdp zero2 zero3; do
   echo "=== $s"
   start=$(date +%s)
   timeout 150 $PY scale_ocr/train.py --strategy "$s" --precision bf16 --max-steps "$STEPS" \
-      --train-samples 8192 --val-samples 256 -b 64 -j 4 --output-dir "$OUT_DIR/$s" > "$OUT_DIR/$s.log" 2>&1
+      --train-samples 8192 --val-samples 256 -b 64 -j 4 --resume none --output-dir "$OUT_DIR/$s" > "$OUT_DIR/$s.log" 2>&1
   rc=$?
   tail -n 1 "$OUT_DIR/$s.log"
   echo "rc=$rc seconds=$(( $(date +%s) - start ))"

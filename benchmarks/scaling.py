@@ -137,7 +137,7 @@ def command(cfg: Config, suite: Suite, cache: Path, run_dir: Path, group: str, w
     args = [cfg.model, "--strategy", cfg.strategy, "--precision", suite.precision, "-b", str(cfg.batch_size),
             "--max-steps", str(suite.job_steps), "--epochs", "1000", "--data-cache", str(cache), "--no-eval",
             "--profile-steps", str(suite.profile_steps),
-            "--log-every", "1", "--sched", "constant", "--workers", "0", "--output-dir", str(run_dir),
+            "--log-every", "1", "--sched", "constant", "--workers", "0", "--resume", "none", "--output-dir", str(run_dir),
             "--wandb-mode", wandb_mode, "--wandb-group", group, "--run-name", cfg.key.replace("/", "-")]
     if cfg.launcher == "python":
         return [sys.executable, str(TRAIN), *args]

@@ -38,6 +38,9 @@ from scale_ocr.manifest import verify_manifest, write_manifest
 from scale_ocr.strategies import Strategy
 
 STALL_ENV = "SCALE_OCR_TEST_STALL_SAVE"  # tests: seconds to sleep mid-write, to kill a rank there
+# tests: save the state a resumed run loaded before anything else, so a test can compare it bitwise with
+# the checkpoint it came from (another strategy and world size re-shard it on load).
+RESAVE_ENV = "SCALE_OCR_TEST_RESAVE_ON_RESUME"
 
 
 def _barrier() -> None:

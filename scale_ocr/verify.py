@@ -84,7 +84,8 @@ def _train(strategy: str, args, out: Path, extra: list[str]) -> RunResult:
            "--strategy", strategy, "--max-steps", str(n), "--epochs", "1", "-b", str(args.batch_size),
            "--train-samples", str(n * args.batch_size * args.world_size), "--val-samples", "8",
            "--max-chars", "5", "--no-augment", "--log-every", "1", "--lr", str(args.lr), "--seed", "0",
-           "--save-every", str(n), "--keep-last", "1", "--wandb-mode", "disabled", "--output-dir", str(out), *extra]
+           "--save-every", str(n), "--keep-last", "1", "--wandb-mode", "disabled", "--resume", "none",
+           "--output-dir", str(out), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error:" in ln][-1:] or ["failed"]

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
+import socket
 import sys
 import threading
 import time
@@ -49,7 +51,10 @@ class Watchdog:
 
     def __init__(self, rank: int, world_size: int, timeout: float, is_main: bool) -> None:
         self.rank, self.world, self.timeout, self.is_main = rank, world_size, timeout, is_main
-        self.interval = max(0.5, min(10.0, timeout / 6))
+        self.interval = max(0.5, min(5.0, timeout / 20))
+        # A peer's last beat is seen up to two intervals late; judging at timeout - 2 intervals keeps the
+        # whole detection within --dist-timeout of the moment the peer went silent.
+        self.threshold = max(self.interval, timeout - 2 * self.interval)
         now = time.monotonic()
         self.last_progress = self.last_line = now
         self.step, self.total = 0, 0
@@ -65,6 +70,11 @@ class Watchdog:
     def start(self) -> Watchdog:
         if self.world > 1:
             self.store = _connect_store(timeout=max(2.0, 2 * self.interval))
+        if self.store is not None:
+            try:  # where this rank runs, so a peer on the same host can end it if it stops responding
+                self.store.set(f"{self.prefix}/where/{self.rank}", f"{socket.gethostname()} {os.getpid()}")
+            except Exception:  # noqa: BLE001 - only an optimisation of the clean-up
+                pass
         self._thread = threading.Thread(target=self._run, name="scale-ocr-watchdog", daemon=True)
         self._thread.start()
         return self
@@ -88,7 +98,7 @@ class Watchdog:
             now = time.monotonic()
             stale = self._beat(now)
             stuck = now - self.last_progress
-            if stale and stuck >= self.timeout:
+            if stale and stuck >= self.threshold:
                 self._fail(stale, stuck)
             if self.is_main and now - self.last_line >= ALIVE_EVERY:
                 self.last_line = now
@@ -111,16 +121,31 @@ class Watchdog:
                     self._seen[r] = (value, now)
             self._store_ok = now
         except Exception:  # noqa: BLE001 - the store's host itself may be the stopped process
-            if now - self._store_ok >= self.timeout:
+            if now - self._store_ok >= self.threshold:
                 return [-1]
             return []
-        return sorted(r for r, (_, t) in self._seen.items() if now - t >= self.timeout)
+        return sorted(r for r, (_, t) in self._seen.items() if now - t >= self.threshold)
+
+    def _end_local(self, stale: list[int]) -> None:
+        """SIGKILL silent peers on this host: a stopped process ignores the launcher's SIGTERM, which would
+        leave the job waiting (torchrun waits 30 s) for a rank that can no longer take part."""
+        for r in stale:
+            key = f"{self.prefix}/where/{r}"
+            try:
+                if r < 0 or not self.store.check([key]):  # get() would wait for a missing key
+                    continue
+                host, pid = self.store.get(key).decode().split()
+                if host == socket.gethostname() and int(pid) != os.getpid():
+                    os.kill(int(pid), signal.SIGKILL)
+            except Exception:  # noqa: BLE001 - no record, another host, or already gone
+                pass
 
     def _fail(self, stale: list[int], stuck: float) -> None:
         host = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         who = ", ".join(f"rank {r}" if r >= 0 else f"the rendezvous store at {host} (rank 0's process unless "
                         "torchrun hosts it)" for r in stale)
         # Every surviving rank sees the same silence; the lowest of them says so, once for the job.
+        self._end_local(stale)
         survivors = [r for r in range(self.world) if r not in stale and not (r == 0 and -1 in stale)]
         if survivors and self.rank != min(survivors):
             os._exit(EXIT_PEER_LOST)

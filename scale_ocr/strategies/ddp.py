@@ -12,6 +12,7 @@ from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import StepStats, Strategy
 from scale_ocr.strategies.common import (
     TorchStepper,
+    broadcast_buffers,
     dense_clip,
     dense_grad_norm,
     make_scaler,
@@ -58,6 +59,11 @@ class DDP(Strategy):
         return self.stepper.step()
 
     def checkpoint_state(self) -> dict[str, Any]:
+        # DDP broadcasts rank 0's buffers before each forward, but the forward then updates every rank's
+        # BatchNorm statistics on its own batch; DCP saves one rank's copy of a replicated tensor, not
+        # necessarily rank 0's. Giving every rank rank 0's now makes the checkpoint the model rank 0 holds,
+        # so a resumed run continues bitwise whichever rank the copy came from.
+        broadcast_buffers(self.module)
         return torch_checkpoint_state(self.module, self.optimizer)
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:

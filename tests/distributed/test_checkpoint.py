@@ -14,6 +14,7 @@ import torch
 from conftest import BIN, REPO, TRAIN, _env, python_train, read_jsonl, torchrun_train
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from scale_ocr.checkpoint import RESAVE_ENV
 from scale_ocr.distributed import free_port
 
 BASE = ["--train-samples", "64", "--val-samples", "16", "-b", "4", "--log-every", "2", "--max-chars", "5",
@@ -60,10 +61,10 @@ def saved(tmp_path_factory):
     return get
 
 
-def _launch(strategy: str, world: int, args: list[str]):
+def _launch(strategy: str, world: int, args: list[str], **kw):
     if world == 2:
-        return torchrun_train(["--strategy", strategy, *BASE, *args])
-    return python_train(["--strategy", strategy, *BASE, "-b", "8", *args])
+        return torchrun_train(["--strategy", strategy, *BASE, *args], **kw)
+    return python_train(["--strategy", strategy, *BASE, "-b", "8", *args], **kw)
 
 
 def read_checkpoint(path: Path) -> dict[str, object]:
@@ -87,14 +88,13 @@ def test_resume_matrix(saver, resumer, world, saved, tmp_path, ddp_straight):
     meta = json.loads((ckpt / "trainer.json").read_text())
     assert meta["step"] == 4 and meta["world_size"] == 2 and meta["arch"] == "crnn_mobilenet_v3_small"
 
-    # 1. Optimizer state survives the move intact. Resuming with --max-steps at the checkpoint's step
-    # trains nothing and saves at once, so the new run's checkpoint is exactly what the resumer loaded,
-    # re-sharded by its own engine: every tensor (weights, Adam step/exp_avg/exp_avg_sq) must be equal.
+    # 1. Optimizer state survives the move intact. The test hook saves what the resumer loaded, re-sharded
+    # by its own engine, before anything else; resuming at --max-steps 4 then says there is nothing to train
+    # (exit 2). Every tensor (weights, Adam step/exp_avg/exp_avg_sq) must be equal.
     same = tmp_path / "same"
-    proc = _launch(resumer, world, ["--max-steps", "4", "--save-every", "4", "--resume", str(ckpt),
-                                    "--output-dir", str(same)])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"resumed from {ckpt} at step 4" in proc.stdout
+    proc = _launch(resumer, world, ["--max-steps", "4", "--resume", str(ckpt), "--output-dir", str(same)],
+                   env={**_env(), RESAVE_ENV: "1"})
+    assert proc.returncode == 2 and "nothing to train" in proc.stderr, proc.stderr[-3000:]
     before, after = read_checkpoint(ckpt), read_checkpoint(same / "checkpoints" / "step_00000004")
     assert before.keys() == after.keys()
     tensors = [k for k, v in before.items() if isinstance(v, torch.Tensor)]
@@ -115,6 +115,20 @@ def test_resume_matrix(saver, resumer, world, saved, tmp_path, ddp_straight):
     else:
         # One process sees the global batch of 8 at once: BatchNorm statistics change, so only closeness.
         assert ours[6] == pytest.approx(ref[6], rel=0.05)
+
+
+@pytest.mark.slow
+def test_resume_at_another_world_size_and_batch_trains_the_rest(saved, tmp_path):
+    """ddp x2 (global batch 8) saved at step 4 = 32 samples into epoch 1; one process at batch 4 continues from
+    those 32 samples (its step 8) through both epochs (its step 32), not to the saved run's step count."""
+    dst = tmp_path / "dst"
+    proc = python_train(["--strategy", "single", *BASE, "-b", "4", "--max-steps", "100", "--resume", str(saved("ddp")),
+                         "--output-dir", str(dst)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "at step 4 (epoch 1, 32 samples into it; step 8 at this run's global batch of 4 instead of 8)" in proc.stdout
+    metrics = json.loads((dst / "metrics.json").read_text())
+    assert metrics["steps"] == 32 and metrics["epochs"] == 2
+    assert [r["step"] for r in read_jsonl(dst) if "train/loss" in r][0] == 10  # first log after step 8 (every 2)
 
 
 EXACT = [("single", 1, 0.0), ("ddp", 2, 0.0), ("zero2", 2, 1e-6), ("fsdp", 2, 1e-6)]

@@ -1,0 +1,118 @@
+"""Faults of multi-process jobs: a stopped rank is named within --dist-timeout, and a rank killed on one of
+two (simulated) nodes under ``torchrun --max-restarts`` resumes and ends with an uninterrupted run's weights."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import BIN, REPO, TRAIN, _env
+
+from scale_ocr.distributed import free_port
+
+ARGS = ["--strategy", "ddp", "--train-samples", "128", "--val-samples", "8", "-b", "4", "--max-chars", "5",
+        "--log-every", "1", "--sched", "constant", "--wandb-mode", "disabled", "--epochs", "1"]
+
+
+def _worker_pids(run_dir: Path) -> list[int]:
+    """The training processes (not the launchers) of a run, oldest first."""
+    found = subprocess.run(["pgrep", "-f", "--", f"train.py .*--output-dir {run_dir}"], capture_output=True, text=True)
+    pids = [int(p) for p in found.stdout.split()]
+    workers = []
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not any(b"torchrun" in c or b"torch.distributed.run" in c for c in cmd[:2]):
+            workers.append(pid)
+    return sorted(workers)
+
+
+def _wait_for(predicate, timeout: float, procs) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline and all(p.poll() is None for p in procs), "the job never got there"
+        time.sleep(0.3)
+
+
+@pytest.mark.slow
+def test_stopped_rank_ends_the_job_naming_it(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
+           str(free_port()), str(TRAIN), *ARGS, "--train-samples", "4096", "--dist-timeout", "10",
+           "--output-dir", str(run_dir)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("step 2/"):
+                break
+        workers = _worker_pids(run_dir)
+        assert len(workers) == 2
+        stopped_at = time.time()
+        os.kill(workers[-1], signal.SIGSTOP)  # the youngest worker: local rank 1
+        _, err = proc.communicate(timeout=10 + 30 + 30)
+        elapsed = time.time() - stopped_at
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    lines = [ln for ln in err.splitlines() if ln.startswith("scale-ocr: error:")]
+    assert len(lines) == 1 and "rank 1 stopped responding" in lines[0] and "--dist-timeout" in lines[0], err
+    assert proc.returncode != 0 and elapsed < 10 + 30, elapsed
+
+
+def _two_nodes(run_dir: Path, port: int, extra: list[str]) -> list[subprocess.Popen]:
+    """Two torchrun agents on 127.0.0.1, one rank each: two simulated nodes. They meet through the c10d
+    rendezvous, the one that supports restarts across nodes (with the static one, selected by --node_rank,
+    a restarted node cannot rejoin); node ranks are then assigned by the rendezvous."""
+    procs = []
+    for _ in (0, 1):
+        cmd = [str(BIN / "torchrun"), "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_dir.name, *extra, str(TRAIN), *ARGS,
+               "--save-every", "2", "--output-dir", str(run_dir)]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, start_new_session=True))
+    return procs
+
+
+def _finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[str]:
+    """Both agents' output once they exit (killed, and their output kept, if they outlive ``timeout``)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.5)
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return [p.communicate()[0] for p in procs]
+
+
+@pytest.mark.slow
+def test_killed_rank_on_one_of_two_nodes_restarts_and_matches_an_uninterrupted_run(tmp_path):
+    straight = tmp_path / "straight"
+    outs = _finish(_two_nodes(straight, free_port(), []))
+    assert all(p_out and "Traceback" not in p_out for p_out in outs[:1]), outs[0][-2000:]
+    assert (straight / "last_model.pt").is_file(), outs
+
+    run_dir = tmp_path / "killed"
+    procs = _two_nodes(run_dir, free_port(), ["--max-restarts", "1"])
+    _wait_for(lambda: (run_dir / "checkpoints" / "step_00000004").is_dir(), 240, procs)
+    victim = [pid for pid in _worker_pids(run_dir)
+              if str(procs[1].pid) in Path(f"/proc/{pid}/stat").read_text().split()[3:4]]
+    assert victim, "no worker of node 1"
+    os.kill(victim[0], signal.SIGKILL)
+    outs = _finish(procs)
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[-1500:] for o in outs)
+    assert "resumed from" in outs[0] + outs[1]
+    wa = torch.load(straight / "last_model.pt", weights_only=True)
+    wb = torch.load(run_dir / "last_model.pt", weights_only=True)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
