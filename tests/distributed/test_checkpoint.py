@@ -90,11 +90,11 @@ def test_resume_matrix(saver, resumer, world, saved, tmp_path, ddp_straight):
 
     # 1. Optimizer state survives the move intact. The test hook saves what the resumer loaded, re-sharded
     # by its own engine, before anything else; resuming at --max-steps 4 then says there is nothing to train
-    # (exit 2). Every tensor (weights, Adam step/exp_avg/exp_avg_sq) must be equal.
+    # (exit 2; torchrun reports a failed worker as 1). Every tensor (weights, Adam step/exp_avg/exp_avg_sq) must be equal.
     same = tmp_path / "same"
     proc = _launch(resumer, world, ["--max-steps", "4", "--resume", str(ckpt), "--output-dir", str(same)],
                    env={**_env(), RESAVE_ENV: "1"})
-    assert proc.returncode == 2 and "nothing to train" in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode != 0 and "nothing to train" in proc.stderr, proc.stderr[-3000:]  # torchrun: 1
     before, after = read_checkpoint(ckpt), read_checkpoint(same / "checkpoints" / "step_00000004")
     assert before.keys() == after.keys()
     tensors = [k for k, v in before.items() if isinstance(v, torch.Tensor)]
@@ -171,6 +171,7 @@ def test_killed_save_leaves_previous_checkpoint(tmp_path):
            "--strategy", "fsdp", *BASE, "--save-every", "2", "--output-dir", str(run_dir)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
+    workers: list[int] = []
     try:
         deadline = time.time() + 240
         while not (run_dir / "checkpoints" / "step_00000004.tmp").is_dir():
@@ -183,6 +184,12 @@ def test_killed_save_leaves_previous_checkpoint(tmp_path):
         workers = [int(p) for p in ranks.stdout.split() if int(p) != proc.pid]
         os.kill(max(workers), signal.SIGKILL)
     finally:
+        # The whole job dies: a rank left running would still hold the run directory's lock (rightly).
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -72,34 +72,41 @@ def test_stopped_rank_ends_the_job_naming_it(tmp_path):
 def _two_nodes(run_dir: Path, port: int, extra: list[str]) -> list[subprocess.Popen]:
     """Two torchrun agents on 127.0.0.1, one rank each: two simulated nodes. They meet through the c10d
     rendezvous, the one that supports restarts across nodes (with the static one, selected by --node_rank,
-    a restarted node cannot rejoin); node ranks are then assigned by the rendezvous."""
+    a restarted node cannot rejoin); node ranks are then assigned by the rendezvous. Output goes to files:
+    a pipe nobody reads while waiting would fill up and block the job."""
     procs = []
-    for _ in (0, 1):
+    for node in (0, 1):
         cmd = [str(BIN / "torchrun"), "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d",
                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_dir.name, *extra, str(TRAIN), *ARGS,
                "--save-every", "2", "--output-dir", str(run_dir)]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, start_new_session=True))
+        log = open(run_dir.parent / f"{run_dir.name}.node{node}.log", "w")  # noqa: SIM115 - closed by _finish
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True))
+        procs[-1].log = log
     return procs
 
 
-def _finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[str]:
-    """Both agents' output once they exit (killed, and their output kept, if they outlive ``timeout``)."""
+def _finish(procs: list[subprocess.Popen], run_dir: Path, timeout: float = 240) -> list[str]:
+    """Both agents' output once they exit; agents and workers still running after ``timeout`` are killed."""
     deadline = time.time() + timeout
     while time.time() < deadline and any(p.poll() is None for p in procs):
         time.sleep(0.5)
+    for pid in _worker_pids(run_dir):
+        os.kill(pid, signal.SIGKILL)
     for p in procs:
         try:
             os.killpg(p.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return [p.communicate()[0] for p in procs]
+        p.wait(timeout=30)
+        p.log.close()
+    return [Path(p.log.name).read_text() for p in procs]
 
 
 @pytest.mark.slow
 def test_killed_rank_on_one_of_two_nodes_restarts_and_matches_an_uninterrupted_run(tmp_path):
     straight = tmp_path / "straight"
-    outs = _finish(_two_nodes(straight, free_port(), []))
+    outs = _finish(_two_nodes(straight, free_port(), []), straight)
     assert all(p_out and "Traceback" not in p_out for p_out in outs[:1]), outs[0][-2000:]
     assert (straight / "last_model.pt").is_file(), outs
 
@@ -110,9 +117,32 @@ def test_killed_rank_on_one_of_two_nodes_restarts_and_matches_an_uninterrupted_r
               if str(procs[1].pid) in Path(f"/proc/{pid}/stat").read_text().split()[3:4]]
     assert victim, "no worker of node 1"
     os.kill(victim[0], signal.SIGKILL)
-    outs = _finish(procs)
+    outs = _finish(procs, run_dir)
     assert all(p.returncode == 0 for p in procs), "\n".join(o[-1500:] for o in outs)
     assert "resumed from" in outs[0] + outs[1]
     wa = torch.load(straight / "last_model.pt", weights_only=True)
     wb = torch.load(run_dir / "last_model.pt", weights_only=True)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.slow
+def test_sigterm_to_torchrun_checkpoints_on_every_rank_and_resumes(tmp_path):
+    """torchrun forwards SIGTERM to its workers; they agree on the step, save together and exit 75; the next
+    launch continues from that checkpoint."""
+    run_dir = tmp_path / "run"
+    cmd = [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
+           str(free_port()), str(TRAIN), *ARGS, "--output-dir", str(run_dir)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("step 3/"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    _, err = proc.communicate(timeout=120)
+    lines = [ln for ln in err.splitlines() if ln.startswith("scale-ocr: stopped:")]
+    assert len(lines) == 1 and "SIGTERM received" in lines[0], err
+    saved = (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert saved in lines[0] and {p.name for p in (run_dir / "checkpoints" / saved).glob("rng_rank*.pt")} == {
+        "rng_rank0.pt", "rng_rank1.pt"}
+    again = subprocess.run(cmd[:6] + [str(free_port())] + cmd[7:], cwd=REPO, env=_env(), capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0 and f"at step {int(saved.split('_')[1])}" in again.stdout, again.stderr[-2000:]

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,33 @@ def test_ctrl_c_is_one_line(tmp_path):
     _, err = _signal_after_step(proc, signal.SIGINT, step=1)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert proc.returncode == 130 and len(lines) == 1 and lines[0].startswith("scale-ocr: interrupted (Ctrl-C)"), err
+
+
+def test_sigusr1_checkpoints_and_exits_75(tmp_path):
+    """SLURM's warning before a time limit (``--signal=USR1@T``) stops the run the way SIGTERM does."""
+    run_dir = tmp_path / "r"
+    proc = _launch([*SMALL, "--log-every", "1", "--train-samples", "256", "--output-dir", str(run_dir)])
+    _, err = _signal_after_step(proc, signal.SIGUSR1, step=1)
+    assert proc.returncode == 75 and "SIGUSR1 received" in _one_line(err, "stopped")
+    assert (run_dir / "checkpoints" / "latest").is_file()
+
+
+def test_timed_checkpoints_without_save_every(tmp_path):
+    """--save-minutes (default 10) checkpoints by wall time, and a run that saved ends with a checkpoint."""
+    run_dir = tmp_path / "r"
+    assert main([*SMALL, "--max-steps", "3", "--save-minutes", "0.0001", "--keep-last", "0",
+                 "--output-dir", str(run_dir)]) == 0
+    saved = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
+    assert saved == ["step_00000001", "step_00000002", "step_00000003"]
+
+
+def test_watchdog_prints_an_alive_line_on_long_steps(monkeypatch, capsys):
+    import scale_ocr.watchdog as wd
+
+    monkeypatch.setattr(wd, "ALIVE_EVERY", 0.5)
+    dog = wd.Watchdog(rank=0, world_size=1, timeout=5, is_main=True).start()
+    dog.progress(3, 10)
+    time.sleep(1.6)
+    dog.close()
+    err = capsys.readouterr().err
+    assert "scale-ocr: alive: step 3/10" in err and "1 of 1 ranks responding" in err
