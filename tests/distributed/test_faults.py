@@ -78,7 +78,7 @@ def _two_nodes(run_dir: Path, port: int, extra: list[str]) -> list[subprocess.Po
     for node in (0, 1):
         cmd = [str(BIN / "torchrun"), "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d",
                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_dir.name, *extra, str(TRAIN), *ARGS,
-               "--save-every", "2", "--output-dir", str(run_dir)]
+               "--train-samples", "64", "--save-every", "2", "--output-dir", str(run_dir)]
         log = open(run_dir.parent / f"{run_dir.name}.node{node}.log", "w")  # noqa: SIM115 - closed by _finish
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT, text=True,
                                       start_new_session=True))
