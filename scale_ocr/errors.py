@@ -47,7 +47,8 @@ def is_peer_lost(exc: BaseException) -> bool:
     """A collective failed because another rank died or went silent (gloo/NCCL wording)."""
     text = str(exc)
     return any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-                                   "Timed out waiting", "NCCL communicator was aborted", "DistNetworkError"))
+                                   "Timed out waiting", "NCCL communicator was aborted", "DistNetworkError",
+                                   "wait timeout after"))  # the store: peers never arrived
 
 
 def _one_line(exc: BaseException) -> str:
@@ -64,6 +65,15 @@ def is_out_of_memory(exc: BaseException) -> bool:
     text = str(exc)
     return (type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, MemoryError)
             or "DefaultCPUAllocator: can't allocate memory" in text or "CUDA out of memory" in text)
+
+
+def report_peer_lost(exc: BaseException) -> None:
+    """One line for a collective that failed because a peer is gone. Every survivor sees it and names
+    itself, as none can know who saw it first."""
+    first = str(exc).strip().splitlines()[0][:160]
+    print(f"scale-ocr: error: rank {os.environ.get('RANK', '0')} lost contact with another rank ({first}); "
+          "the job ends: check the other ranks' output; `--resume auto` continues from the last checkpoint",
+          file=sys.stderr, flush=True)
 
 
 def report_user_errors(main: F) -> F:
@@ -91,11 +101,8 @@ def report_user_errors(main: F) -> F:
                 if os.environ.get("RANK", "0") == "0":
                     print(f"scale-ocr: error: {_one_line(exc)}", file=sys.stderr, flush=True)
                 return EXIT_USER_ERROR
-            if is_peer_lost(exc):  # every survivor sees it; each names itself, as it cannot know who is first
-                first = str(exc).strip().splitlines()[0][:160]
-                print(f"scale-ocr: error: rank {os.environ.get('RANK', '0')} lost contact with another rank ({first}); "
-                      "the job ends: check the other ranks' output; `--resume auto` continues from the last "
-                      "checkpoint", file=sys.stderr, flush=True)
+            if is_peer_lost(exc):
+                report_peer_lost(exc)
                 return EXIT_PEER_LOST
             if is_out_of_memory(exc):  # printed by the rank that ran out, whichever it is
                 first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
