@@ -6,7 +6,6 @@ tear the process group down.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from scale_ocr.config import RunConfig
 from scale_ocr.control import StepControl, StopSignal
 from scale_ocr.data.loader import build_data
 from scale_ocr.distributed import DistInfo, destroy_distributed, init_distributed, peek_launch
-from scale_ocr.errors import EXIT_PEER_LOST, is_peer_lost, report_peer_lost, report_user_errors
+from scale_ocr.errors import report_user_errors
 from scale_ocr.models import create_model
 from scale_ocr.optim import LRSchedule, build_optimizer_spec, default_warmup, lr_factor
 from scale_ocr.run_dir import claim
@@ -97,12 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopSignal().install()  # SIGTERM/SIGUSR1: finish the step, checkpoint together, exit 75
     try:
         run(cfg, dist, stop, watchdog)
-    except BaseException as exc:
-        if is_peer_lost(exc):
-            # The peers are gone: tearing the group down can block on them, and an elastic agent that sees
-            # this rank fail at once counts a restart on every node alike. Exit now.
-            report_peer_lost(exc)
-            os._exit(EXIT_PEER_LOST)
+    except BaseException:
         destroy_distributed(clean=False)
         raise
     finally:

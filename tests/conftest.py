@@ -37,6 +37,9 @@ def _env() -> dict[str, str]:
     env["PYTHONPATH"] = str(REPO)
     env["OMP_NUM_THREADS"] = "1"
     env.setdefault("WANDB_MODE", "disabled")
+    # DeepSpeed JIT-builds a CPU op into a cache shared by every venv on the host, so two checkouts' test
+    # runs would keep rebuilding it for each other (a minute each time): each venv keeps its own build.
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
     return env
 
 
