@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from scale_ocr.errors import UserError
+from scale_ocr.round_store import round_store, uses_agent_store
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class DistInfo:
     device: torch.device
     backend: str
     launcher: str
+    round_id: str = ""  # unique to this launch round under torchrun's elastic agent (see round_store)
 
     @property
     def is_main(self) -> bool:
@@ -124,6 +126,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
         # Each local rank gets its share of the cores; oversubscribed threads slow every rank down.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     backend = backend or ("nccl" if use_cuda else "gloo")
+    round_id = ""
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=timeout_s + 60)
         if launcher == "python":
@@ -134,8 +137,12 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
                 if key not in os.environ:
                     os.environ[key] = value
                     _ENV_SET.append(key)
-        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
-    return DistInfo(rank, world, local_rank, local_world, device, backend, launcher)
+        if world > 1 and uses_agent_store():
+            store, round_id = round_store(rank, world, timeout_s)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        else:
+            dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
+    return DistInfo(rank, world, local_rank, local_world, device, backend, launcher, round_id)
 
 
 def destroy_distributed(clean: bool = True) -> None:

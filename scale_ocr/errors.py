@@ -71,8 +71,10 @@ def report_peer_lost(exc: BaseException) -> None:
     """One line for a collective that failed because a peer is gone. Every survivor sees it and names
     itself, as none can know who saw it first."""
     first = str(exc).strip().splitlines()[0][:160]
-    print(f"scale-ocr: error: rank {os.environ.get('RANK', '0')} lost contact with another rank ({first}); "
-          "the job ends: check the other ranks' output; `--resume auto` continues from the last checkpoint",
+    then = ("torchrun restarts the job if it has restarts left (--max-restarts), and it resumes from the last "
+            "checkpoint" if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0
+            else "the job ends: check the other ranks' output; `--resume auto` continues from the last checkpoint")
+    print(f"scale-ocr: error: rank {os.environ.get('RANK', '0')} lost contact with another rank ({first}); {then}",
           file=sys.stderr, flush=True)
 
 

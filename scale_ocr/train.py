@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = resolve_auto(parse_config(argv), *peek_launch())
     check_launch(cfg.strategy, *peek_launch())  # before the rendezvous, which a bad launch could hang
     dist = init_distributed(cfg.strategy.backend, cfg.strategy.dist_timeout)
-    watchdog = Watchdog(dist.rank, dist.world_size, cfg.strategy.dist_timeout, dist.is_main).start()
+    watchdog = Watchdog(dist.rank, dist.world_size, cfg.strategy.dist_timeout, dist.is_main,
+                        dist.round_id).start()
     stop = StopSignal().install()  # SIGTERM/SIGUSR1: finish the step, checkpoint together, exit 75
     try:
         run(cfg, dist, stop, watchdog)

@@ -47,9 +47,10 @@ class Watchdog:
         world_size: ranks in the job.
         timeout: seconds of silence (``--dist-timeout``) before a peer counts as stopped.
         is_main: rank 0 prints the ``alive`` lines.
+        round_id: :attr:`~scale_ocr.distributed.DistInfo.round_id`, the same on every rank of this round.
     """
 
-    def __init__(self, rank: int, world_size: int, timeout: float, is_main: bool) -> None:
+    def __init__(self, rank: int, world_size: int, timeout: float, is_main: bool, round_id: str = "") -> None:
         self.rank, self.world, self.timeout, self.is_main = rank, world_size, timeout, is_main
         self.interval = max(0.5, min(5.0, timeout / 20))
         # A peer's last beat is seen up to two intervals late; judging at timeout - 2 intervals keeps the
@@ -63,9 +64,8 @@ class Watchdog:
         self._store_ok = now
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        # Keys are unique per launch attempt: an elastic restart must not read the dead attempt's counters.
-        attempt = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-        self.prefix = f"scale_ocr/heartbeat/{attempt}/{os.environ.get('MASTER_PORT', '')}"
+        # Keys are unique per launch round: an elastic restart must not read the dead round's counters.
+        self.prefix = f"scale_ocr/heartbeat/{round_id or os.environ.get('MASTER_PORT', '')}"
 
     def start(self) -> Watchdog:
         if self.world > 1:

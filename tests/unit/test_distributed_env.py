@@ -45,3 +45,31 @@ def test_single_process_group_round_trip():
     finally:
         d.destroy_distributed()
     d.destroy_distributed()  # idempotent
+
+
+def test_round_store_skips_the_dead_rounds_address(monkeypatch):
+    """torchrun's agent store still holds the dead round's published address: rank 1 must wait for this
+    round's rank 0 instead of connecting there, and both end up on one store with one round id."""
+    import datetime
+    import threading
+    import time
+
+    import torch.distributed as tdist
+
+    from scale_ocr import round_store as rs
+
+    agent = tdist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=10),
+                           wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(agent.port))
+    agent.set(rs.KEY, f"{d.free_port()} deadround")  # the previous round's rank 0, now gone
+    got = {}
+    peer = threading.Thread(target=lambda: got.update(one=rs.round_store(1, 2, timeout_s=10)))
+    peer.start()
+    time.sleep(1.0)  # rank 1 is reading the stale address meanwhile
+    store0, id0 = rs.round_store(0, 2, timeout_s=10)
+    peer.join(timeout=10)
+    store1, id1 = got["one"]
+    assert id0 == id1 != "deadround"
+    store1.set("hello", "from rank 1")
+    assert store0.get("hello") == b"from rank 1"

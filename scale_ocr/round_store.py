@@ -1,0 +1,82 @@
+"""A fresh key-value store for every round of an elastic (``torchrun --max-restarts``) job.
+
+torchrun's agents hand their workers one TCPStore for the whole job (``TORCHELASTIC_USE_AGENT_STORE``)
+and, as of torch 2.14, the workers' keys in it carry no per-round prefix. After a restart the new
+round's ranks can read the dead round's gloo addresses and fail with "Gloo connectFullMesh failed ...
+Connection refused", so every restart fails the same way and ``--max-restarts`` never resumes a job.
+Nor does ``TORCHELASTIC_RESTART_COUNT`` name the round: an agent restarted by a peer's failure does
+not count it, so nodes disagree.
+
+Here rank 0 serves a new TCPStore each round and publishes ``port round-id`` under one key of the
+agent's store. The other ranks read that key and keep only an address that answers with the same
+round id: a dead round's server no longer answers (the agents stop every worker before a new round
+starts), so a stale value is simply read again until rank 0 of this round has replaced it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+import uuid
+
+import torch.distributed as tdist
+
+from scale_ocr.errors import EXIT_PEER_LOST, RunStopped
+
+KEY = "scale_ocr/round_store"  # in the agent's store: "PORT ROUND_ID" of this round's store
+ROUND_KEY = "scale_ocr/round_id"  # in the round's own store: its round id, to recognise it
+PROBE_S = 1.0  # seconds one connection attempt may take before the published address is read again
+
+
+def uses_agent_store(env=os.environ) -> bool:
+    """Whether the launcher shares one store across restart rounds (torchrun's elastic agent)."""
+    return env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def round_store(rank: int, world_size: int, timeout_s: float) -> tuple[tdist.Store, str]:
+    """This round's store and its id (the same on every rank), served by rank 0's process.
+
+    Args:
+        rank: global rank.
+        world_size: ranks in the job.
+        timeout_s: how long to wait for rank 0 of this round (and the store's own timeout).
+    """
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    timeout = datetime.timedelta(seconds=timeout_s)
+    agent = tdist.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
+    if rank == 0:
+        round_id = uuid.uuid4().hex
+        own = tdist.TCPStore(host, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+        own.set(ROUND_KEY, round_id)
+        agent.set(KEY, f"{own.port} {round_id}")
+        return own, round_id
+    deadline = time.monotonic() + timeout_s
+    while True:
+        own_port, round_id = agent.get(KEY).decode().split()  # waits for the first round's rank 0
+        store = _connect(host, int(own_port), round_id, timeout)
+        if store is not None:
+            return store, round_id
+        if time.monotonic() > deadline:
+            raise RunStopped(f"rank 0 of this round did not start its store (announced at {host}:{port}) within "
+                             f"{timeout_s:.0f} s (--dist-timeout); check rank 0's output and that its host accepts "
+                             "connections", EXIT_PEER_LOST)
+        time.sleep(0.2)
+
+
+def _connect(host: str, port: int, round_id: str, timeout: datetime.timedelta) -> tdist.Store | None:
+    """A client of the store at ``host:port`` if it is the round ``round_id``'s, else None."""
+    try:  # a plain socket first: TCPStore's client logs a C++ stack for every address that does not answer
+        socket.create_connection((host, port), timeout=PROBE_S).close()
+    except OSError:
+        return None
+    try:
+        store = tdist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=PROBE_S),
+                               wait_for_workers=False)
+        if not store.check([ROUND_KEY]) or store.get(ROUND_KEY).decode() != round_id:
+            return None
+    except (RuntimeError, OSError):  # a dead round's server: refused, reset or silent
+        return None
+    store.set_timeout(timeout)
+    return store
