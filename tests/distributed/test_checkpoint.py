@@ -35,13 +35,10 @@ def ddp_straight(tmp_path_factory):
     return run_dir
 
 
-# Every saver at world size 2 resumes under two other strategies: one at world size 2, one on a single
-# process (plain `python`, per-device batch doubled so the global batch stays 8).
-MATRIX = [("ddp", "zero3", 2), ("ddp", "single", 1),
-          ("fsdp", "zero2", 2), ("fsdp", "ddp", 1),
-          ("zero2", "fairscale", 2), ("zero2", "zero3", 1),
-          ("zero3", "fsdp", 2), ("zero3", "single", 1),
-          ("fairscale", "ddp", 2), ("fairscale", "fsdp", 1)]
+# Every saver at world size 2 resumes under another engine: at world size 2, or on a single process (plain
+# `python`, per-device batch doubled so the global batch stays 8). Each engine resumes once, both ways occur.
+MATRIX = [("ddp", "zero3", 2), ("fsdp", "ddp", 1), ("zero2", "fairscale", 2), ("zero3", "single", 1),
+          ("fairscale", "fsdp", 1)]
 
 
 @pytest.fixture(scope="module")
@@ -88,14 +85,14 @@ def test_resume_matrix(saver, resumer, world, saved, tmp_path, ddp_straight):
     meta = json.loads((ckpt / "trainer.json").read_text())
     assert meta["step"] == 4 and meta["world_size"] == 2 and meta["arch"] == "crnn_mobilenet_v3_small"
 
-    # 1. Optimizer state survives the move intact. The test hook saves what the resumer loaded, re-sharded
-    # by its own engine, before anything else; resuming at --max-steps 4 then says there is nothing to train
-    # (exit 2; torchrun reports a failed worker as 1). Every tensor (weights, Adam step/exp_avg/exp_avg_sq) must be equal.
-    same = tmp_path / "same"
-    proc = _launch(resumer, world, ["--max-steps", "4", "--resume", str(ckpt), "--output-dir", str(same)],
-                   env={**_env(), RESAVE_ENV: "1"})
-    assert proc.returncode != 0 and "nothing to train" in proc.stderr, proc.stderr[-3000:]  # torchrun: 1
-    before, after = read_checkpoint(ckpt), read_checkpoint(same / "checkpoints" / "step_00000004")
+    # One resumed run checks both halves. The test hook makes it save what it loaded, re-sharded by its own
+    # engine, before its first step; then it trains on to step 6.
+    dst = tmp_path / "dst"
+    proc = _launch(resumer, world, ["--resume", str(ckpt), "--output-dir", str(dst)], env={**_env(), RESAVE_ENV: "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    # 1. Optimizer state survives the move intact: every tensor (weights, Adam step/exp_avg/exp_avg_sq) is equal.
+    before, after = read_checkpoint(ckpt), read_checkpoint(dst / "checkpoints" / "step_00000004")
     assert before.keys() == after.keys()
     tensors = [k for k, v in before.items() if isinstance(v, torch.Tensor)]
     assert sum(k.startswith("optim.state.") and k.endswith(".exp_avg_sq") for k in tensors) > 50
@@ -105,9 +102,6 @@ def test_resume_matrix(saver, resumer, world, saved, tmp_path, ddp_straight):
 
     # 2. Training continues the uninterrupted DDP curve: same weights, Adam moments, schedule, data
     # position (and, at the same world size, RNG streams).
-    dst = tmp_path / "dst"
-    proc = _launch(resumer, world, ["--resume", str(ckpt), "--output-dir", str(dst)])
-    assert proc.returncode == 0, proc.stderr[-3000:]
     ours, ref = _losses(dst), _losses(ddp_straight)
     assert set(ours) == {6}
     if world == 2:
@@ -131,7 +125,9 @@ def test_resume_at_another_world_size_and_batch_trains_the_rest(saved, tmp_path)
     assert [r["step"] for r in read_jsonl(dst) if "train/loss" in r][0] == 10  # first log after step 8 (every 2)
 
 
-EXACT = [("single", 1, 0.0), ("ddp", 2, 0.0), ("zero2", 2, 1e-6), ("fsdp", 2, 1e-6)]
+# Bitwise for DDP (and, through the SIGTERM test in tests/unit/test_run_faults.py, for one process); FSDP
+# stands for the sharded engines, whose gathers may reorder float sums.
+EXACT = [("ddp", 2, 0.0), ("fsdp", 2, 1e-6)]
 
 
 @pytest.mark.slow
