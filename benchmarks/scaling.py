@@ -211,14 +211,12 @@ PEAK_FLOPS = {"H200": (989e12, 67e12), "H100": (989e12, 67e12), "A100": (312e12,
               "L40S": (362e12, 91.6e12), "A10": (125e12, 31.2e12)}
 
 
-def flops_per_sample(model, input_size: tuple[int, int] = (32, 128)) -> float:
-    """Training FLOPs of one sample (forward + backward), counted by torch's FLOP counter."""
-    import torch
+def flops_per_sample(model, inputs) -> float:
+    """Training FLOPs of one sample (forward + backward) of a 2-sample dummy batch, by torch's FLOP counter."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    images = torch.randn(2, 3, *input_size)
     with FlopCounterMode(display=False) as counter:
-        out = model(images, torch.ones(2, 1, dtype=torch.long), torch.ones(2, dtype=torch.long))
+        out = model(*inputs)
         out["loss"].backward()
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops() / 2
@@ -268,9 +266,10 @@ def predicted(strategy: str, world_size: int, precision: str, model, size) -> di
 def run_suite(suite: Suite, out_dir: Path, preset: str | None, wandb_mode: str, resume: bool = False,
               log=print) -> Path:
     """Run every configuration of ``suite`` into ``out_dir`` and write the report; returns results.jsonl."""
+    from scale_ocr.config import ModelConfig
     from scale_ocr.data.cache import build_cache
     from scale_ocr.memory.estimate import model_size
-    from scale_ocr.models import create_model
+    from scale_ocr.tasks import create_task
     from scale_ocr.vocab import resolve_vocab
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -290,9 +289,10 @@ def run_suite(suite: Suite, out_dir: Path, preset: str | None, wandb_mode: str, 
         log(f"bench: rendering {words} words into {cache}")
         build_cache(cache, words, (32, 128), resolve_vocab("latin"))
     group = out_dir.name
-    models = {m: create_model(m) for m in suite.models}
+    tasks = {m: create_task(ModelConfig(arch=m)) for m in suite.models}
+    models = {m: tasks[m].build_model() for m in suite.models}
     sizes = {m: model_size(models[m]) for m in suite.models}
-    flops = {m: flops_per_sample(models[m]) for m in suite.models}
+    flops = {m: flops_per_sample(models[m], tasks[m].dummy_inputs(2)) for m in suite.models}
     peak = next((v for k, v in PEAK_FLOPS.items() if hw["gpus"] and k in hw["gpus"][0]), None)
     started = time.time()
     for i, cfg in enumerate(jobs, 1):

@@ -48,8 +48,9 @@ def _predict(argv: list[str]) -> int:
     if len(argv) < 2:
         print("usage: scale-ocr predict CHECKPOINT_OR_EXPORT IMAGE...", file=sys.stderr)
         return 2
-    for name, word, conf in predict(load_any(argv[0]), argv[1:]):
-        print(f"{name}\t{word}\t{conf:.4f}")
+    loaded = load_any(argv[0])
+    for result in predict(loaded, argv[1:]):
+        print(loaded.task.format_prediction(result))
     return 0
 
 
