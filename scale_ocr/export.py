@@ -28,6 +28,7 @@ class LoadedModel:
 
     model: nn.Module
     task: Task
+    source: str | None = None  # the file or folder it came from, for messages
 
     @property
     def arch(self) -> str:
@@ -75,7 +76,7 @@ def load_checkpoint_model(path: Path) -> LoadedModel:
         # types; CheckpointException derives from BaseException
         raise UserError(f"checkpoint {ckpt} cannot be read ({type(exc).__name__}); it is damaged or incomplete") from None
     model.load_state_dict(state["model"])
-    return LoadedModel(model.eval(), task)
+    return LoadedModel(model.eval(), task, str(path))
 
 
 def load_export(path: Path) -> LoadedModel:
@@ -100,7 +101,7 @@ def load_export(path: Path) -> LoadedModel:
         model.load_state_dict(tensors)
     except RuntimeError as exc:
         raise UserError(f"{path} does not match {task.arch} ({str(exc).splitlines()[0]})") from None
-    return LoadedModel(model.eval(), task)
+    return LoadedModel(model.eval(), task, str(path))
 
 
 def load_any(path: str | Path) -> LoadedModel:
@@ -110,14 +111,13 @@ def load_any(path: str | Path) -> LoadedModel:
     return load_export(p) if p.is_file() else load_checkpoint_model(p)
 
 
-def export(src: str | Path, out: str | Path) -> Path:
-    """Write ``src``'s model as consolidated fp32 safetensors with its metadata."""
+def save_export(model: nn.Module, task: Task, out: str | Path) -> Path:
+    """Write ``model`` as consolidated fp32 safetensors with ``task``'s identity as metadata (``scale-ocr/2``)."""
     from safetensors.torch import save_file
 
-    loaded = load_any(src)
     tensors = {k: v.detach().float().contiguous() if v.is_floating_point() else v.contiguous()
-               for k, v in loaded.model.state_dict().items()}
-    identity = loaded.task.identity()
+               for k, v in model.state_dict().items()}
+    identity = task.identity()
     # Each identity field also as its own string entry, for readers that do not parse JSON.
     meta = {**{k: v if isinstance(v, str) else json.dumps(v) for k, v in identity.items()},
             "identity": json.dumps(identity), "format": "scale-ocr/2"}
@@ -125,6 +125,12 @@ def export(src: str | Path, out: str | Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out), metadata=meta)
     return out
+
+
+def export(src: str | Path, out: str | Path) -> Path:
+    """Write ``src``'s model as consolidated fp32 safetensors with its metadata."""
+    loaded = load_any(src)
+    return save_export(loaded.model, loaded.task, out)
 
 
 @torch.no_grad()

@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -70,6 +71,10 @@ class Task(ABC):
     @abstractmethod
     def dummy_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
         """A training batch's model arguments with random images (memory and FLOP measurements)."""
+
+    @abstractmethod
+    def benchmark_data(self, work: Path, samples: int, log: Callable[[str], None]) -> list[str]:
+        """``train.py`` flags that feed a benchmark ``samples`` training samples cheaply (built under ``work``)."""
 
     @abstractmethod
     def build_data(self, cfg: DataConfig, batch_size: int, seed: int, dist: DistInfo):
