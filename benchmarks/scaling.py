@@ -23,6 +23,7 @@ import os
 import platform
 import re
 import resource
+import shlex
 import socket
 import statistics
 import subprocess
@@ -54,6 +55,7 @@ class Suite:
     timeout: int = 600
     memory_limit_gb: float | None = None
     profile_steps: int = 2  # after the timed steps: torch.profiler measures the communication share
+    model_args: tuple[tuple[str, str], ...] = ()  # (model, extra train.py flags), e.g. a smaller page size on CPU
 
     @property
     def job_steps(self) -> int:
@@ -63,10 +65,12 @@ class Suite:
 
 PRESETS: dict[str, Suite] = {
     # CPU, minutes: a small CNN and a 21M-parameter ViT (big enough for sharding to show).
-    "quick": Suite(models=("crnn_mobilenet_v3_small", "vitstr_small"), world_sizes=(1, 2), batch_size=8, steps=6,
-                   warmup=2, timeout=300),
+    "quick": Suite(models=("crnn_mobilenet_v3_small", "vitstr_small", "db_mobilenet_v3_large"), world_sizes=(1, 2),
+                   batch_size=8, steps=6, warmup=2, timeout=300,
+                   model_args=(("db_mobilenet_v3_large", "--input-size 256x256"),)),  # CPU: pages are costly
     # One GPU node.
-    "full": Suite(models=("crnn_mobilenet_v3_small", "crnn_vgg16_bn", "vitstr_small", "vitstr_base"),
+    "full": Suite(models=("crnn_mobilenet_v3_small", "crnn_vgg16_bn", "vitstr_small", "vitstr_base",
+                          "db_mobilenet_v3_large"),
                   world_sizes=(1, 2, 4, 8), batch_size=64, steps=50, warmup=10, repeats=3),
     # Models where sharding decides whether it fits at all.
     "large": Suite(models=("vitstr_base", "vitstr_large"),
@@ -131,11 +135,11 @@ def plan(suite: Suite, cores: int, gpus: int) -> list[Config]:
     return jobs
 
 
-def command(cfg: Config, suite: Suite, cache: Path, run_dir: Path, group: str, wandb_mode: str) -> list[str]:
+def command(cfg: Config, suite: Suite, data_args: list[str], run_dir: Path, group: str, wandb_mode: str) -> list[str]:
     from scale_ocr.distributed import free_port
 
     args = [cfg.model, "--strategy", cfg.strategy, "--precision", suite.precision, "-b", str(cfg.batch_size),
-            "--max-steps", str(suite.job_steps), "--epochs", "1000", "--data-cache", str(cache), "--no-eval",
+            "--max-steps", str(suite.job_steps), "--epochs", "1000", *data_args, *shlex.split(dict(suite.model_args).get(cfg.model, "")), "--no-eval",
             "--profile-steps", str(suite.profile_steps),
             "--log-every", "1", "--sched", "constant", "--workers", "0", "--resume", "none", "--output-dir", str(run_dir),
             "--wandb-mode", wandb_mode, "--wandb-group", group, "--run-name", cfg.key.replace("/", "-")]
@@ -211,14 +215,12 @@ PEAK_FLOPS = {"H200": (989e12, 67e12), "H100": (989e12, 67e12), "A100": (312e12,
               "L40S": (362e12, 91.6e12), "A10": (125e12, 31.2e12)}
 
 
-def flops_per_sample(model, input_size: tuple[int, int] = (32, 128)) -> float:
-    """Training FLOPs of one sample (forward + backward), counted by torch's FLOP counter."""
-    import torch
+def flops_per_sample(model, inputs) -> float:
+    """Training FLOPs of one sample (forward + backward) of a 2-sample dummy batch, by torch's FLOP counter."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    images = torch.randn(2, 3, *input_size)
     with FlopCounterMode(display=False) as counter:
-        out = model(images, torch.ones(2, 1, dtype=torch.long), torch.ones(2, dtype=torch.long))
+        out = model(*inputs)
         out["loss"].backward()
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops() / 2
@@ -268,10 +270,9 @@ def predicted(strategy: str, world_size: int, precision: str, model, size) -> di
 def run_suite(suite: Suite, out_dir: Path, preset: str | None, wandb_mode: str, resume: bool = False,
               log=print) -> Path:
     """Run every configuration of ``suite`` into ``out_dir`` and write the report; returns results.jsonl."""
-    from scale_ocr.data.cache import build_cache
+    from scale_ocr.config import ModelConfig
     from scale_ocr.memory.estimate import model_size
-    from scale_ocr.models import create_model
-    from scale_ocr.vocab import resolve_vocab
+    from scale_ocr.tasks import create_task
 
     out_dir.mkdir(parents=True, exist_ok=True)
     results_file = out_dir / "results.jsonl"
@@ -285,14 +286,12 @@ def run_suite(suite: Suite, out_dir: Path, preset: str | None, wandb_mode: str, 
     jobs = plan(suite, cores, gpus)
     words = max(j.batch_size * j.world_size for j in jobs) * suite.job_steps  # one epoch covers every job
     work = work_dir(out_dir)  # run directories, W&B files and the image cache: not part of the results
-    cache = work / f"words-{words}-32x128.pt"
-    if not cache.is_file():
-        log(f"bench: rendering {words} words into {cache}")
-        build_cache(cache, words, (32, 128), resolve_vocab("latin"))
     group = out_dir.name
-    models = {m: create_model(m) for m in suite.models}
+    tasks = {m: create_task(ModelConfig(arch=m)) for m in suite.models}
+    models = {m: tasks[m].build_model() for m in suite.models}
     sizes = {m: model_size(models[m]) for m in suite.models}
-    flops = {m: flops_per_sample(models[m]) for m in suite.models}
+    data_args = {m: tasks[m].benchmark_data(work, words, log) for m in suite.models}
+    flops = {m: flops_per_sample(models[m], tasks[m].dummy_inputs(2)) for m in suite.models}
     peak = next((v for k, v in PEAK_FLOPS.items() if hw["gpus"] and k in hw["gpus"][0]), None)
     started = time.time()
     for i, cfg in enumerate(jobs, 1):
@@ -303,7 +302,7 @@ def run_suite(suite: Suite, out_dir: Path, preset: str | None, wandb_mode: str, 
                    TOKENIZERS_PARALLELISM="false")
         for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(var, None)
-        cmd = command(cfg, suite, cache, run_dir, group, wandb_mode)
+        cmd = command(cfg, suite, data_args[cfg.model], run_dir, group, wandb_mode)
         t0 = time.time()
         try:
             proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=suite.timeout,

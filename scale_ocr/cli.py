@@ -1,12 +1,14 @@
 """``scale-ocr``: the console entry point.
 
 ``scale-ocr train [ARCH] [flags]`` takes exactly the flags of ``scale_ocr/train.py``;
-``scale-ocr models`` and ``scale-ocr strategies`` list what the registries hold.
+``scale-ocr models`` and ``scale-ocr strategies`` list what the registries hold; ``predict --det --reco`` and
+``evaluate-pages`` run page OCR (:mod:`scale_ocr.page_ocr`).
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from scale_ocr.errors import report_user_errors
 
@@ -16,7 +18,11 @@ commands:
   train        train a model (see `scale-ocr train --help`)
   verify       [ARCH] --strategies ddp,fsdp,...: same maths under every strategy, or a non-zero exit
   export       CKPT OUT.safetensors: consolidated fp32 model with its name, vocabulary and input size
-  predict      MODEL IMAGE...: recognise words with a checkpoint or an export
+  predict      MODEL IMAGE...: one model's predictions (words of word crops, or boxes of pages)
+               --det DET --reco RECO PAGE... [--overlay OUT.png | --overlay-dir DIR]: page OCR, one JSON line
+               per page with its words in reading order
+  evaluate-pages  --det DET --reco RECO DIR... [--json]: detection and end-to-end word recall/precision on
+               docTR detection folders whose labels carry words
   estimate-memory  (--model ARCH | --params N) --world-size N: per-rank memory of every strategy
   bench        scaling benchmark (same as `python -m benchmarks.scaling`)
   models       list registered models
@@ -42,14 +48,139 @@ def _export(argv: list[str]) -> int:
     return 0
 
 
+PAGE_OCR_FLAGS = ("--det", "--reco", "--overlay", "--overlay-dir", "-h", "--help")
+
+
 def _predict(argv: list[str]) -> int:
     from scale_ocr.export import load_any, predict
 
+    if any(a.split("=", 1)[0] in PAGE_OCR_FLAGS for a in argv):
+        return _predict_pages(argv)
     if len(argv) < 2:
-        print("usage: scale-ocr predict CHECKPOINT_OR_EXPORT IMAGE...", file=sys.stderr)
+        print("usage: scale-ocr predict CHECKPOINT_OR_EXPORT IMAGE...\n"
+              "       scale-ocr predict --det DET --reco RECO PAGE... (see --help)", file=sys.stderr)
         return 2
-    for name, word, conf in predict(load_any(argv[0]), argv[1:]):
-        print(f"{name}\t{word}\t{conf:.4f}")
+    loaded = load_any(argv[0])
+    for result in predict(loaded, argv[1:]):
+        print(loaded.task.format_prediction(result))
+    return 0
+
+
+def _page_models(args):
+    """Both models, refused before any page is read when either is of the wrong kind."""
+    from scale_ocr.export import load_any
+    from scale_ocr.page_ocr import check_models
+
+    detector, recognizer = load_any(args.det), load_any(args.reco)
+    check_models(detector, recognizer)
+    return detector, recognizer
+
+
+def _overlay_paths(args) -> list[Path] | None:
+    """Where each page's overlay goes; refuses, before any work, a file that exists or two pages on one name."""
+    from scale_ocr.errors import UserError
+
+    if args.overlay and len(args.pages) > 1:
+        raise UserError(f"--overlay writes one page's image but {len(args.pages)} pages were given; pass "
+                        "--overlay-dir DIR to write one PNG per page")
+    if args.overlay:
+        paths = [Path(args.overlay)]
+    elif args.overlay_dir:
+        paths = [Path(args.overlay_dir) / f"{Path(p).stem}.png" for p in args.pages]
+        seen: dict[Path, str] = {}
+        for page, path in zip(args.pages, paths, strict=True):
+            if path in seen:
+                raise UserError(f"{seen[path]} and {page} would both be drawn to {path}; run them in separate "
+                                "commands or rename one")
+            seen[path] = page
+    else:
+        return None
+    for path in paths:
+        if path.exists():
+            raise UserError(f"{path} already exists; remove it or choose another --overlay / --overlay-dir")
+        if path.parent.exists() and not path.parent.is_dir():
+            raise UserError(f"{path.parent} is not a folder; choose another --overlay / --overlay-dir")
+    return paths
+
+
+def _write_overlay(path: Path, image) -> None:
+    from scale_ocr.errors import UserError
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "xb") as f:  # exclusive: never over a file that appeared since the check
+            image.save(f, format="PNG")
+    except FileExistsError:
+        raise UserError(f"{path} already exists; remove it or choose another --overlay / --overlay-dir") from None
+    except OSError as exc:
+        raise UserError(f"{path} cannot be written ({exc.strerror}); choose another --overlay / --overlay-dir") \
+            from None
+
+
+def _predict_pages(argv: list[str]) -> int:
+    import argparse
+    import json
+
+    from scale_ocr.errors import UserError
+    from scale_ocr.page_ocr import overlay, read_pages
+    from scale_ocr.tasks.recognition import open_rgb
+
+    parser = argparse.ArgumentParser(
+        prog="scale-ocr predict", description="Page OCR: prints one JSON object per page, {\"page\": path, "
+        "\"words\": [{\"polygon\", \"text\", \"confidence\", \"box_score\"}, ...]} in reading order. "
+        "(`scale-ocr predict MODEL IMAGE...` prints one model's own predictions.)")
+    parser.add_argument("--det", required=True, metavar="DET_MODEL", help="detection checkpoint, run dir or export")
+    parser.add_argument("--reco", required=True, metavar="RECO_MODEL", help="recognition checkpoint, run dir or export")
+    parser.add_argument("pages", nargs="+", metavar="PAGE", help="page images")
+    out = parser.add_mutually_exclusive_group()
+    out.add_argument("--overlay", metavar="OUT.png", help="draw the words on the (single) page into this PNG")
+    out.add_argument("--overlay-dir", metavar="DIR", help="draw each page's words into DIR/<page name>.png")
+    parser.add_argument("--batch-size", "--batch_size", type=int, default=4, help="pages per detector batch")
+    args = parser.parse_args(argv)
+    missing = next((p for p in args.pages if not Path(p).is_file()), None)
+    if missing:
+        raise UserError(f"{missing} is not a file; pass page images")
+    overlays = _overlay_paths(args)
+    detector, recognizer = _page_models(args)
+    for start in range(0, len(args.pages), args.batch_size):  # a batch at a time, so a big folder streams
+        names = args.pages[start:start + args.batch_size]
+        pages = [open_rgb(n) for n in names]
+        for i, (name, page, words) in enumerate(zip(names, pages, read_pages(detector, recognizer, pages,
+                                                                              args.batch_size), strict=True)):
+            print(json.dumps({"page": name, "words": words}), flush=True)
+            if overlays:
+                _write_overlay(overlays[start + i], overlay(page, words))
+    return 0
+
+
+def _evaluate_pages(argv: list[str]) -> int:
+    import argparse
+    import json
+
+    from scale_ocr.page_ocr import evaluate_pages
+
+    parser = argparse.ArgumentParser(
+        prog="scale-ocr evaluate-pages", description="Detection recall / precision / mean IoU and end-to-end word "
+        "recall / precision (a true word counts when a box matches it at IoU 0.5 and its text is equal) on "
+        "docTR detection folders whose labels.json lists each page's \"words\".")
+    parser.add_argument("--det", required=True, metavar="DET_MODEL", help="detection checkpoint, run dir or export")
+    parser.add_argument("--reco", required=True, metavar="RECO_MODEL", help="recognition checkpoint, run dir or export")
+    parser.add_argument("folders", nargs="+", metavar="DIR", help="docTR detection folders (images/, labels.json)")
+    parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    parser.add_argument("--batch-size", "--batch_size", type=int, default=4, help="pages per detector batch")
+    args = parser.parse_args(argv)
+    detector, recognizer = _page_models(args)
+    m = evaluate_pages(detector, recognizer, args.folders, args.batch_size)
+    if args.json:
+        print(json.dumps(m))
+        return 0
+    rows = [("pages", f"{m['pages']}"), ("true words", f"{m['gt_words']}"), ("detected words", f"{m['pred_words']}"),
+            ("detection recall", f"{m['recall']:.2%}"), ("detection precision", f"{m['precision']:.2%}"),
+            ("detection mean IoU", f"{m['mean_iou']:.4f}"),
+            ("word recall", f"{m['word_recall']:.2%}  (ignoring case {m['ci_word_recall']:.2%})"),
+            ("word precision", f"{m['word_precision']:.2%}  (ignoring case {m['ci_word_precision']:.2%})")]
+    for name, value in rows:
+        print(f"{name:<20} {value}")
     return 0
 
 
@@ -96,6 +227,7 @@ def _estimate_memory(argv: list[str]) -> int:
 
 
 COMMANDS = {"train": _train, "verify": _verify, "export": _export, "predict": _predict,
+            "evaluate-pages": _evaluate_pages,
             "estimate-memory": _estimate_memory, "bench": _bench, "models": _models, "strategies": _strategies}
 
 

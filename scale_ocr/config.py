@@ -50,13 +50,18 @@ def _require_finite(section: Any, *names: str) -> None:
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     arch: str = opt("crnn_mobilenet_v3_small", "model name from the registry (see `scale-ocr models`)", "arch")
-    input_size: tuple[int, int] = opt(
-        (32, 128), "input height x width, e.g. 32x128 (a single number H means Hx4H)", metavar="HxW"
+    input_size: tuple[int, int] | None = opt(
+        None, "input height x width, e.g. 32x128 (a single number H means Hx4H); default: the task's, 32x128 "
+        "for recognition, 512x512 for detection", metavar="HxW"
     )
     vocab: str = opt("latin", "vocabulary: a name (latin, digits, ascii_letters, english, french) or the characters")
     vocab_file: str | None = opt(None, "read the vocabulary's characters from this UTF-8 text file")
 
     def __post_init__(self) -> None:
+        if self.input_size is None:  # a default that depends on the architecture's task, resolved once here
+            from scale_ocr.tasks import task_class
+
+            object.__setattr__(self, "input_size", tuple(task_class(self.arch).default_input_size))
         h, w = self.input_size
         if h < 8 or w < 8:
             raise UserError(f"--input-size {h}x{w} is too small; use at least 8x8, e.g. 32x128")
@@ -77,8 +82,10 @@ class DataConfig:
         (), "validation folder(s) in the same format; synthetic words when omitted",
         aliases=("--val_path",), nargs="+", metavar="DIR",
     )
-    train_samples: int = opt(32768, "number of synthetic training words (ignored with --train-path)")
-    val_samples: int = opt(512, "number of synthetic validation words (ignored with --val-path)")
+    train_samples: int | None = opt(None, "number of synthetic training samples (ignored with --train-path); default: "
+                                    "the task's, 32768 words for recognition, 2048 pages for detection")
+    val_samples: int | None = opt(None, "number of synthetic validation samples (ignored with --val-path); default: "
+                                  "the task's, 512 words, 64 pages")
     min_chars: int = opt(3, "shortest synthetic word", aliases=("--min_chars",))
     max_chars: int = opt(8, "longest synthetic word", aliases=("--max_chars",))
     workers: int | None = opt(
@@ -98,7 +105,8 @@ class DataConfig:
             raise UserError(
                 f"--min-chars {self.min_chars} / --max-chars {self.max_chars}: need 1 <= min-chars <= max-chars"
             )
-        if self.train_samples < 1 or self.val_samples < 1:
+        if (self.train_samples is not None and self.train_samples < 1) or \
+                (self.val_samples is not None and self.val_samples < 1):
             raise UserError("--train-samples and --val-samples must be at least 1")
         if self.workers is not None and self.workers < 0:
             raise UserError(f"--workers {self.workers}: use 0 or more")
@@ -240,21 +248,14 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
-        # Imported here: the models package pulls in torchvision, which parsing flags does not need.
-        from scale_ocr.models.recognition.ctc import ctc_frames
+        from scale_ocr.tasks import task_class
 
-        # CTC needs one frame per character plus a blank between repeated ones, and synthetic words
-        # may repeat every character ("aaaa"), so the longest needs 2 * max_chars - 1 frames. Real
-        # folders are checked word by word at start-up, so only runs that render words are held to it.
-        d = self.data
-        synthetic = not d.data_cache and not (d.train_path and d.val_path)
-        frames, worst = ctc_frames(self.model.input_size), 2 * d.max_chars - 1
-        if synthetic and worst > frames:
-            raise UserError(
-                f"--max-chars {d.max_chars} can give synthetic words needing {worst} CTC frames (a blank "
-                f"between repeated characters) but a {self.model.input_size[1]}-pixel-wide input gives {frames}; "
-                f"lower --max-chars to {(frames + 1) // 2} or widen --input-size"
-            )
+        task = task_class(self.model.arch)
+        train, val = task.default_samples  # defaults that depend on the task, resolved once here
+        if self.data.train_samples is None or self.data.val_samples is None:
+            object.__setattr__(self, "data", dataclasses.replace(
+                self.data, train_samples=self.data.train_samples or train, val_samples=self.data.val_samples or val))
+        task.check_config(self)  # e.g. synthetic words that CTC cannot align
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved configuration as plain JSON-ready data."""

@@ -1,8 +1,9 @@
-"""Turn a training checkpoint into a single-file model, and recognise words with it.
+"""Turn a training checkpoint into a single-file model, and predict with it.
 
 ``scale-ocr export CKPT OUT.safetensors`` reads a checkpoint written under any strategy and world size
-(without starting a process group) and writes the consolidated fp32 weights with the model name,
-vocabulary and input size as metadata. ``scale-ocr predict MODEL IMAGE...`` accepts either file kind.
+(without starting a process group) and writes the consolidated fp32 weights with the model's identity
+(name, input size, and what its task records, such as the vocabulary) as metadata. ``scale-ocr predict
+MODEL IMAGE...`` accepts either file kind; the model's task says what a prediction is.
 Nothing runs code: a checkpoint's manifest is checked and it is read through :mod:`scale_ocr.safe_dcp`,
 exports are safetensors.
 """
@@ -18,17 +19,20 @@ import torch
 from torch import nn
 
 from scale_ocr.errors import UserError
-from scale_ocr.vocab import Vocab
+from scale_ocr.tasks import Task, task_from_identity
 
 
 @dataclass
 class LoadedModel:
-    """A bare model ready for inference plus what is needed to feed and decode it."""
+    """A bare model ready for inference, and its task (which feeds and decodes it)."""
 
     model: nn.Module
-    arch: str
-    vocab: Vocab
-    input_size: tuple[int, int]
+    task: Task
+    source: str | None = None  # the file or folder it came from, for messages
+
+    @property
+    def arch(self) -> str:
+        return self.task.arch
 
 
 def _checkpoint_dir(path: Path) -> Path:
@@ -39,11 +43,9 @@ def _checkpoint_dir(path: Path) -> Path:
     return path
 
 
-def _build(arch: str, chars: str, input_size: tuple[int, int]) -> tuple[nn.Module, Vocab]:
-    from scale_ocr.models import create_model
-
-    vocab = Vocab(chars)
-    return create_model(arch, num_classes=vocab.num_classes, input_size=tuple(input_size)), vocab
+def _build(identity: dict) -> tuple[nn.Module, Task]:
+    task = task_from_identity(identity)
+    return task.build_model(), task
 
 
 def load_checkpoint_model(path: Path) -> LoadedModel:
@@ -60,7 +62,7 @@ def load_checkpoint_model(path: Path) -> LoadedModel:
     listed = verify_manifest(ckpt)  # before reading anything in it
     try:
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        model, vocab = _build(meta["arch"], meta["vocab"], meta["input_size"])
+        model, task = _build(meta)
     except (ValueError, KeyError, TypeError) as exc:  # older checkpoints have no manifest to catch this earlier
         raise UserError(f"{meta_file} is unreadable ({type(exc).__name__}); the checkpoint is damaged") from None
     state = {"model": model.state_dict()}
@@ -74,7 +76,7 @@ def load_checkpoint_model(path: Path) -> LoadedModel:
         # types; CheckpointException derives from BaseException
         raise UserError(f"checkpoint {ckpt} cannot be read ({type(exc).__name__}); it is damaged or incomplete") from None
     model.load_state_dict(state["model"])
-    return LoadedModel(model.eval(), meta["arch"], vocab, tuple(meta["input_size"]))
+    return LoadedModel(model.eval(), task, str(path))
 
 
 def load_export(path: Path) -> LoadedModel:
@@ -88,14 +90,18 @@ def load_export(path: Path) -> LoadedModel:
         tensors = load_file(str(path))
     except Exception as exc:  # noqa: BLE001 - truncated or foreign files
         raise UserError(f"{path} is not a readable safetensors export ({type(exc).__name__})") from None
-    if "arch" not in meta or "vocab" not in meta:
-        raise UserError(f"{path} lacks scale-ocr metadata (arch, vocab); export it with `scale-ocr export`")
-    model, vocab = _build(meta["arch"], meta["vocab"], json.loads(meta["input_size"]))
+    try:
+        identity = (json.loads(meta["identity"]) if "identity" in meta  # scale-ocr/1 exports: recognition only
+                    else {"arch": meta["arch"], "vocab": meta["vocab"], "input_size": json.loads(meta["input_size"])})
+        model, task = _build(identity)
+    except (KeyError, ValueError, TypeError):
+        raise UserError(f"{path} lacks scale-ocr metadata (the model's identity); export it with "
+                        "`scale-ocr export`") from None
     try:
         model.load_state_dict(tensors)
     except RuntimeError as exc:
-        raise UserError(f"{path} does not match {meta['arch']} ({str(exc).splitlines()[0]})") from None
-    return LoadedModel(model.eval(), meta["arch"], vocab, tuple(json.loads(meta["input_size"])))
+        raise UserError(f"{path} does not match {task.arch} ({str(exc).splitlines()[0]})") from None
+    return LoadedModel(model.eval(), task, str(path))
 
 
 def load_any(path: str | Path) -> LoadedModel:
@@ -105,41 +111,29 @@ def load_any(path: str | Path) -> LoadedModel:
     return load_export(p) if p.is_file() else load_checkpoint_model(p)
 
 
-def export(src: str | Path, out: str | Path) -> Path:
-    """Write ``src``'s model as consolidated fp32 safetensors with its metadata."""
+def save_export(model: nn.Module, task: Task, out: str | Path) -> Path:
+    """Write ``model`` as consolidated fp32 safetensors with ``task``'s identity as metadata (``scale-ocr/2``)."""
     from safetensors.torch import save_file
 
-    loaded = load_any(src)
     tensors = {k: v.detach().float().contiguous() if v.is_floating_point() else v.contiguous()
-               for k, v in loaded.model.state_dict().items()}
-    meta = {"arch": loaded.arch, "vocab": loaded.vocab.chars, "input_size": json.dumps(list(loaded.input_size)),
-            "format": "scale-ocr/1"}
+               for k, v in model.state_dict().items()}
+    identity = task.identity()
+    # Each identity field also as its own string entry, for readers that do not parse JSON.
+    meta = {**{k: v if isinstance(v, str) else json.dumps(v) for k, v in identity.items()},
+            "identity": json.dumps(identity), "format": "scale-ocr/2"}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out), metadata=meta)
     return out
 
 
+def export(src: str | Path, out: str | Path) -> Path:
+    """Write ``src``'s model as consolidated fp32 safetensors with its metadata."""
+    loaded = load_any(src)
+    return save_export(loaded.model, loaded.task, out)
+
+
 @torch.no_grad()
-def predict(loaded: LoadedModel, images: list[str], batch_size: int = 64) -> list[tuple[str, str, float]]:
-    """``(image, word, confidence)`` for each image, in batches."""
-    from PIL import Image, UnidentifiedImageError
-
-    from scale_ocr.data.transforms import build_transform
-    from scale_ocr.models.recognition.ctc import ctc_greedy_decode
-
-    tf = build_transform(loaded.input_size, train=False)
-    results = []
-    for i in range(0, len(images), batch_size):
-        chunk = images[i:i + batch_size]
-        tensors = []
-        for name in chunk:
-            try:
-                with Image.open(name) as im:
-                    tensors.append(tf(im.convert("RGB")))
-            except (FileNotFoundError, UnidentifiedImageError, OSError) as exc:
-                raise UserError(f"{name} cannot be read as an image ({type(exc).__name__})") from None
-        logits = loaded.model(torch.stack(tensors))["logits"]
-        words, confs = ctc_greedy_decode(logits, loaded.vocab)
-        results += list(zip(chunk, words, confs, strict=True))
-    return results
+def predict(loaded: LoadedModel, images: list[str], batch_size: int = 64) -> list[dict]:
+    """The task's prediction for each image file, in batches."""
+    return loaded.task.predict(loaded.model, images, batch_size)

@@ -42,7 +42,7 @@ def device_names(dist: DistInfo) -> list[str]:
     return names
 
 
-def describe_run(cfg: RunConfig, dist: DistInfo, strategy, model: nn.Module, data) -> dict[str, Any]:
+def describe_run(cfg: RunConfig, dist: DistInfo, strategy, model: nn.Module, data, task) -> dict[str, Any]:
     """The resolved config plus what was derived at start-up; every rank calls it (it gathers)."""
     return {
         **cfg.to_dict(),  # model, data, optim, train, strategy, output, logging sections
@@ -52,7 +52,7 @@ def describe_run(cfg: RunConfig, dist: DistInfo, strategy, model: nn.Module, dat
         "backend": dist.backend,
         "devices": device_names(dist),
         "num_params": sum(p.numel() for p in model.parameters()),
-        "vocab": data.vocab.chars,
+        **task.describe(),  # task, and e.g. the vocabulary
         "dataset": {"num_train": data.num_train, "num_val": data.num_val, "skipped_samples": data.skipped,
                     "train_labels_sha256": data.labels_sha256},
         "ds_config": strategy.engine_config(),
@@ -68,7 +68,7 @@ def write_run_config(run_dir: Path, doc: dict[str, Any]) -> None:
     (run_dir / "config.json").write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
 
 
-def run_summary_line(s: dict[str, Any], run_dir: Path) -> str:
+def run_summary_line(s: dict[str, Any], run_dir: Path, task) -> str:
     """One line for stdout with the figures people compare (n/a where a value was not measured)."""
     def fmt(key: str, spec: str, scale: float = 1.0) -> str:
         v = s.get(key)
@@ -77,7 +77,7 @@ def run_summary_line(s: dict[str, Any], run_dir: Path) -> str:
     return (
         f"scale-ocr: strategy={s['strategy']} world_size={s['world_size']} global_batch={s['global_batch']} "
         f"steps={s['steps']} train_loss={fmt('train_loss', '.4f')} val_loss={fmt('val_loss', '.4f')} "
-        f"exact_match={fmt('exact_match', '.1f', 100)}% cer={fmt('cer', '.4f')} "
+        f"{task.format_metrics(s)} "
         f"samples/s={fmt('samples_per_sec', '.1f')} peak_mem={fmt('peak_memory_bytes', '.0f', 2**-20)}MiB "
         f"wall={fmt('wall_seconds', '.1f')}s -> {run_dir / 'metrics.json'}"
     )

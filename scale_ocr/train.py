@@ -20,65 +20,63 @@ from scale_ocr.checkpoint import CheckpointManager
 from scale_ocr.cli_args import parse_config
 from scale_ocr.config import RunConfig
 from scale_ocr.control import StepControl, StopSignal
-from scale_ocr.data.loader import build_data
 from scale_ocr.distributed import DistInfo, destroy_distributed, init_distributed, peek_launch
 from scale_ocr.errors import report_user_errors
-from scale_ocr.models import create_model
 from scale_ocr.optim import LRSchedule, build_optimizer_spec, default_warmup, lr_factor
 from scale_ocr.run_dir import claim
 from scale_ocr.run_info import describe_run, run_summary_line, write_run_config
 from scale_ocr.strategies import check_launch, create_strategy
 from scale_ocr.strategies.auto import resolve_auto
+from scale_ocr.tasks import Task, create_task
 from scale_ocr.tracking import build_logger
 from scale_ocr.trainer import Trainer, plan_steps
-from scale_ocr.vocab import Vocab
 from scale_ocr.watchdog import Watchdog
 
 
 def run(cfg: RunConfig, dist: DistInfo, stop: StopSignal, watchdog: Watchdog | None = None) -> dict:
     """Claim the run directory, build every component from its config section and train; returns the summary."""
     strategy = create_strategy(cfg.strategy, dist, cfg.train, cfg.optim)  # validates the launch first
-    vocab = Vocab(cfg.model.charset)
+    task = create_task(cfg.model)
     run_dir = Path(cfg.output.output_dir)
-    checkpoints = CheckpointManager(cfg.checkpoint, run_dir, dist, {"arch": cfg.model.arch, "vocab": vocab.chars,
-                                                                   "input_size": list(cfg.model.input_size)})
+    checkpoints = CheckpointManager(cfg.checkpoint, run_dir, dist, task.identity())
     lock, resume_from = claim(run_dir, checkpoints, dist)  # first, so a second job on this directory stops at once
     try:
-        summary = train(cfg, dist, strategy, vocab, checkpoints, resume_from,
+        summary = train(cfg, dist, strategy, task, checkpoints, resume_from,
                         StepControl(stop, cfg.checkpoint.save_minutes or None, dist.is_main), watchdog)
     finally:
         strategy.teardown()
         lock.release()
     if dist.is_main:
-        print(run_summary_line(summary, run_dir), flush=True)
+        print(run_summary_line(summary, run_dir, task), flush=True)
     return summary
 
 
-def train(cfg: RunConfig, dist: DistInfo, strategy, vocab: Vocab, checkpoints: CheckpointManager,
+def train(cfg: RunConfig, dist: DistInfo, strategy, task: Task, checkpoints: CheckpointManager,
           resume_from: Path | None, control: StepControl, watchdog: Watchdog | None) -> dict:
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank
-    model = create_model(cfg.model.arch, num_classes=vocab.num_classes, input_size=cfg.model.input_size)
+    model = task.build_model()
     torch.manual_seed(cfg.train.seed + 1 + dist.rank)  # per-rank augmentation randomness
-    data = build_data(cfg.data, vocab, cfg.model.input_size, cfg.train.batch_size, cfg.train.seed, dist)
+    data = task.build_data(cfg.data, cfg.train.batch_size, cfg.train.seed, dist)
     wrapped, optimizer = strategy.setup(model, build_optimizer_spec(cfg.optim))
     total = plan_steps(len(data.train_loader) // cfg.train.grad_accum, cfg.train.epochs, cfg.train.max_steps)
     schedule = LRSchedule(optimizer, cfg.optim.lr, lr_factor(cfg.optim.sched, total, default_warmup(cfg.optim, total)))
     run_dir = checkpoints.dir.parent
     meta = checkpoints.load(resume_from, strategy, cfg.train.seed) if resume_from else None
     own = meta is not None and resume_from.resolve().is_relative_to(run_dir.resolve())  # trim its metrics.jsonl
-    described = describe_run(cfg, dist, strategy, model, data)
+    described = describe_run(cfg, dist, strategy, model, data, task)
     if dist.is_main:
         write_run_config(run_dir, described)
     logger = build_logger(cfg.logging, dist.is_main, run_dir, described, resume=meta is not None,
                           keep_records=meta.get("metrics_records") if own else None)
     try:
-        trainer = Trainer(strategy, wrapped, schedule, data, cfg.train, logger, run_dir, total, checkpoints,
+        trainer = Trainer(strategy, wrapped, schedule, data, task, cfg.train, logger, run_dir, total, checkpoints,
                           control, watchdog)
         if meta is not None:
             where = trainer.restore(meta)
             if dist.is_main:
                 print(f"scale-ocr: resumed from {resume_from} {where}", flush=True)
-        summary = {"strategy": cfg.strategy.strategy, "arch": cfg.model.arch, "precision": cfg.train.precision,
+        summary = {"strategy": cfg.strategy.strategy, "arch": cfg.model.arch, "task": task.name,
+                   "train_precision": cfg.train.precision,
                    "launcher": dist.launcher, "backend": dist.backend, "device": str(dist.device),
                    "skipped_samples": sum(data.skipped.values()), **trainer.fit()}
         logger.summary(summary)

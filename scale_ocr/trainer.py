@@ -26,11 +26,11 @@ from scale_ocr.control import EXIT_PREEMPTED, StepControl, StopSignal
 from scale_ocr.data.loader import Data
 from scale_ocr.distributed import all_reduce_max, all_reduce_sum
 from scale_ocr.errors import RunStopped, UserError
-from scale_ocr.evaluation import evaluate
 from scale_ocr.optim import LRSchedule
 from scale_ocr.precision import autocast_factory
 from scale_ocr.profiling import StepProfiler
 from scale_ocr.strategies import Strategy
+from scale_ocr.tasks import Task
 from scale_ocr.watchdog import Watchdog
 
 EXIT_DIVERGED = 4  # --max-bad-steps consecutive non-finite steps
@@ -61,7 +61,7 @@ class RunState:
     epoch_loss: list[torch.Tensor] = field(default_factory=list)
     bad_steps: int = 0  # consecutive steps with a NaN/inf loss or gradient, skipped on every rank
     skipped_steps: int = 0  # all such steps in this run
-    best: tuple[float, float] | None = None  # (exact_match, -val_loss)
+    best: tuple[float, float] | None = None  # Task.score: (headline metric, -val_loss)
     last_eval: dict[str, float] = field(default_factory=dict)
 
 
@@ -84,7 +84,8 @@ class Trainer:
         strategy: an already set-up strategy (``setup`` returned ``model`` and ``optimizer``).
         model: the callable returned by ``strategy.setup``.
         schedule: sets the learning rate for each optimizer step.
-        data: loaders, sampler and vocabulary.
+        data: loaders and sampler.
+        task: evaluates the model and names its metrics (recognition, detection).
         cfg: the train section (batch, accumulation, precision, logging cadence).
         logger: a JSONL/W&B logger on rank 0, a null logger elsewhere.
         run_dir: where models and metrics go.
@@ -94,10 +95,11 @@ class Trainer:
         watchdog: told about each finished step and printed line (heartbeats, hang detection).
     """
 
-    def __init__(self, strategy: Strategy, model: nn.Module, schedule: LRSchedule, data: Data, cfg: TrainConfig,
-                 logger, run_dir: Path, total_steps: int, checkpoints: CheckpointManager | None = None,
+    def __init__(self, strategy: Strategy, model: nn.Module, schedule: LRSchedule, data: Data, task: Task,
+                 cfg: TrainConfig, logger, run_dir: Path, total_steps: int, checkpoints: CheckpointManager | None = None,
                  control: StepControl | None = None, watchdog: Watchdog | None = None) -> None:
         self.strategy, self.model, self.schedule, self.data, self.cfg = strategy, model, schedule, data, cfg
+        self.task = task
         self.logger, self.run_dir, self.total_steps = logger, run_dir, total_steps
         self.checkpoints, self.last_saved = checkpoints, -1
         self.control = control or StepControl(StopSignal(), None, strategy.is_main)
@@ -292,7 +294,7 @@ class Trainer:
             sync = micro == self.cfg.grad_accum - 1
             with self.strategy.no_sync() if not sync else contextlib.nullcontext():
                 with self.autocast():
-                    out = self.model(batch.images, batch.targets, batch.target_lengths)
+                    out = self.model(*batch.inputs)
                 loss = out["loss"].mean()  # DataParallel returns one loss per replica
                 self.strategy.backward(loss)
             total += loss.detach().float()
@@ -336,13 +338,13 @@ class Trainer:
             if state is not None:
                 _save(state, self.run_dir / "last_model.pt")
             return
-        result = evaluate(self.model, self.data.val_loader, self.data.vocab, self.device, self.autocast)
+        result = self.task.evaluate(self.model, self.data.val_loader, self.device, self.autocast)
         self.state.last_eval = result.metrics
         self.logger.log({f"val/{k}": v for k, v in result.metrics.items()} | {"epoch": self.state.epoch},
                         self.state.step)
         self.logger.log_examples(result.examples, self.state.step)
         state = self.strategy.full_state_dict()  # collective: every rank takes part
-        score = (result.metrics["exact_match"], -result.metrics["val_loss"])
+        score = self.task.score(result.metrics)
         # A NaN validation loss (diverged weights) is never "best".
         improved = math.isfinite(score[1]) and (self.state.best is None or score > self.state.best)
         if improved:
@@ -352,9 +354,8 @@ class Trainer:
             if improved:
                 _save(state, self.run_dir / "best_model.pt")
         if self.strategy.is_main:
-            m = result.metrics
-            tqdm.write(f"epoch {self.state.epoch + 1}: val_loss={m['val_loss']:.4f} "
-                       f"exact_match={m['exact_match']:.2%} cer={m['cer']:.4f}")
+            tqdm.write(f"epoch {self.state.epoch + 1}: val_loss={result.metrics['val_loss']:.4f} "
+                       f"{self.task.format_metrics(result.metrics)}")
 
     def finish(self, wall: float) -> dict[str, Any]:
         peak = all_reduce_max(peak_memory_bytes(self.device), self.device)
@@ -371,10 +372,8 @@ class Trainer:
             "epochs": self.state.epoch,
             "train_loss": loss_sum / n if n else None,  # None: nothing trained (resumed at the last step)
             "val_loss": ev.get("val_loss"),
-            "exact_match": ev.get("exact_match"),
-            "ci_match": ev.get("ci_match"),
-            "cer": ev.get("cer"),
-            "best_exact_match": self.state.best[0] if self.state.best else None,
+            **{k: ev.get(k) for k in self.task.metric_names},
+            f"best_{self.task.metric_names[0]}": self.state.best[0] if self.state.best else None,
             "samples_per_sec": sps,
             "peak_memory_bytes": int(peak),
             "peak_reserved_bytes": (int(all_reduce_max(torch.cuda.max_memory_reserved(self.device), self.device))

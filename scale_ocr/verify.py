@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("-b", "--batch-size", type=int, default=4, help="per-rank micro-batch")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--input-size", default=None, metavar="HxW",
+                   help="model input (default: the model's task's; e.g. 128x128 keeps a DBNet check quick on CPU)")
     p.add_argument("--output-dir", default=None, help="keep the runs here (default: a temporary folder)")
     p.add_argument("--extra", action="append", default=[], metavar="STRATEGY=ARGS",
                    help="extra train.py flags for one strategy, e.g. zero2='--lr 2e-3' (experiments, tests)")
@@ -85,7 +87,7 @@ def _train(strategy: str, args, out: Path, extra: list[str]) -> RunResult:
            "--train-samples", str(n * args.batch_size * args.world_size), "--val-samples", "8",
            "--max-chars", "5", "--no-augment", "--log-every", "1", "--lr", str(args.lr), "--seed", "0",
            "--save-every", str(n), "--keep-last", "1", "--wandb-mode", "disabled", "--resume", "none",
-           "--output-dir", str(out), *extra]
+           "--output-dir", str(out), *(["--input-size", args.input_size] if args.input_size else []), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error:" in ln][-1:] or ["failed"]

@@ -12,14 +12,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from scale_ocr.config import DataConfig
-from scale_ocr.data.recognition import RecognitionFolder, ScanReport
-from scale_ocr.data.synthetic import SyntheticWords
-from scale_ocr.data.transforms import build_transform
 from scale_ocr.distributed import DistInfo
 from scale_ocr.errors import UserError
-from scale_ocr.vocab import Vocab
-
-VAL_SEED_OFFSET = 1_000_003  # validation words never overlap the training stream's seeds
 
 
 class EvalShard(Dataset):
@@ -41,12 +35,11 @@ class EvalShard(Dataset):
     def __getitem__(self, i: int):
         j = self.rank + i * self.world
         valid = j < self.total
-        img, word = self.dataset[j if valid else 0]
-        return img, word, valid
+        return (*self.dataset[j if valid else 0], valid)
 
 
 class WithValid(Dataset):
-    """Adds ``valid=True`` to every item so train and eval batches have one shape."""
+    """Appends ``valid=True`` to every item so train and eval batches have one shape."""
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset
@@ -55,8 +48,7 @@ class WithValid(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, i: int):
-        img, word = self.dataset[i]
-        return img, word, True
+        return (*self.dataset[i], True)
 
 
 class ResumableSampler(DistributedSampler):
@@ -83,48 +75,12 @@ class ResumableSampler(DistributedSampler):
 
 
 @dataclass
-class Batch:
-    """A collated batch: images and CTC targets for the model, words and mask for metrics."""
-
-    images: torch.Tensor
-    targets: torch.Tensor
-    target_lengths: torch.Tensor
-    words: list[str]
-    valid: torch.Tensor
-
-    def to(self, device: torch.device) -> Batch:
-        nb = device.type == "cuda"
-        return Batch(self.images.to(device, non_blocking=nb), self.targets.to(device, non_blocking=nb),
-                     self.target_lengths.to(device, non_blocking=nb), self.words, self.valid)
-
-    def __len__(self) -> int:
-        return len(self.words)
-
-
-class Collate:
-    """Stacks images and pads encoded words into a (B, L) target tensor."""
-
-    def __init__(self, vocab: Vocab) -> None:
-        self.vocab = vocab
-
-    def __call__(self, items) -> Batch:
-        images, words, valid = zip(*items, strict=True)
-        encoded = [self.vocab.encode(w) for w in words]
-        lengths = torch.tensor([len(e) for e in encoded], dtype=torch.long)
-        targets = torch.zeros(len(encoded), max(1, int(lengths.max())), dtype=torch.long)
-        for i, e in enumerate(encoded):
-            targets[i, : len(e)] = e
-        return Batch(torch.stack(images), targets, lengths, list(words), torch.tensor(valid))
-
-
-@dataclass
 class Data:
     """Everything the trainer needs from the data side."""
 
     train_loader: DataLoader
     val_loader: DataLoader
     train_sampler: ResumableSampler
-    vocab: Vocab
     num_train: int
     num_val: int
     skipped: dict[str, int]
@@ -147,39 +103,24 @@ def _workers(cfg: DataConfig, dist: DistInfo) -> int:
     return max(0, min(4, (os.cpu_count() or 1) // dist.local_world_size - 1))
 
 
-def build_data(cfg: DataConfig, vocab: Vocab, input_size: tuple[int, int], batch_size: int, seed: int,
-               dist: DistInfo) -> Data:
-    """Build train and validation loaders for this rank."""
-    train_tf = build_transform(input_size, train=True, augment=cfg.augment)
-    val_tf = build_transform(input_size, train=False)
-    report = ScanReport()
-    if cfg.data_cache:
-        from scale_ocr.data.cache import TensorWords
+def build_loaders(train_ds: Dataset, val_ds: Dataset, collate, cfg: DataConfig, batch_size: int, seed: int,
+                  dist: DistInfo, skipped: dict[str, int], labels_sha256: str | None) -> Data:
+    """This rank's train and validation loaders over a task's datasets (items: ``(input, target)`` pairs).
 
-        train_ds = TensorWords(cfg.data_cache, vocab, input_size)
-    elif cfg.train_path:
-        train_ds = RecognitionFolder(cfg.train_path, vocab, cfg.on_bad_sample, train_tf, input_size)
-        report = train_ds.report
-    else:
-        train_ds = SyntheticWords(vocab.chars, cfg.train_samples, cfg.min_chars, cfg.max_chars, seed, train_tf)
-    if cfg.data_cache:
-        val_ds = train_ds  # benchmarks: validation, if any, is not what is measured
-    elif cfg.val_path:
-        val_ds = RecognitionFolder(cfg.val_path, vocab, cfg.on_bad_sample, val_tf, input_size)
-        for k, v in val_ds.report.skipped.items():
-            report.skipped[f"val_{k}"] = v
-    else:
-        val_ds = SyntheticWords(vocab.chars, cfg.val_samples, cfg.min_chars, cfg.max_chars,
-                                seed + VAL_SEED_OFFSET, val_tf)
+    Args:
+        collate: the task's collate function over ``(input, target, valid)`` items.
+        skipped: bad samples skipped at start-up, by reason.
+        labels_sha256: digest of the training labels, None for synthetic data.
+    """
     if len(train_ds) < batch_size * dist.world_size:
         raise UserError(
             f"{len(train_ds)} training samples cannot fill one batch of {batch_size} on each of "
             f"{dist.world_size} ranks; add samples or lower --batch-size"
         )
     sampler = ResumableSampler(train_ds, num_replicas=dist.world_size, rank=dist.rank, shuffle=True,
-                                 seed=seed, drop_last=True)
+                               seed=seed, drop_last=True)
     workers = _workers(cfg, dist)
-    common = dict(collate_fn=Collate(vocab), num_workers=workers, pin_memory=dist.device.type == "cuda",
+    common = dict(collate_fn=collate, num_workers=workers, pin_memory=dist.device.type == "cuda",
                   persistent_workers=workers > 0)
     # The loader draws its workers' base seed from this generator rather than the global RNG, so
     # starting an epoch's iterator does not shift the augmentation stream a resumed run restores.
@@ -188,5 +129,4 @@ def build_data(cfg: DataConfig, vocab: Vocab, input_size: tuple[int, int], batch
                               generator=gen, **common)
     val_loader = DataLoader(EvalShard(val_ds, dist.rank, dist.world_size), batch_size=batch_size, shuffle=False,
                             **common)
-    digest = labels_digest(cfg.train_path) if cfg.train_path else None
-    return Data(train_loader, val_loader, sampler, vocab, len(train_ds), len(val_ds), dict(report.skipped), digest)
+    return Data(train_loader, val_loader, sampler, len(train_ds), len(val_ds), skipped, labels_sha256)

@@ -38,8 +38,8 @@ def model_size(model: nn.Module) -> ModelSize:
     return ModelSize(total, largest)
 
 
-def activation_bytes(model: nn.Module, batch: int, input_size: tuple[int, int], precision: str) -> int:
-    """Bytes autograd saves for backward in one training forward of ``batch`` images (per rank).
+def activation_bytes(model: nn.Module, inputs: tuple[torch.Tensor, ...], precision: str) -> int:
+    """Bytes autograd saves for backward in one training forward of ``inputs`` (a task's dummy batch, per rank).
 
     Counted from the saved tensors themselves (distinct storages), so it is exact on any device and
     independent of allocator caching.
@@ -54,10 +54,8 @@ def activation_bytes(model: nn.Module, batch: int, input_size: tuple[int, int], 
         return t
 
     model.train()
-    images = torch.randn(batch, 3, *input_size)
-    targets = torch.ones(batch, 1, dtype=torch.long)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast_factory(precision, images.device)():
-        out = model(images, targets, torch.ones(batch, dtype=torch.long))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast_factory(precision, inputs[0].device)():
+        out = model(*inputs)
     del out
     return sum(storages.values())
 
@@ -136,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--activations", action="store_true",
                    help="add activations measured from one real forward at --batch-size and --input-size")
     p.add_argument("--batch-size", type=int, default=32, help="per-device batch for --activations")
-    p.add_argument("--input-size", default="32x128", help="HxW for --model and --activations")
+    p.add_argument("--input-size", default=None, help="HxW for --model and --activations (default: the model's task's)")
     p.add_argument("--json", action="store_true", help="machine-readable output (bytes)")
     args = p.parse_args(argv)
     if args.world_size < 1:
@@ -144,17 +142,21 @@ def main(argv: list[str] | None = None) -> int:
     names = args.strategies.split(",") if args.strategies else [
         n for n in list_strategies() if n != "deepspeed" or args.ds_config]
     try:
-        h, w = (int(v) for v in args.input_size.lower().split("x"))
+        size_hw = tuple(int(v) for v in args.input_size.lower().split("x")) if args.input_size else None
+        if size_hw is not None and len(size_hw) != 2:
+            raise ValueError
     except ValueError:
         raise UserError(f"--input-size {args.input_size!r}: expected HxW such as 32x128") from None
     acts, model = None, None
     if args.model:
-        from scale_ocr.models import create_model
+        from scale_ocr.config import ModelConfig
+        from scale_ocr.tasks import create_task
 
-        model = create_model(args.model, input_size=(h, w))
+        task = create_task(ModelConfig(arch=args.model, input_size=size_hw))
+        model = task.build_model()
         size = model_size(model)
         if args.activations:
-            acts = activation_bytes(model, args.batch_size, (h, w), args.precision)
+            acts = activation_bytes(model, task.dummy_inputs(args.batch_size), args.precision)
     else:
         if args.activations:
             raise UserError("--activations needs --model (it runs one forward)")

@@ -26,8 +26,13 @@ def list_models(pattern: str = "*") -> list[str]:
     return sorted(n for n in _MODELS if fnmatch.fnmatch(n, pattern))
 
 
-def create_model(name: str, **kwargs) -> nn.Module:
-    """Build a registered model with random weights (nothing is downloaded)."""
+def builder(name: str) -> Callable[..., nn.Module]:
+    """The registered builder of ``name`` (its attributes, such as ``task``, describe the model)."""
     if name not in _MODELS:
         raise UserError(f"unknown model {name!r}; choose one of: {', '.join(list_models())}")
-    return _MODELS[name](**kwargs)
+    return _MODELS[name]
+
+
+def create_model(name: str, **kwargs) -> nn.Module:
+    """Build a registered model with random weights (nothing is downloaded)."""
+    return builder(name)(**kwargs)

@@ -44,13 +44,12 @@ def runtime_margin(on_gpu: bool) -> int:
 def memory_needs(cfg: RunConfig, world: int) -> tuple[dict[str, int], dict[str, float], int]:
     """Bytes per rank each candidate needs, fastest first; its model state; the measured activations."""
     from scale_ocr.memory.estimate import activation_bytes, estimate, model_size
-    from scale_ocr.models import create_model
-    from scale_ocr.vocab import Vocab
+    from scale_ocr.tasks import create_task
 
-    vocab = Vocab(cfg.model.charset)
-    model = create_model(cfg.model.arch, num_classes=vocab.num_classes, input_size=cfg.model.input_size)
+    task = create_task(cfg.model)
+    model = task.build_model()
     size = model_size(model)
-    acts = activation_bytes(model, cfg.train.batch_size, cfg.model.input_size, cfg.train.precision)
+    acts = activation_bytes(model, task.dummy_inputs(cfg.train.batch_size), cfg.train.precision)
     on_gpu = torch.cuda.is_available() and cfg.strategy.backend != "gloo"
     order = SINGLE_RANK_ORDER if world == 1 else MULTI_RANK_ORDER
     doc = estimate(size, world, cfg.train.precision, list(order), model=model)

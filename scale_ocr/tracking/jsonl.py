@@ -50,9 +50,10 @@ class JsonlLogger:
         self.file.flush()
         self.count += 1
 
-    def log_examples(self, examples: list[tuple[Any, str, str]], step: int) -> None:
-        pairs = [{"target": t, "prediction": p} for _, t, p in examples]
-        self.log({"val/examples": pairs}, step)
+    def log_examples(self, examples: list[dict[str, Any]], step: int) -> None:
+        """Each example row without its images (W&B keeps those)."""
+        rows = [{k: v for k, v in row.items() if not hasattr(v, "shape")} for row in examples]
+        self.log({"val/examples": rows}, step)
 
     def summary(self, metrics: dict[str, Any]) -> None:
         text = json.dumps({k: clean(v) for k, v in metrics.items()}, indent=2)

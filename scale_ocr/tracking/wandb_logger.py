@@ -95,15 +95,18 @@ class WandbLogger:
     def log(self, metrics: dict[str, Any], step: int) -> None:
         self._guard("log", self.run.log, {k: clean(v) for k, v in metrics.items()}, step=step)
 
-    def log_examples(self, examples: list[tuple[Any, str, str]], step: int) -> None:
+    def log_examples(self, examples: list[dict[str, Any]], step: int) -> None:
+        """A table with one row per example; (H, W, 3) arrays become images, the rest stays as it is."""
+        if not examples:
+            return
+
         def table():
             import wandb
 
-            from scale_ocr.data.transforms import denormalize
-
-            t = wandb.Table(columns=["image", "target", "prediction", "correct"])
-            for img, target, pred in examples:
-                t.add_data(wandb.Image(denormalize(img).permute(1, 2, 0).numpy()), target, pred, target == pred)
+            columns = list(examples[0])
+            t = wandb.Table(columns=columns)
+            for row in examples:
+                t.add_data(*(wandb.Image(v) if hasattr(v, "shape") else v for v in (row[c] for c in columns)))
             self.run.log({"val/examples": t}, step=step)
 
         self._guard("table", table)

@@ -24,15 +24,15 @@ def test_export_then_predict_matches_live_model(tmp_path):
     folder = make_folder(tmp_path / "imgs", {f"{i}.png": w for i, w in enumerate(["abc", "word", "42", "XyZ"])})
     images = sorted(str(p) for p in (folder / "images").iterdir())
     exported = load_any(out)
-    assert exported.arch == "crnn_mobilenet_v3_small" and exported.input_size == (32, 128)
+    assert exported.arch == "crnn_mobilenet_v3_small" and exported.task.input_size == (32, 128)
     from_export = predict(exported, images)
 
     # The live model: the bare model with the weights the run saved at its end.
     live = load_any(run_dir)
     live.model.load_state_dict(torch.load(run_dir / "last_model.pt", weights_only=True))
     from_live = predict(live, images)
-    assert [w for _, w, _ in from_export] == [w for _, w, _ in from_live]
-    assert [c for _, _, c in from_export] == pytest.approx([c for _, _, c in from_live], abs=1e-6)
+    assert [r["word"] for r in from_export] == [r["word"] for r in from_live]
+    assert [r["confidence"] for r in from_export] == pytest.approx([r["confidence"] for r in from_live], abs=1e-6)
 
     proc = run_cmd([sys.executable, "-m", "scale_ocr", "predict", str(out), *images])
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,11 +1,12 @@
 import torch
 
-from scale_ocr.config import DataConfig
-from scale_ocr.data.loader import Collate, EvalShard, build_data
+from scale_ocr.config import DataConfig, ModelConfig
+from scale_ocr.data.loader import EvalShard
 from scale_ocr.data.recognition import RecognitionFolder
 from scale_ocr.data.synthetic import SyntheticWords, system_fonts
 from scale_ocr.data.transforms import ResizePad, build_transform
 from scale_ocr.distributed import DistInfo
+from scale_ocr.tasks.recognition import Collate, RecognitionTask
 from scale_ocr.vocab import Vocab, resolve_vocab
 
 
@@ -72,8 +73,8 @@ def test_folder_dataset(word_folder):
 
 def test_train_sampler_gives_disjoint_shards():
     cfg = DataConfig(train_samples=64, val_samples=10)
-    vocab = Vocab(resolve_vocab("latin"))
-    shards = [build_data(cfg, vocab, (32, 128), 4, 0, _dist(r, 2)) for r in range(2)]
+    task = RecognitionTask(ModelConfig())
+    shards = [task.build_data(cfg, 4, 0, _dist(r, 2)) for r in range(2)]
     idx = [set(s.train_sampler) for s in shards]
     assert not idx[0] & idx[1] and len(idx[0] | idx[1]) == 64
     shards[0].train_sampler.set_epoch(1)

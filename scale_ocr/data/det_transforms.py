@@ -1,0 +1,195 @@
+"""Page transforms that move the word polygons with the pixels: resize and pad, crop, rotate, jitter.
+
+Every op takes and returns ``(PIL image, polygons, words)``: polygons are float32 ``(N, 4, 2)`` arrays
+of ``(x, y)`` points in the image's absolute pixels (0..W, 0..H, pixel edges, not centres), and words
+is the parallel list of transcriptions (or empty). Random choices use torch's RNG only, which the
+DataLoader seeds per worker, so augmentation is reproducible exactly like the recognition transforms.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import shapely
+import torch
+from PIL import Image
+from torchvision.transforms import v2 as T
+from torchvision.transforms.v2 import functional as TF
+
+from scale_ocr.data.transforms import MEAN, STD
+
+
+def _uniform(low: float, high: float) -> float:
+    return low + (high - low) * float(torch.rand(()))
+
+
+def rotate_points(polygons: np.ndarray, angle: float, src_size: tuple[int, int],
+                  dst_size: tuple[int, int]) -> np.ndarray:
+    """Where points of a ``src_size`` (W, H) image land once Pillow rotates it by ``angle`` degrees.
+
+    Pillow maps the input centre onto the output centre (``dst_size``, larger when expanded); with y
+    pointing down a counter-clockwise turn on screen is (dx, dy) -> (cos dx + sin dy, -sin dx + cos dy).
+    """
+    c, s = math.cos(math.radians(angle)), math.sin(math.radians(angle))
+    d = np.asarray(polygons, dtype=np.float64) - (src_size[0] / 2, src_size[1] / 2)
+    turned = np.stack([c * d[..., 0] + s * d[..., 1], -s * d[..., 0] + c * d[..., 1]], axis=-1)
+    return (turned + (dst_size[0] / 2, dst_size[1] / 2)).astype(np.float32)
+
+
+def rotate_page(img: Image.Image, polygons: np.ndarray, angle: float, fill: tuple[int, ...],
+                expand: bool) -> tuple[Image.Image, np.ndarray]:
+    """Rotate ``img`` counter-clockwise by ``angle`` degrees about its centre, and the polygons with it.
+
+    Args:
+        expand: grow the canvas so no pixel is cut (augmentation); False keeps the size (a page
+            rendered with room for it).
+    """
+    out = img.rotate(angle, resample=Image.BILINEAR, expand=expand, fillcolor=fill)
+    return out, rotate_points(polygons, angle, img.size, out.size)
+
+
+def border_colour(img: Image.Image) -> tuple[int, ...]:
+    """Median colour of the image's outermost pixels: the paper, for filling rotated corners."""
+    a = np.asarray(img)
+    ring = np.concatenate([a[0], a[-1], a[:, 0], a[:, -1]])
+    return tuple(int(v) for v in np.median(ring, axis=0))
+
+
+def inside_fraction(polygons: np.ndarray, width: float, height: float) -> np.ndarray:
+    """Share of each polygon's area that lies within ``[0, width] x [0, height]`` (0 for an empty one)."""
+    if len(polygons) == 0:
+        return np.zeros(0)
+    geoms = shapely.polygons(polygons.astype(np.float64))
+    area = shapely.area(geoms)
+    cut = shapely.area(shapely.intersection(geoms, shapely.box(0, 0, width, height)))
+    return np.divide(cut, area, out=np.zeros_like(area), where=area > 0)
+
+
+class ResizePage:
+    """Fit the page into ``(H, W)`` keeping its aspect ratio, then pad bottom/right with black.
+
+    docTR's ``preserve_aspect_ratio=True, symmetric_pad=False``: text keeps its shape, and the padding
+    is the zero image docTR's predictor pads with, so a trained model sees the inputs it will get.
+    ``pad=False`` only fits (the first step of a rotation, done at model size rather than full scan size).
+    """
+
+    def __init__(self, size: tuple[int, int], pad: bool = True) -> None:
+        self.h, self.w = size
+        self.pad = pad
+
+    def __call__(self, img: Image.Image, polygons: np.ndarray, words: list[str]):
+        w, h = img.size
+        scale = min(self.h / h, self.w / w)
+        nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
+        if (nw, nh) != (w, h):
+            img = img.resize((nw, nh), Image.BILINEAR)
+            polygons = polygons * np.float32([nw / w, nh / h])  # the exact per-axis factors after rounding
+        if self.pad and (nw, nh) != (self.w, self.h):
+            canvas = Image.new("RGB", (self.w, self.h), (0, 0, 0))
+            canvas.paste(img, (0, 0))
+            img = canvas
+        return img, polygons, words
+
+
+class RandomCrop:
+    """With probability ``p``, keep a random window of the page (later resized: a zoom-in).
+
+    Polygons are shifted into the window and clamped to it; those with less than ``keep`` of their
+    area inside are dropped with their words. A dropped polygon's visible sliver stays unlabelled,
+    the price of not labelling half-letters as words.
+
+    Args:
+        scale: range of the window's area as a share of the page's.
+        ratio: range of the window's aspect (width / height) relative to the page's.
+    """
+
+    def __init__(self, p: float = 0.5, scale: tuple[float, float] = (0.3, 1.0),
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3), keep: float = 0.5) -> None:
+        self.p, self.scale, self.ratio, self.keep = p, scale, ratio, keep
+
+    def window(self, w: int, h: int) -> tuple[int, int, int, int]:
+        """Draw a crop window ``(x0, y0, x1, y1)`` of a ``w`` x ``h`` page from torch's RNG."""
+        area = _uniform(*self.scale)
+        aspect = math.exp(_uniform(math.log(self.ratio[0]), math.log(self.ratio[1])))
+        cw = min(w, max(1, round(w * math.sqrt(area * aspect))))
+        ch = min(h, max(1, round(h * math.sqrt(area / aspect))))
+        x0 = int(torch.randint(0, w - cw + 1, ()))
+        y0 = int(torch.randint(0, h - ch + 1, ()))
+        return x0, y0, x0 + cw, y0 + ch
+
+    def __call__(self, img: Image.Image, polygons: np.ndarray, words: list[str]):
+        if float(torch.rand(())) >= self.p:
+            return img, polygons, words
+        x0, y0, x1, y1 = self.window(*img.size)
+        cw, ch = x1 - x0, y1 - y0
+        img = img.crop((x0, y0, x1, y1))
+        polygons = polygons - np.float32([x0, y0])
+        kept = inside_fraction(polygons, cw, ch) >= self.keep
+        polygons = np.clip(polygons[kept], 0, np.float32([cw, ch]))
+        if len(words) == len(kept):
+            words = [wd for wd, k in zip(words, kept, strict=True) if k]
+        return img, polygons.reshape(-1, 4, 2), words
+
+
+class RandomRotate:
+    """With probability ``p``, turn the page by up to ``degrees`` either way, growing the canvas."""
+
+    def __init__(self, degrees: float = 5.0, p: float = 0.5) -> None:
+        self.degrees, self.p = degrees, p
+
+    def __call__(self, img: Image.Image, polygons: np.ndarray, words: list[str]):
+        if float(torch.rand(())) >= self.p:
+            return img, polygons, words
+        angle = _uniform(-self.degrees, self.degrees)
+        img, polygons = rotate_page(img, polygons, angle, border_colour(img), expand=True)
+        return img, polygons, words
+
+
+class ImageOnly:
+    """Apply an image-only transform (colour jitter) and pass the polygons through."""
+
+    def __init__(self, transform) -> None:
+        self.transform = transform
+
+    def __call__(self, img: Image.Image, polygons: np.ndarray, words: list[str]):
+        return self.transform(img), polygons, words
+
+
+class DetCompose:
+    """Run page ops in order, then turn the image into a normalised float tensor (3, H, W).
+
+    Called as ``transform(img, polygons, words=())`` and returns ``(tensor, polygons, words)``:
+    polygons float32 ``(N, 4, 2)`` in the output tensor's pixels, words filtered alongside.
+    """
+
+    def __init__(self, ops: Sequence) -> None:
+        self.ops = list(ops)
+
+    def __call__(self, img: Image.Image, polygons, words: Sequence[str] = ()):
+        polygons = np.asarray(polygons, dtype=np.float32).reshape(-1, 4, 2)
+        words = list(words)
+        if img.mode != "RGB":  # a grey or palette page: the ops fill and pad with RGB colours
+            img = img.convert("RGB")
+        for op in self.ops:
+            img, polygons, words = op(img, polygons, words)
+        x = TF.normalize(TF.to_dtype(TF.pil_to_tensor(img), torch.float32, scale=True), MEAN, STD)
+        return x, polygons.astype(np.float32), words
+
+
+def build_det_transform(input_size: tuple[int, int], train: bool, augment: bool = True) -> DetCompose:
+    """Page (PIL) + polygons -> model input; crop, rotation and colour jitter only when training.
+
+    Args:
+        input_size: the model's ``(H, W)`` in pixels, e.g. ``(512, 512)``.
+        train: augment (with ``augment``); evaluation only resizes and pads.
+        augment: False trains on resized pages only.
+    """
+    ops: list = []
+    if train and augment:
+        # Jitter before padding, so the pad stays the black a predictor pads with.
+        ops += [RandomCrop(), ResizePage(input_size, pad=False), RandomRotate(),
+                ImageOnly(T.ColorJitter(brightness=0.2, contrast=0.2, saturation=0.2, hue=0.02))]
+    ops.append(ResizePage(input_size))
+    return DetCompose(ops)

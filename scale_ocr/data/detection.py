@@ -1,0 +1,229 @@
+"""docTR's detection format: ``DIR/images/*`` and ``DIR/labels.json`` mapping each page to its words' polygons.
+
+An entry is ``{"img_dimensions": [H, W], "img_hash": "<sha256>", "polygons": [...], "words": [...]}``:
+
+- ``polygons`` (required) lists polygons in absolute pixels, each ``[[x, y], ...]`` with 4 or more points
+  in any order (docTR's rule) or a box ``[xmin, ymin, xmax, ymax]``. docTR's class-keyed form
+  ``{"words": [...], "artefacts": [...]}`` is accepted too, and all classes are merged into one text
+  class, in the order the file lists them: the detectors here predict a single text map.
+- ``img_dimensions`` and ``img_hash`` (optional, as docTR reads neither) must match the decoded image
+  when present; a hash is checked only when it is a SHA-256 hex digest (docTR's README shows placeholders).
+- ``words`` (optional) are the polygons' transcriptions, in the same order, for end-to-end evaluation.
+
+Every polygon becomes 4 points, clockwise on screen from the top-left: its convex hull when that has
+4 corners (which also fixes any point order), else the hull's minimum-area rotated rectangle (for
+curved text's many-point polygons, or a box). Points may stray 1 px outside the image and are clamped.
+
+A page with any bad label is rejected whole (an error, or one counted skip): dropping just the bad
+polygon would leave its word visible but labelled as background, silently changing the target.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import shapely
+from torch.utils.data import Dataset
+
+from scale_ocr.data.files import (
+    PAGE_LIMITS,
+    BadSample,
+    ScanReport,
+    decode_listed,
+    read_labels,
+    reject,
+    reload_image,
+    resolve_image,
+)
+from scale_ocr.errors import UserError
+
+TOLERANCE = 1.0  # pixels a point may lie outside the image (rounding in labelling tools) before it is refused
+MIN_AREA = 1e-2  # square pixels: below this a polygon has no area (collinear or repeated points)
+SKIP = "or pass --on-bad-sample skip"
+FORM = "[[x, y], [x, y], [x, y], [x, y]] (4 or more points, absolute pixels) or a box [xmin, ymin, xmax, ymax]"
+
+
+@dataclass
+class Page:
+    """One usable page: its image file and its words' 4-point polygons (float32 ``(N, 4, 2)``)."""
+
+    path: Path
+    polygons: np.ndarray
+    words: list[str]
+
+
+def _is_number(v: object) -> bool:
+    # JSON integers are unbounded in Python; past 2**53 they are no pixel coordinate and float() may overflow.
+    return isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**53)
+
+
+def _points(poly: object, where: str) -> np.ndarray:
+    """The ``(K, 2)`` points of one polygon or box as written, or :class:`BadSample` ``bad_polygon``."""
+    if isinstance(poly, list) and len(poly) == 4 and all(_is_number(v) for v in poly):
+        x0, y0, x1, y1 = (float(v) for v in poly)
+        if np.isfinite([x0, y0, x1, y1]).all() and (x0 > x1 or y0 > y1):
+            raise BadSample("bad_polygon", f"{where} is a box {poly} with xmin > xmax or ymin > ymax; "
+                                           f"write boxes as [xmin, ymin, xmax, ymax] {SKIP}")
+        pts = np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]])
+    elif (isinstance(poly, list) and len(poly) >= 4
+          and all(isinstance(p, list) and len(p) == 2 and all(_is_number(v) for v in p) for p in poly)):
+        pts = np.array(poly, dtype=np.float64)
+    else:
+        raise BadSample("bad_polygon", f"{where} is not a polygon ({repr(poly)[:60]}); write it as {FORM}, {SKIP}")
+    if not np.isfinite(pts).all():
+        raise BadSample("bad_polygon", f"{where} has a non-finite coordinate; write finite pixel coordinates {SKIP}")
+    return pts
+
+
+def _shoelace(quad: np.ndarray) -> float:
+    """Signed area; positive for clockwise on screen, as y points down."""
+    x, y = quad[:, 0], quad[:, 1]
+    return 0.5 * float(np.dot(x, np.roll(y, -1)) - np.dot(np.roll(x, -1), y))
+
+
+def _degenerate(where: str) -> BadSample:
+    return BadSample("degenerate_polygon", f"{where} has no area inside the image (its points are repeated, on "
+                                           f"one line, or along the image's edge); fix or remove it, {SKIP}")
+
+
+def _quad(pts: np.ndarray, where: str) -> np.ndarray:
+    """The polygon as 4 points clockwise on screen from the top-left (see the module docstring)."""
+    hull = shapely.MultiPoint(pts).convex_hull
+    if hull.geom_type != "Polygon" or hull.area < MIN_AREA:
+        raise _degenerate(where)
+    quad = np.asarray(hull.exterior.coords)[:-1]
+    if len(quad) != 4:
+        quad = np.asarray(hull.minimum_rotated_rectangle.exterior.coords)[:-1]
+    if _shoelace(quad) < 0:
+        quad = quad[::-1]
+    return np.roll(quad, -int(np.argmin(quad.sum(axis=1))), axis=0)
+
+
+def _fields(labels: Path, name: str, entry: object):
+    """``(polygons as written with where each is, words or None, [H, W] or None, hash or None)``."""
+    if not isinstance(entry, dict) or "polygons" not in entry:
+        raise BadSample("bad_label", f"{labels}: the label of {name!r} has no \"polygons\"; each image maps to "
+                                     "{\"img_dimensions\": [H, W], \"polygons\": [...]} (an empty list for a page "
+                                     f"without text), {SKIP}")
+    polys = entry["polygons"]
+    groups = polys.items() if isinstance(polys, dict) else [(None, polys)]
+    listed = []
+    for cls, group in groups:
+        of = f"class {cls!r} of " if cls is not None else ""
+        if not isinstance(group, list):
+            raise BadSample("bad_label", f"{labels}: \"polygons\" of {of}{name!r} is not a list; give a list "
+                                         f"of polygons, each {FORM}, {SKIP}")
+        listed += [(poly, f"{labels}: polygon {i} of {of}{name!r}") for i, poly in enumerate(group)]
+    dims = entry.get("img_dimensions")
+    if dims is not None and not (isinstance(dims, list) and len(dims) == 2
+                                 and all(_is_number(v) and float(v).is_integer() and v > 0 for v in dims)):
+        raise BadSample("bad_dimensions", f"{labels}: \"img_dimensions\" of {name!r} is {dims!r}, not [height, "
+                                          f"width] in pixels; fix or remove it, {SKIP}")
+    digest = entry.get("img_hash")
+    if digest is not None and not isinstance(digest, str):
+        raise BadSample("bad_label", f"{labels}: \"img_hash\" of {name!r} is not a string; write the image "
+                                     f"file's SHA-256 hex digest or remove it, {SKIP}")
+    words = entry.get("words")
+    if words is not None and not (isinstance(words, list) and all(isinstance(w, str) for w in words)
+                                  and len(words) == len(listed)):
+        count = f"{len(words)} words" if isinstance(words, list) else "a \"words\" that is not a list"
+        raise BadSample("bad_words", f"{labels}: {name!r} has {count} for {len(listed)} polygons; \"words\" must "
+                                     f"list one string per polygon, in the same order, {SKIP}")
+    return listed, words, dims, digest
+
+
+def check_page(path: Path, name: str, entry: object) -> Page:
+    """Check one labels.json entry against its decoded image.
+
+    Raises:
+        BadSample: with the skip reason and the one-line sentence for ``--on-bad-sample error``.
+    """
+    img_path, problem = resolve_image(path, name)
+    if problem:
+        raise BadSample(*problem)
+    labels = path / "labels.json"
+    listed, words, dims, digest = _fields(labels, name, entry)
+    points = [(_points(poly, where), where) for poly, where in listed]
+    img, problem = decode_listed(path, name, img_path, PAGE_LIMITS)
+    if problem:
+        raise BadSample(*problem)
+    w, h = img.size
+    if dims is not None and [int(v) for v in dims] != [h, w]:
+        raise BadSample("bad_dimensions", f"{labels}: \"img_dimensions\" of {name!r} is {dims} but the image is "
+                                          f"{w} wide and {h} high; write [{h}, {w}] (height first), {SKIP}")
+    if digest is not None and re.fullmatch(r"[0-9a-fA-F]{64}", digest):
+        if hashlib.sha256(img_path.read_bytes()).hexdigest() != digest.lower():
+            raise BadSample("hash_mismatch", f"{labels}: \"img_hash\" of {name!r} is not the SHA-256 of "
+                                             f"{path / 'images' / name}, so the labels describe another image; "
+                                             f"relabel it or fix the hash, {SKIP}")
+    quads = []
+    for pts, where in points:
+        off = (pts < -TOLERANCE) | (pts > np.array([w, h]) + TOLERANCE)
+        if off.any():
+            x, y = pts[int(np.argmax(off.any(axis=1)))]
+            raise BadSample("outside_image", f"{where} has the point ({x:g}, {y:g}) outside the {w}x{h} image "
+                                             f"(x in 0..{w}, y in 0..{h}, {TOLERANCE:g} px tolerance); fix the "
+                                             f"coordinates (absolute pixels, x first) {SKIP}")
+        quad = np.clip(_quad(pts, where), 0, [w, h])
+        if _shoelace(quad) < MIN_AREA:  # it lay along the edge, in the tolerance band: clamped, it is a line
+            raise _degenerate(where)
+        quads.append(quad)
+    polygons = np.asarray(quads, dtype=np.float32).reshape(-1, 4, 2)
+    return Page(img_path, polygons, list(words) if words is not None else [])
+
+
+def scan_detection_folder(path: Path, on_bad_sample: str, report: ScanReport) -> list[Page]:
+    """Check every page of a folder at start-up (decoding each image) and return the usable ones.
+
+    Args:
+        path: the docTR detection folder.
+        on_bad_sample: ``"error"`` raises a :class:`UserError` at the first bad page, ``"skip"``
+            counts it in ``report`` under its reason.
+        report: collects kept and skipped page counts.
+    """
+    pages = []
+    for name, entry in read_labels(path, "detection", "page labels").items():
+        try:
+            pages.append(check_page(path, name, entry))
+            report.kept += 1
+        except BadSample as exc:
+            reject(exc.problem, on_bad_sample, report)
+    return pages
+
+
+class DetectionFolder(Dataset):
+    """Pages from one or more docTR detection folders (see the module docstring for the format).
+
+    Args:
+        paths: folders, each with ``images/`` and ``labels.json``.
+        on_bad_sample: ``"error"`` stops at the first bad page, ``"skip"`` drops and counts them.
+        transform: a page transform called as ``transform(img, polygons, words)`` returning the same
+            triple (see :func:`~scale_ocr.data.det_transforms.build_det_transform`); None returns the PIL page.
+    """
+
+    def __init__(self, paths: tuple[str, ...], on_bad_sample: str = "error", transform=None) -> None:
+        self.report = ScanReport()
+        self.pages: list[Page] = []
+        for p in paths:
+            self.pages += scan_detection_folder(Path(p), on_bad_sample, self.report)
+        if not self.pages:
+            raise UserError(f"no usable pages in {', '.join(paths)}; check labels.json and images/")
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.pages)
+
+    def target(self, index: int) -> tuple[np.ndarray, list[str]]:
+        """The polygons (original image pixels) and words of page ``index``, without decoding it."""
+        page = self.pages[index]
+        return page.polygons.copy(), list(page.words)
+
+    def __getitem__(self, index: int):
+        """``(image, polygons float32 (N, 4, 2) in the transformed image's pixels, words)``."""
+        img = reload_image(self.pages[index].path, PAGE_LIMITS)
+        polygons, words = self.target(index)
+        return self.transform(img, polygons, words) if self.transform else (img, polygons, words)

@@ -1,0 +1,158 @@
+"""Synthetic document pages with known word polygons, deterministic per (seed, index).
+
+Words are drawn with Pillow in paragraphs of one or two columns, each paragraph with its own DejaVu
+font, size and line spacing, inside random blank margins; the page is then tinted, turned by up to
+5 degrees and given sensor noise. Every word's polygon is its tight ink box (``font.getbbox``) turned
+with the page, so labels match pixels exactly and every rank renders the same page from the seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+from torch.utils.data import Dataset
+
+from scale_ocr.data.det_transforms import rotate_points
+from scale_ocr.data.synthetic import _font, random_word, system_fonts
+from scale_ocr.vocab import VOCABS
+
+DEFAULT_CHARSET = VOCABS["latin"]
+TEXT_HEIGHT = (12, 40)  # font size range in pixels on a 512-pixel page, scaled with the page
+MAX_ANGLE = 5.0
+
+
+def _box(x0: float, y0: float, x1: float, y1: float) -> list[list[float]]:
+    return [[x0, y0], [x1, y0], [x1, y1], [x0, y1]]  # clockwise on screen from top-left, as docTR
+
+
+def _layout(rng: np.random.Generator, size: tuple[int, int], charset: str) -> list[tuple]:
+    """Words placed on the unrotated page: ``(origin, word, font, colour, tight box)`` each."""
+    h, w = size
+    unit = min(h, w) / 512
+    fonts = system_fonts() or (None,)
+    left, right = rng.uniform(0.03, 0.15, 2) * w
+    top, bottom = rng.uniform(0.03, 0.15, 2) * h
+    ncols = 2 if rng.random() < 0.35 else 1
+    gutter = rng.uniform(0.03, 0.08) * w
+    col_w = (w - left - right - gutter * (ncols - 1)) / ncols
+    placed = []
+    for col in range(ncols):
+        x_start, y = left + col * (col_w + gutter), top
+        # Some columns stop early, leaving a blank area a detector must keep empty.
+        y_end = h - bottom if rng.random() < 0.8 else rng.uniform(top + 0.3 * (h - bottom - top), h - bottom)
+        while y < y_end:
+            font = _font(fonts[int(rng.integers(len(fonts)))],
+                         max(6, round(int(rng.integers(TEXT_HEIGHT[0], TEXT_HEIGHT[1] + 1)) * unit)))
+            ascent, descent = font.getmetrics()
+            line_h = (ascent + descent) * rng.uniform(1.1, 1.8)
+            colour = tuple(int(c) for c in np.clip(rng.integers(0, 90) + rng.integers(-10, 11, 3), 0, 255))
+            n_lines = int(rng.integers(1, 7))
+            for line in range(n_lines):
+                if y + ascent + descent > y_end:
+                    break
+                x = x_start + (rng.uniform(0, 0.1) * col_w if line == 0 else 0)  # paragraph indent
+                limit = x_start + col_w * (rng.uniform(0.3, 1.0) if line == n_lines - 1 else 1.0)
+                first = True
+                while True:
+                    word = random_word(rng, charset, 1, 10)
+                    x0, t, r, b = font.getbbox(word)
+                    if x + r > (x_start + col_w if first else limit):  # a short last line still gets a word
+                        break
+                    first = False
+                    if r > x0 and b > t:  # skip words with no ink
+                        placed.append(((x, y), word, font, colour, _box(x + x0, y + t, x + r, y + b)))
+                    x += font.getlength(word) + font.getlength(" ") * rng.uniform(1.0, 2.0)
+                y += line_h
+            y += line_h * rng.uniform(0.3, 2.0)  # paragraph gap
+    return placed
+
+
+def render_page(seed: int, index: int, size: tuple[int, int] = (512, 512),
+                charset: str = DEFAULT_CHARSET) -> tuple[Image.Image, np.ndarray, list[str]]:
+    """Render page ``index`` of the stream ``seed``.
+
+    Args:
+        seed: the stream; training and validation use different seeds.
+        index: the page within it.
+        size: ``(H, W)`` in pixels.
+        charset: characters words are drawn from (whitespace is ignored).
+
+    Returns:
+        The RGB page, its word polygons as float32 ``(N, 4, 2)`` ``(x, y)`` absolute pixels (clockwise
+        from the word's top-left), and the N words.
+    """
+    rng = np.random.default_rng([seed, index])
+    charset = "".join(c for c in charset if not c.isspace())
+    h, w = size
+    paper = int(rng.integers(200, 256))
+    bg = tuple(int(v) for v in np.clip(paper + rng.integers(-15, 16, 3), 0, 255))
+    angle = float(rng.uniform(-MAX_ANGLE, MAX_ANGLE)) if rng.random() < 0.7 else 0.0
+    placed = _layout(rng, size, charset)
+    img = Image.new("RGB", (w, h), bg)
+    if not placed:
+        return img, np.zeros((0, 4, 2), np.float32), []
+    turned = rotate_points(np.float32([p[4] for p in placed]), angle, (w, h), (w, h))
+    # The page turns in place, so words whose turned box would leave it are never drawn: no cut word
+    # is ever left unlabelled.
+    inside = ((turned >= 0) & (turned <= (w, h))).all(axis=(1, 2))
+    draw = ImageDraw.Draw(img)
+    for (origin, word, font, colour, _), keep in zip(placed, inside, strict=True):
+        if keep:
+            draw.text(origin, word, font=font, fill=colour)
+    img = img.rotate(angle, resample=Image.BILINEAR, fillcolor=bg)  # in place, as rotate_points assumes
+    noisy = np.asarray(img, dtype=np.float32) + rng.normal(0, rng.uniform(0, 8), (h, w, 1)).astype(np.float32)
+    img = Image.fromarray(noisy.clip(0, 255).astype(np.uint8))
+    return img, turned[inside].reshape(-1, 4, 2), [p[1] for p, k in zip(placed, inside, strict=True) if k]
+
+
+class SyntheticPages(Dataset):
+    """``num_samples`` rendered pages; page ``i`` depends only on ``(seed, i)``.
+
+    Args:
+        num_samples: dataset length.
+        seed: base seed.
+        size: page ``(H, W)`` in pixels before the transform.
+        charset: characters words are drawn from.
+        transform: a page transform (see :func:`~scale_ocr.data.det_transforms.build_det_transform`)
+            called as ``transform(img, polygons, words)``; None returns the PIL page.
+    """
+
+    def __init__(self, num_samples: int, seed: int, size: tuple[int, int] = (512, 512),
+                 charset: str = DEFAULT_CHARSET, transform=None) -> None:
+        self.num_samples, self.seed, self.size, self.charset = num_samples, seed, tuple(size), charset
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, index: int):
+        """``(image, polygons float32 (N, 4, 2) in the image's pixels, words)``."""
+        img, polygons, words = render_page(self.seed, index, self.size, self.charset)
+        return self.transform(img, polygons, words) if self.transform else (img, polygons, words)
+
+
+def write_detection_folder(path: str | Path, num_pages: int, seed: int, size: tuple[int, int] = (512, 512),
+                           charset: str = DEFAULT_CHARSET) -> Path:
+    """Write pages ``0..num_pages-1`` of the stream ``seed`` as a docTR detection folder.
+
+    ``labels.json`` carries ``img_dimensions`` ``[H, W]``, the PNG's ``img_hash`` (SHA-256),
+    ``polygons`` and the parallel ``words``. Returns the folder.
+    """
+    root = Path(path)
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    labels = {}
+    for i in range(num_pages):
+        img, polygons, words = render_page(seed, i, size, charset)
+        buf = io.BytesIO()
+        img.save(buf, format="PNG")
+        name = f"page_{i:05d}.png"
+        (root / "images" / name).write_bytes(buf.getvalue())
+        labels[name] = {"img_dimensions": [img.height, img.width], "img_hash": hashlib.sha256(buf.getvalue()).hexdigest(),
+                        "polygons": np.round(polygons.astype(np.float64), 2).tolist(), "words": words}
+    (root / "labels.json").write_text(json.dumps(labels), encoding="utf-8")
+    return root

@@ -1,0 +1,10 @@
+"""Detection post-processing and evaluation: probability map to boxes, localization/OCR metrics, reading order.
+
+Plain numpy / OpenCV / shapely code: usable on CPU workers and in evaluation without torch.
+"""
+
+from scale_ocr.detection.metrics import LocalizationMetric, OCRMetric, box_iou, match_boxes
+from scale_ocr.detection.order import reading_order
+from scale_ocr.detection.postprocess import Box, boxes_from_map
+
+__all__ = ["Box", "LocalizationMetric", "OCRMetric", "box_iou", "boxes_from_map", "match_boxes", "reading_order"]

@@ -1,0 +1,97 @@
+"""Reading order of detected words: columns left to right, lines top to bottom, words left to right.
+
+Columns are found as vertical strips of empty space (wider than ``column_gap`` median word heights) that
+no box crosses, XY-cut style. A full-width element such as a title crosses the gutter, so the page is
+first cut into horizontal bands, and consecutive bands are merged while together they still have a
+gutter: a title above two columns is read first, then the left column, then the right one.
+
+Limits: the gutter must be empty from the top to the bottom of the block (a figure or box spanning it
+merges the columns, which are then read line by line across); tables whose columns are separated by wide
+gaps are read column by column; words are assumed horizontal (slanted lines are grouped by their boxes'
+vertical extents only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from scale_ocr.detection.metrics import as_polygons
+
+
+def _gap_groups(lo: np.ndarray, hi: np.ndarray, min_gap: float) -> list[np.ndarray]:
+    """Splits intervals [lo, hi] into groups at gaps that none crosses and are wider than ``min_gap``.
+
+    Returns index arrays, in increasing coordinate order.
+    """
+    order = np.argsort(lo, kind="stable")
+    reach = np.maximum.accumulate(hi[order])  # right end of everything seen so far
+    cuts = np.nonzero(lo[order][1:] - reach[:-1] > min_gap)[0] + 1
+    return np.split(order, cuts)
+
+
+def _lines(idx: np.ndarray, y0: np.ndarray, y1: np.ndarray, x0: np.ndarray) -> list[int]:
+    """Base case: groups words into lines, lines top to bottom, words left to right.
+
+    A word joins the current line when their vertical extents overlap by more than half the smaller height;
+    the line's extent is the mean of its words' extents, so one tall word does not swallow the next line.
+    """
+    idx = idx[np.argsort((y0[idx] + y1[idx]) / 2, kind="stable")]
+    lines: list[list[int]] = []
+    top = bottom = 0.0
+    for i in idx:
+        if lines:
+            overlap = min(bottom, y1[i]) - max(top, y0[i])
+            if overlap > 0.5 * min(bottom - top, y1[i] - y0[i]):
+                lines[-1].append(int(i))
+                top, bottom = float(np.mean(y0[lines[-1]])), float(np.mean(y1[lines[-1]]))
+                continue
+        lines.append([int(i)])
+        top, bottom = float(y0[i]), float(y1[i])
+    return [i for line in lines for i in sorted(line, key=lambda j: x0[j])]
+
+
+def _order(idx: np.ndarray, box: tuple[np.ndarray, ...], gap: float) -> list[int]:
+    x0, y0, x1, y1 = box
+    columns = _gap_groups(x0[idx], x1[idx], gap)
+    if len(columns) > 1:
+        return [i for col in columns for i in _order(idx[col], box, gap)]
+    # Bands: cut wherever no box spans the vertical position (gap 0: any empty row of pixels).
+    bands = [idx[b] for b in _gap_groups(y0[idx], y1[idx], 0.0)]
+    if len(bands) == 1:
+        return _lines(idx, y0, y1, x0)
+    blocks = [bands[0]]
+    for band in bands[1:]:
+        merged = np.concatenate([blocks[-1], band])
+        # Keep the band with the block above while they share a gutter (both halves of a two-column page).
+        if len(_gap_groups(x0[merged], x1[merged], gap)) > 1:
+            blocks[-1] = merged
+        else:
+            blocks.append(band)
+    return [i for block in blocks for i in _order(block, box, gap)]
+
+
+def reading_order(polygons: np.ndarray | Sequence, column_gap: float | None = 1.5) -> list[int]:
+    """Indices of words in reading order.
+
+    Args:
+        polygons: (N, 4, 2) word polygons or (N, 4) ``(xmin, ymin, xmax, ymax)`` boxes. The column gap is
+            measured against word heights, so both axes must share one scale: absolute pixels, or relative
+            coordinates of a square map.
+        column_gap: an empty vertical strip wider than this many median word heights separates columns;
+            None reads every line across the whole page.
+
+    Returns:
+        A permutation of ``range(N)``.
+    """
+    polys = as_polygons(polygons)
+    if len(polys) == 0:
+        return []
+    mins, maxs = polys.min(axis=1), polys.max(axis=1)
+    box = (mins[:, 0], mins[:, 1], maxs[:, 0], maxs[:, 1])
+    idx = np.arange(len(polys))
+    gap = 0.0 if column_gap is None else column_gap * float(np.median(maxs[:, 1] - mins[:, 1]))
+    if gap <= 0:  # no column splitting asked for, or flat (zero-height) boxes that any space would split
+        return _lines(idx, box[1], box[3], box[0])
+    return _order(idx, box, gap)

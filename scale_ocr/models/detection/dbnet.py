@@ -1,0 +1,151 @@
+"""DBNet (Liao et al. 2020): backbone -> FPN -> probability and threshold maps, trained with the DB loss.
+
+Backbones come from torchvision with random weights, cut into four stages that end at strides 4, 8,
+16 and 32. The FPN fuses them at stride 4 and two heads upsample 4x back to the input resolution.
+At training time the approximate binary map sigmoid(k * (P - T)) ties the two maps together; at
+inference only the probability map is needed, so the threshold head is skipped in eval mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchvision import models as tvm
+
+from scale_ocr.errors import UserError
+from scale_ocr.models.detection.loss import db_loss
+from scale_ocr.models.registry import register_model
+
+STRIDE = 32  # the deepest feature level; every FPN level must divide the input exactly
+# features[0:4] ends at index 3 (stride 4), [4:7] at 6 (stride 8), [7:13] at 12 (stride 16), [13:17] at 16
+# (stride 32, the final 960-channel 1x1 conv): the same taps as docTR's db_mobilenet_v3_large.
+MOBILENET_V3_LARGE_STAGES = ((0, 4), (4, 7), (7, 13), (13, 17))
+
+
+def check_input_size(height: int, width: int) -> None:
+    """Raise a UserError unless both sides are positive multiples of 32."""
+    if height % STRIDE or width % STRIDE or height <= 0 or width <= 0:
+        h, w = (max(STRIDE, round(s / STRIDE) * STRIDE) for s in (height, width))
+        raise UserError(f"--input-size {height}x{width}: DBNet needs height and width that are multiples of "
+                        f"{STRIDE}, e.g. {h}x{w}")
+
+
+def _conv_bn_relu(c_in: int, c_out: int, kernel: int) -> nn.Sequential:
+    # No conv bias: the BatchNorm that follows has its own.
+    return nn.Sequential(nn.Conv2d(c_in, c_out, kernel, padding=kernel // 2, bias=False), nn.BatchNorm2d(c_out),
+                         nn.ReLU(inplace=True))
+
+
+class FPN(nn.Module):
+    """Feature pyramid: 1x1 laterals, top-down upsample + add, a 3x3 conv per level, concat at stride 4.
+
+    Args:
+        in_channels: channels of each backbone level, shallowest first.
+        out_channels: width of the laterals and of the fused output (each level gives a quarter).
+    """
+
+    def __init__(self, in_channels: Sequence[int], out_channels: int) -> None:
+        super().__init__()
+        if out_channels % len(in_channels):
+            raise ValueError(f"FPN width {out_channels} must split evenly over {len(in_channels)} levels")
+        self.lateral = nn.ModuleList(_conv_bn_relu(c, out_channels, 1) for c in in_channels)
+        self.smooth = nn.ModuleList(_conv_bn_relu(out_channels, out_channels // len(in_channels), 3)
+                                    for _ in in_channels)
+
+    def forward(self, feats: Sequence[torch.Tensor]) -> torch.Tensor:
+        lat = [conv(f) for conv, f in zip(self.lateral, feats, strict=True)]
+        for i in range(len(lat) - 2, -1, -1):  # top-down: coarse semantics flow into finer levels
+            lat[i] = lat[i] + F.interpolate(lat[i + 1], size=lat[i].shape[-2:], mode="nearest")
+        size = lat[0].shape[-2:]
+        outs = [conv(x) for conv, x in zip(self.smooth, lat, strict=True)]
+        outs = [outs[0]] + [F.interpolate(x, size=size, mode="bilinear", align_corners=False) for x in outs[1:]]
+        return torch.cat(outs, dim=1)
+
+
+def _head(channels: int) -> nn.Sequential:
+    """Conv3x3-BN-ReLU, then two stride-2 transposed convs: stride 4 features -> one full-size map."""
+    mid = channels // 4
+    return nn.Sequential(
+        nn.Conv2d(channels, mid, 3, padding=1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(inplace=True),
+        nn.ConvTranspose2d(mid, mid, 2, stride=2, bias=False), nn.BatchNorm2d(mid), nn.ReLU(inplace=True),
+        nn.ConvTranspose2d(mid, 1, 2, stride=2),
+    )
+
+
+class DBNet(nn.Module):
+    """DBNet text detector.
+
+    Args:
+        stages: four backbone stages applied in turn, ending at strides 4, 8, 16 and 32.
+        stage_channels: output channels of each stage.
+        fpn_channels: FPN width (docTR: 128 for MobileNetV3, 256 for ResNet-50).
+    """
+
+    def __init__(self, stages: Sequence[nn.Module], stage_channels: Sequence[int], fpn_channels: int) -> None:
+        super().__init__()
+        self.stages = nn.ModuleList(stages)
+        self.neck = FPN(stage_channels, fpn_channels)
+        self.prob_head = _head(fpn_channels)
+        self.thresh_head = _head(fpn_channels)
+
+    def sharding_units(self) -> list[nn.Module]:
+        """Sub-modules that FSDP shards one by one (each backbone stage, the neck, each head)."""
+        return [*self.stages, self.neck, self.prob_head, self.thresh_head]
+
+    def forward(self, images: torch.Tensor, prob_target: torch.Tensor | None = None,
+                prob_mask: torch.Tensor | None = None, thresh_target: torch.Tensor | None = None,
+                thresh_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Probability logits, plus the loss when all four (B, H, W) targets are given.
+
+        Returns:
+            ``logits``: (B, 1, H, W) raw probability logits; ``thresh``: the (B, 1, H, W) sigmoid
+            threshold map, in training mode or with targets; with targets also ``losses`` (B,) per
+            sample (validation masks padded samples with it) and ``loss``, their mean.
+        """
+        targets = (prob_target, prob_mask, thresh_target, thresh_mask)
+        given = sum(t is not None for t in targets)
+        if given not in (0, len(targets)):
+            raise ValueError("DBNet.forward needs all four targets (prob/thresh target and mask) or none")
+        check_input_size(*images.shape[-2:])
+        feats, x = [], images
+        for stage in self.stages:
+            x = stage(x)
+            feats.append(x)
+        fused = self.neck(feats)
+        out = {"logits": self.prob_head(fused)}
+        if given or self.training:
+            out["thresh"] = torch.sigmoid(self.thresh_head(fused))
+        if given:
+            out["losses"] = db_loss(out["logits"], out["thresh"], *targets, reduction="none")
+            out["loss"] = out["losses"].mean()
+        return out
+
+
+def _detection(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    # Tells a generic caller (train.py, the benchmarks) which data, targets and metrics to use.
+    fn.task = "detection"
+    return fn
+
+
+@register_model
+@_detection
+def db_mobilenet_v3_large(input_size: tuple[int, int] = (512, 512), **_) -> DBNet:
+    """DBNet on a MobileNetV3-Large backbone (about 4.2M parameters); other kwargs are ignored."""
+    check_input_size(*input_size)
+    features = tvm.mobilenet_v3_large(weights=None).features
+    stages = [features[a:b] for a, b in MOBILENET_V3_LARGE_STAGES]
+    return DBNet(stages, (24, 40, 112, 960), fpn_channels=128)
+
+
+@register_model
+@_detection
+def db_resnet50(input_size: tuple[int, int] = (512, 512), **_) -> DBNet:
+    """DBNet on a ResNet-50 backbone, docTR's default detector; other kwargs are ignored."""
+    check_input_size(*input_size)
+    r = tvm.resnet50(weights=None)
+    # The stem joins layer1 (stride 4); avgpool and fc are dropped, so no parameter goes unused under DDP.
+    stages = [nn.Sequential(r.conv1, r.bn1, r.relu, r.maxpool, r.layer1), r.layer2, r.layer3, r.layer4]
+    return DBNet(stages, (256, 512, 1024, 2048), fpn_channels=256)

@@ -1,0 +1,231 @@
+"""Page OCR: a detector finds the words of a page, a recognizer reads each one, and they come back in reading order.
+
+The two models are any detection and recognition checkpoints or exports (:func:`scale_ocr.export.load_any`);
+each task feeds and decodes its own model, so this module only cuts the detected words out of the page, hands
+them to the recognizer and puts the results back together. ``scale-ocr predict --det --reco`` and
+``scale-ocr evaluate-pages`` are the command-line faces of :func:`read_pages` and :func:`evaluate_pages`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from scale_ocr.detection import LocalizationMetric, OCRMetric, reading_order
+from scale_ocr.detection.metrics import as_polygons
+from scale_ocr.errors import UserError
+from scale_ocr.export import LoadedModel
+
+# Pixels of page kept around each word: recognizers are trained on crops whose ink does not touch the border,
+# and a detector's box may shave the tips of letters.
+PAD = 1.5
+MIN_SIDE = 1.0  # a word narrower or lower than this (pixels, inside the page) is nothing to read
+LABEL_COLOUR = (220, 0, 0)
+
+
+def _upright(poly: np.ndarray) -> bool:
+    """Every edge horizontal or vertical (what an axis-aligned detector returns)."""
+    edges = np.abs(np.roll(poly, -1, axis=0) - poly)
+    return bool(np.all(edges.min(axis=1) <= 1e-6 * max(1.0, float(np.abs(poly).max()))))
+
+
+def _side_lengths(quad: np.ndarray) -> tuple[float, float]:
+    """Width (mean of top and bottom edges) and height (mean of left and right) of a clockwise quadrilateral."""
+    tl, tr, br, bl = quad
+    width = (np.linalg.norm(tr - tl) + np.linalg.norm(br - bl)) / 2
+    height = (np.linalg.norm(bl - tl) + np.linalg.norm(br - tr)) / 2
+    return float(width), float(height)
+
+
+def _crop(page: Image.Image, pixels: np.ndarray, poly: np.ndarray, pad: float) -> Image.Image | None:
+    h, w = pixels.shape[:2]
+    quad = np.clip(poly, 0, [w, h])  # the part of the word on the page
+    if _upright(quad):
+        (x0, y0), (x1, y1) = quad.min(axis=0), quad.max(axis=0)
+        if x1 - x0 < MIN_SIDE or y1 - y0 < MIN_SIDE:
+            return None
+        # Whole pixels covering the padded box (pixel i covers [i, i + 1)), clipped to the page.
+        box = (max(0, int(np.floor(x0 - pad))), max(0, int(np.floor(y0 - pad))),
+               min(w, int(np.ceil(x1 + pad))), min(h, int(np.ceil(y1 + pad))))
+        return page.crop(box)
+    width, height = _side_lengths(quad)
+    if width < MIN_SIDE or height < MIN_SIDE:
+        return None
+    tl, tr, br, bl = quad
+    across, down = (tr - tl) + (br - bl), (bl - tl) + (br - tr)  # the word's own axes
+    u, v = pad * across / np.linalg.norm(across), pad * down / np.linalg.norm(down)
+    src = np.float32([tl - u - v, tr + u - v, br + u + v, bl - u + v])
+    out_w, out_h = max(1, round(width + 2 * pad)), max(1, round(height + 2 * pad))
+    dst = np.float32([[0, 0], [out_w, 0], [out_w, out_h], [0, out_h]])
+    # Corners in continuous coordinates; OpenCV puts pixel centres on integers, half a pixel earlier.
+    matrix = cv2.getPerspectiveTransform(src - 0.5, dst - 0.5)
+    # The padding may reach past the page's edge: repeat the edge rather than paint a black frame.
+    warped = cv2.warpPerspective(pixels, matrix, (out_w, out_h), flags=cv2.INTER_LINEAR,
+                                 borderMode=cv2.BORDER_REPLICATE)
+    return Image.fromarray(warped)
+
+
+def crop_words(page: Image.Image, polygons: np.ndarray | Sequence, pad: float = PAD) -> list[Image.Image | None]:
+    """Each word of a page cut out and straightened, ready for a recognizer.
+
+    Args:
+        page: the page (any PIL mode; crops are RGB).
+        polygons: (N, 4, 2) polygons in the page's pixels, clockwise on screen from the word's top-left
+            corner (what the detectors and docTR folders give), or (N, 4) ``(xmin, ymin, xmax, ymax)`` boxes.
+            An axis-aligned box is cropped as is; any other quadrilateral is warped onto an upright
+            rectangle as wide as the mean of its top and bottom edges and as high as the mean of its sides.
+        pad: pixels of page kept around each word, along the word's own axes.
+
+    Returns:
+        One crop per polygon, in the same order; None where the polygon has less than a pixel of width or
+        height inside the page, so the list stays parallel to ``polygons`` (drop those words with it).
+    """
+    page = page.convert("RGB")
+    pixels = np.asarray(page)
+    return [_crop(page, pixels, poly, pad) for poly in as_polygons(polygons)]
+
+
+def check_models(detector: LoadedModel, recognizer: LoadedModel) -> None:
+    """Refuse, in one line naming the file, a detector that does not detect or a recognizer that does not read.
+
+    Page OCR composes exactly these two tasks, so it compares their names (no trainer code does).
+    """
+    from scale_ocr.models import list_models
+    from scale_ocr.tasks import task_name
+
+    for loaded, role, flag, want in ((detector, "detector", "--det", "detection"),
+                                     (recognizer, "recognizer", "--reco", "recognition")):
+        if loaded.task.name != want:
+            examples = ", ".join(m for m in list_models("*") if task_name(m) == want)
+            raise UserError(f"{loaded.source or 'the ' + role} holds {loaded.arch}, a {loaded.task.name} model, "
+                            f"but the {role} ({flag}) must be a {want} model ({examples}); check which file "
+                            f"goes to --det and which to --reco")
+
+
+def _word(poly: np.ndarray, text: str, confidence: float, box_score: float) -> dict[str, Any]:
+    return {"polygon": np.round(poly, 1).tolist(), "text": text, "confidence": round(float(confidence), 4),
+            "box_score": round(float(box_score), 4)}
+
+
+def read_pages(detector: LoadedModel, recognizer: LoadedModel, pages: Sequence[Image.Image], batch_size: int = 4,
+               word_batch_size: int = 64, pad: float = PAD) -> list[list[dict[str, Any]]]:
+    """The words of each page, in reading order.
+
+    Args:
+        detector: a detection model (its task's ``detect`` finds boxes in the page's pixels).
+        recognizer: a recognition model (its task's ``recognize`` reads the crops).
+        pages: PIL pages of any size.
+        batch_size: pages per detector batch; the words of those pages are read together.
+        word_batch_size: crops per recognizer batch.
+        pad: see :func:`crop_words`.
+
+    Returns:
+        Per page, one ``{"polygon": [[x, y] x 4] (page pixels, 0.1 px), "text", "confidence", "box_score"}``
+        per word, JSON-serialisable. ``confidence`` is the recognizer's (lowest character probability),
+        ``box_score`` the detector's (mean probability inside the box).
+    """
+    check_models(detector, recognizer)
+    results: list[list[dict[str, Any]]] = []
+    for start in range(0, len(pages), batch_size):
+        chunk = pages[start:start + batch_size]
+        found = detector.task.detect(detector.model, list(chunk), batch_size)
+        crops: list[Image.Image] = []
+        kept: list[list[tuple[np.ndarray, float]]] = []  # per page: (polygon, box score) of each crop
+        for page, boxes in zip(chunk, found, strict=True):
+            # A box in the detector's padding lies beyond the page: clipped, it has no area and is dropped.
+            polys = [np.clip(np.asarray(p, np.float64), 0, [page.width, page.height]) for p, _ in boxes]
+            page_kept = []
+            for poly, (_, score), crop in zip(polys, boxes, crop_words(page, polys, pad), strict=True):
+                if crop is not None:
+                    crops.append(crop)
+                    page_kept.append((poly, score))
+            kept.append(page_kept)
+        texts = iter(recognizer.task.recognize(recognizer.model, crops, word_batch_size) if crops else [])
+        for page_kept in kept:
+            words = [_word(poly, *next(texts), score) for poly, score in page_kept]
+            results.append([words[i] for i in reading_order([p for p, _ in page_kept])])
+    return results
+
+
+def _label_font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
+    from scale_ocr.data.synthetic import system_fonts
+
+    fonts = system_fonts()
+    sans = [f for f in fonts if f.endswith("DejaVuSans.ttf")]
+    return ImageFont.truetype((sans or list(fonts))[0], size) if fonts else ImageFont.load_default(size=size)
+
+
+def overlay(page: Image.Image, words: Sequence[dict[str, Any]], colour: tuple[int, int, int] = LABEL_COLOUR
+            ) -> Image.Image:
+    """The page with each word's box outlined and its text written just above it (below at the top edge).
+
+    Args:
+        page: the page the words were read from.
+        words: :func:`read_pages` results for it (``polygon`` and ``text`` are used).
+        colour: boxes and text.
+
+    Returns:
+        A new RGB image of the page's size.
+    """
+    from scale_ocr.detection.draw import draw_polygons
+
+    polys = np.array([w["polygon"] for w in words], dtype=np.float64).reshape(-1, 4, 2)
+    thickness = max(1, round(min(page.size) / 500))
+    img = Image.fromarray(draw_polygons(np.asarray(page.convert("RGB")), polys, colour, thickness)).convert("RGBA")
+    if not len(polys):
+        return img.convert("RGB")
+    # Labels as tall as most words (within reason), on a translucent white tab so they read over any page.
+    font = _label_font(int(np.clip(0.7 * np.median(np.ptp(polys[:, :, 1], axis=1)), 10, 48)))
+    layer = Image.new("RGBA", img.size, (0, 0, 0, 0))
+    draw = ImageDraw.Draw(layer)
+    for word, poly in zip(words, polys, strict=True):
+        if not word["text"]:
+            continue
+        left, top, right, bottom = draw.textbbox((0, 0), word["text"], font=font)
+        x = float(np.clip(poly[:, 0].min(), 0, max(0, img.width - (right - left)))) - left
+        y = float(poly[:, 1].min()) - (bottom - top) - 2 - top
+        if y + top < 0:  # no room above the box
+            y = float(poly[:, 1].max()) + 2 - top
+        draw.rectangle((x + left - 1, y + top - 1, x + right + 1, y + bottom + 1), fill=(255, 255, 255, 190))
+        draw.text((x, y), word["text"], fill=(*colour, 255), font=font)
+    return Image.alpha_composite(img, layer).convert("RGB")
+
+
+def evaluate_pages(detector: LoadedModel, recognizer: LoadedModel, folder_paths: Sequence[str | Path],
+                   batch_size: int = 4) -> dict[str, float | int]:
+    """End-to-end accuracy of a detector and recognizer pair on docTR detection folders whose labels carry words.
+
+    Detection is scored on boxes alone (``LocalizationMetric``: one-to-one matching at IoU 0.5), reading on
+    boxes and text (``OCRMetric``: a true word is read when its matched box's text equals it), both in the
+    original pages' pixels.
+
+    Returns:
+        ``pages``, ``gt_words``, ``pred_words`` (counts), ``recall``, ``precision``, ``mean_iou`` (detection),
+        ``word_recall``, ``word_precision`` and their case-insensitive ``ci_`` variants (rates in [0, 1]).
+    """
+    from scale_ocr.data.detection import DetectionFolder
+
+    check_models(detector, recognizer)
+    folders = [DetectionFolder((str(p),), "error", transform=None) for p in folder_paths]
+    for path, folder in zip(folder_paths, folders, strict=True):
+        for page in folder.pages:
+            if len(page.words) != len(page.polygons):
+                raise UserError(f"{Path(path) / 'labels.json'}: {page.path.name!r} has no \"words\"; end-to-end "
+                                "accuracy needs each polygon's text, so add a \"words\" list parallel to "
+                                "\"polygons\" (or measure the detector alone with its validation)")
+    boxes, texts = LocalizationMetric(), OCRMetric()
+    samples = [(folder, i) for folder in folders for i in range(len(folder))]
+    for start in range(0, len(samples), batch_size):
+        chunk = [folder[i] for folder, i in samples[start:start + batch_size]]  # (image, polygons, words)
+        for (_, gt_polys, gt_words), words in zip(chunk, read_pages(detector, recognizer, [c[0] for c in chunk],
+                                                                    batch_size), strict=True):
+            pred = np.array([w["polygon"] for w in words], dtype=np.float64).reshape(-1, 4, 2)
+            boxes.update(pred, gt_polys)
+            texts.update(pred, [w["text"] for w in words], gt_polys, gt_words)
+    return {"pages": len(samples), "gt_words": texts.num_gt, "pred_words": texts.num_pred,
+            **LocalizationMetric.rates(boxes.sums()), **OCRMetric.rates(texts.sums())}

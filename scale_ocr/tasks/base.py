@@ -1,0 +1,119 @@
+"""What a task is: everything that differs between recognising words and detecting them.
+
+A task owns its data format and synthetic generator, its batch layout, the model family (the registry
+entry names its task), how a model is evaluated and which metrics come out, and what a prediction looks
+like. The trainer, checkpoints, ``verify``, the benchmark runner, the memory model and W&B call a task's
+methods and never ask which task it is, exactly as they never ask which strategy runs.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from scale_ocr.config import DataConfig, ModelConfig
+from scale_ocr.distributed import DistInfo
+
+
+@dataclass
+class EvalResult:
+    """Validation metrics (already reduced over ranks) and a few rank-0 examples for the W&B table.
+
+    ``examples`` are rows of a table: column name -> value, where an (H, W, 3) uint8 array is an image.
+    """
+
+    metrics: dict[str, float]
+    examples: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Task(ABC):
+    """One kind of OCR model. Subclasses are registered by name in :mod:`scale_ocr.tasks`.
+
+    Args:
+        model_cfg: the model section (architecture, input size, and whatever the task reads from it).
+    """
+
+    name: ClassVar[str]
+    default_input_size: ClassVar[tuple[int, int]]
+    default_samples: ClassVar[tuple[int, int]]  # synthetic (train, validation) samples unless the user says
+    # Summary metrics, in the order printed; the first is the one "best" checkpoints maximise.
+    metric_names: ClassVar[tuple[str, ...]]
+    percent_metrics: ClassVar[frozenset[str]] = frozenset()  # printed as percentages
+
+    def __init__(self, model_cfg: ModelConfig) -> None:
+        self.cfg = model_cfg
+        self.arch = model_cfg.arch
+        self.input_size = tuple(model_cfg.input_size)
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """Refuse a :class:`~scale_ocr.config.RunConfig` this task cannot train, with one line (UserError)."""
+        return None  # most tasks accept every config
+
+    @abstractmethod
+    def model_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the registry builder for this run."""
+
+    def build_model(self) -> nn.Module:
+        from scale_ocr.models import create_model
+
+        return create_model(self.arch, **self.model_kwargs())
+
+    @abstractmethod
+    def dummy_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
+        """A training batch's model arguments with random images (memory and FLOP measurements)."""
+
+    @abstractmethod
+    def benchmark_data(self, work: Path, samples: int, log: Callable[[str], None]) -> list[str]:
+        """``train.py`` flags that feed a benchmark ``samples`` training samples cheaply (built under ``work``)."""
+
+    @abstractmethod
+    def build_data(self, cfg: DataConfig, batch_size: int, seed: int, dist: DistInfo):
+        """Train and validation loaders for this rank (a :class:`~scale_ocr.data.loader.Data`)."""
+
+    @abstractmethod
+    def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device,
+                 autocast: Callable[[], AbstractContextManager]) -> EvalResult:
+        """Validation loss and metrics over the whole validation set; every rank calls it (it all-reduces)."""
+
+    def identity(self) -> dict[str, Any]:
+        """What a checkpoint must match to be resumed or loaded by this task (and what an export records)."""
+        return {"arch": self.arch, "input_size": list(self.input_size)}
+
+    def describe(self) -> dict[str, Any]:
+        """Extra facts for the run's config.json."""
+        return {"task": self.name}
+
+    def score(self, metrics: dict[str, float]) -> tuple[float, float]:
+        """Higher is better: the headline metric, then lower validation loss."""
+        return metrics[self.metric_names[0]], -metrics["val_loss"]
+
+    def format_metrics(self, metrics: dict[str, Any]) -> str:
+        """``name=value`` for each summary metric (n/a where not measured)."""
+        parts = []
+        for k in self.metric_names:
+            v = metrics.get(k)
+            parts.append(f"{k}=n/a" if v is None else f"{k}={v:.2%}" if k in self.percent_metrics else f"{k}={v:.4f}")
+        return " ".join(parts)
+
+    @classmethod
+    @abstractmethod
+    def from_identity(cls, identity: dict[str, Any]) -> Task:
+        """The task of a checkpoint or export, from what :meth:`identity` recorded."""
+
+    def format_prediction(self, result: dict[str, Any]) -> str:
+        """One result of :meth:`predict` as printed by ``scale-ocr predict`` (JSON unless the task says otherwise)."""
+        return json.dumps(result)
+
+    @abstractmethod
+    def predict(self, model: nn.Module, images: list[str], batch_size: int = 16) -> list[dict[str, Any]]:
+        """One result per image file (the task decides its fields), in batches, on CPU."""

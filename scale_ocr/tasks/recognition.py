@@ -1,0 +1,223 @@
+"""Word recognition: word crops in, CTC targets, exact match and CER out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from scale_ocr.config import DataConfig, ModelConfig
+from scale_ocr.distributed import DistInfo, all_reduce_sum
+from scale_ocr.errors import UserError
+from scale_ocr.metrics import TextMetric
+from scale_ocr.tasks import register_task
+from scale_ocr.tasks.base import EvalResult, Task
+from scale_ocr.vocab import Vocab
+
+VAL_SEED_OFFSET = 1_000_003  # validation words never overlap the training stream's seeds
+NUM_EXAMPLES = 8  # validation words shown in the W&B table
+
+
+@dataclass
+class WordBatch:
+    """Images and CTC targets for the model, words and mask for metrics."""
+
+    images: torch.Tensor
+    targets: torch.Tensor
+    target_lengths: torch.Tensor
+    words: list[str]
+    valid: torch.Tensor
+
+    @property
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        """The model's positional arguments (tensors only, so DataParallel can scatter them)."""
+        return self.images, self.targets, self.target_lengths
+
+    def to(self, device: torch.device) -> WordBatch:
+        nb = device.type == "cuda"
+        return WordBatch(self.images.to(device, non_blocking=nb), self.targets.to(device, non_blocking=nb),
+                         self.target_lengths.to(device, non_blocking=nb), self.words, self.valid)
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+
+class Collate:
+    """Stacks images and pads encoded words into a (B, L) target tensor."""
+
+    def __init__(self, vocab: Vocab) -> None:
+        self.vocab = vocab
+
+    def __call__(self, items) -> WordBatch:
+        images, words, valid = zip(*items, strict=True)
+        encoded = [self.vocab.encode(w) for w in words]
+        lengths = torch.tensor([len(e) for e in encoded], dtype=torch.long)
+        targets = torch.zeros(len(encoded), max(1, int(lengths.max())), dtype=torch.long)
+        for i, e in enumerate(encoded):
+            targets[i, : len(e)] = e
+        return WordBatch(torch.stack(images), targets, lengths, list(words), torch.tensor(valid))
+
+
+@register_task
+class RecognitionTask(Task):
+    """CTC word recognition (CRNN, ViTSTR): docTR's recognition folders or synthetic words."""
+
+    name = "recognition"
+    default_input_size = (32, 128)
+    default_samples = (32768, 512)
+    metric_names = ("exact_match", "ci_match", "cer")
+    percent_metrics = frozenset({"exact_match", "ci_match"})
+
+    def __init__(self, model_cfg: ModelConfig) -> None:
+        super().__init__(model_cfg)
+        self.vocab = Vocab(model_cfg.charset)
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """CTC needs one frame per character plus a blank between repeated ones, and synthetic words may
+        repeat every character ("aaaa"), so the longest needs 2 * max_chars - 1 frames. Real folders are
+        checked word by word at start-up, so only runs that render words are held to it."""
+        from scale_ocr.models.recognition.ctc import ctc_frames
+
+        d = cfg.data
+        synthetic = not d.data_cache and not (d.train_path and d.val_path)
+        frames, worst = ctc_frames(cfg.model.input_size), 2 * d.max_chars - 1
+        if synthetic and worst > frames:
+            raise UserError(
+                f"--max-chars {d.max_chars} can give synthetic words needing {worst} CTC frames (a blank "
+                f"between repeated characters) but a {cfg.model.input_size[1]}-pixel-wide input gives {frames}; "
+                f"lower --max-chars to {(frames + 1) // 2} or widen --input-size"
+            )
+
+    def model_kwargs(self) -> dict[str, Any]:
+        return {"num_classes": self.vocab.num_classes, "input_size": self.input_size}
+
+    def identity(self) -> dict[str, Any]:
+        return {**super().identity(), "vocab": self.vocab.chars}
+
+    def dummy_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
+        return torch.randn(batch, 3, *self.input_size), torch.ones(batch, 1, dtype=torch.long), \
+            torch.ones(batch, dtype=torch.long)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "vocab": self.vocab.chars}
+
+    @classmethod
+    def from_identity(cls, identity: dict[str, Any]) -> RecognitionTask:
+        task = cls(ModelConfig(arch=identity["arch"], input_size=tuple(identity["input_size"])))
+        task.vocab = Vocab(identity["vocab"])  # the characters themselves, never re-read as a vocabulary name
+        return task
+
+    def benchmark_data(self, work: Path, samples: int, log: Callable[[str], None]) -> list[str]:
+        """A pre-rendered word cache held in memory, so data loading never limits the measured steps."""
+        from scale_ocr.data.cache import build_cache
+
+        h, w = self.input_size
+        cache = work / f"words-{samples}-{h}x{w}.pt"
+        if not cache.is_file():
+            log(f"bench: rendering {samples} words into {cache}")
+            build_cache(cache, samples, self.input_size, self.vocab.chars)
+        return ["--data-cache", str(cache)]
+
+    def build_data(self, cfg: DataConfig, batch_size: int, seed: int, dist: DistInfo):
+        from scale_ocr.data.loader import build_loaders, labels_digest
+        from scale_ocr.data.recognition import RecognitionFolder, ScanReport
+        from scale_ocr.data.synthetic import SyntheticWords
+        from scale_ocr.data.transforms import build_transform
+
+        train_tf = build_transform(self.input_size, train=True, augment=cfg.augment)
+        val_tf = build_transform(self.input_size, train=False)
+        report = ScanReport()
+        if cfg.data_cache:
+            from scale_ocr.data.cache import TensorWords
+
+            train_ds = TensorWords(cfg.data_cache, self.vocab, self.input_size)
+        elif cfg.train_path:
+            train_ds = RecognitionFolder(cfg.train_path, self.vocab, cfg.on_bad_sample, train_tf, self.input_size)
+            report = train_ds.report
+        else:
+            train_ds = SyntheticWords(self.vocab.chars, cfg.train_samples, cfg.min_chars, cfg.max_chars, seed,
+                                      train_tf)
+        if cfg.data_cache:
+            val_ds = train_ds  # benchmarks: validation, if any, is not what is measured
+        elif cfg.val_path:
+            val_ds = RecognitionFolder(cfg.val_path, self.vocab, cfg.on_bad_sample, val_tf, self.input_size)
+            for k, v in val_ds.report.skipped.items():
+                report.skipped[f"val_{k}"] = v
+        else:
+            val_ds = SyntheticWords(self.vocab.chars, cfg.val_samples, cfg.min_chars, cfg.max_chars,
+                                    seed + VAL_SEED_OFFSET, val_tf)
+        digest = labels_digest(cfg.train_path) if cfg.train_path else None
+        return build_loaders(train_ds, val_ds, Collate(self.vocab), cfg, batch_size, seed, dist,
+                             dict(report.skipped), digest)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device,
+                 autocast: Callable[[], AbstractContextManager]) -> EvalResult:
+        """Loss, exact match, case-insensitive match and CER; padding items are masked out of every sum."""
+        from scale_ocr.data.transforms import denormalize
+        from scale_ocr.models.recognition.ctc import ctc_greedy_decode, ctc_loss
+
+        model.eval()
+        metric = TextMetric()
+        loss_sum, examples = 0.0, []
+        for batch in loader:
+            batch = batch.to(device)
+            with autocast():
+                logits = model(batch.images)["logits"]
+            losses = ctc_loss(logits, batch.targets, batch.target_lengths, reduction="none")
+            valid = batch.valid.to(losses.device)
+            loss_sum += float(losses[valid].sum())
+            preds, _ = ctc_greedy_decode(logits, self.vocab)
+            keep = [i for i, v in enumerate(batch.valid.tolist()) if v]
+            metric.update([preds[i] for i in keep], [batch.words[i] for i in keep])
+            for i in keep[: max(0, NUM_EXAMPLES - len(examples))]:
+                image = (denormalize(batch.images[i].float().cpu()).permute(1, 2, 0) * 255).round().byte().numpy()
+                examples.append({"image": image, "target": batch.words[i], "prediction": preds[i],
+                                 "correct": preds[i] == batch.words[i]})
+        model.train()
+        sums = all_reduce_sum([loss_sum, *metric.sums()], device)
+        return EvalResult({"val_loss": sums[0] / max(sums[-1], 1), **TextMetric.rates(sums[1:])}, examples)
+
+    def predict(self, model: nn.Module, images: list[str], batch_size: int = 64) -> list[dict[str, Any]]:
+        """``{"image", "word", "confidence"}`` for each image file."""
+        results = []
+        for i in range(0, len(images), batch_size):  # decoded a batch at a time: a folder can be large
+            chunk = images[i:i + batch_size]
+            words = self.recognize(model, [open_rgb(name) for name in chunk], batch_size)
+            results += [{"image": n, "word": w, "confidence": c} for n, (w, c) in zip(chunk, words, strict=True)]
+        return results
+
+    def format_prediction(self, result: dict[str, Any]) -> str:
+        return f"{result['image']}\t{result['word']}\t{result['confidence']:.4f}"
+
+    def recognize(self, model: nn.Module, crops: list, batch_size: int = 64) -> list[tuple[str, float]]:
+        """Words and confidences for PIL crops (page OCR feeds the detector's crops here)."""
+        from scale_ocr.data.transforms import build_transform
+        from scale_ocr.models.recognition.ctc import ctc_greedy_decode
+
+        tf = build_transform(self.input_size, train=False)
+        out: list[tuple[str, float]] = []
+        with torch.no_grad():
+            for i in range(0, len(crops), batch_size):
+                logits = model(torch.stack([tf(c) for c in crops[i:i + batch_size]]))["logits"]
+                words, confs = ctc_greedy_decode(logits, self.vocab)
+                out += list(zip(words, confs, strict=True))
+        return out
+
+
+def open_rgb(name: str):
+    """An image file as RGB, or one line naming the file."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(name) as im:
+            return im.convert("RGB")
+    except (FileNotFoundError, UnidentifiedImageError, OSError) as exc:
+        raise UserError(f"{name} cannot be read as an image ({type(exc).__name__})") from None
