@@ -117,6 +117,13 @@ def _write_overlay(path: Path, image) -> None:
             from None
 
 
+def _add_model_pair(parser) -> None:
+    """The detector and recognizer that page OCR composes, and how many pages go through the detector at once."""
+    parser.add_argument("--det", required=True, metavar="DET_MODEL", help="detection checkpoint, run dir or export")
+    parser.add_argument("--reco", required=True, metavar="RECO_MODEL", help="recognition checkpoint, run dir or export")
+    parser.add_argument("--batch-size", "--batch_size", type=int, default=4, help="pages per detector batch")
+
+
 def _predict_pages(argv: list[str]) -> int:
     import argparse
     import json
@@ -129,13 +136,11 @@ def _predict_pages(argv: list[str]) -> int:
         prog="scale-ocr predict", description="Page OCR: prints one JSON object per page, {\"page\": path, "
         "\"words\": [{\"polygon\", \"text\", \"confidence\", \"box_score\"}, ...]} in reading order. "
         "(`scale-ocr predict MODEL IMAGE...` prints one model's own predictions.)")
-    parser.add_argument("--det", required=True, metavar="DET_MODEL", help="detection checkpoint, run dir or export")
-    parser.add_argument("--reco", required=True, metavar="RECO_MODEL", help="recognition checkpoint, run dir or export")
+    _add_model_pair(parser)
     parser.add_argument("pages", nargs="+", metavar="PAGE", help="page images")
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--overlay", metavar="OUT.png", help="draw the words on the (single) page into this PNG")
     out.add_argument("--overlay-dir", metavar="DIR", help="draw each page's words into DIR/<page name>.png")
-    parser.add_argument("--batch-size", "--batch_size", type=int, default=4, help="pages per detector batch")
     args = parser.parse_args(argv)
     missing = next((p for p in args.pages if not Path(p).is_file()), None)
     if missing:
@@ -163,11 +168,9 @@ def _evaluate_pages(argv: list[str]) -> int:
         prog="scale-ocr evaluate-pages", description="Detection recall / precision / mean IoU and end-to-end word "
         "recall / precision (a true word counts when a box matches it at IoU 0.5 and its text is equal) on "
         "docTR detection folders whose labels.json lists each page's \"words\".")
-    parser.add_argument("--det", required=True, metavar="DET_MODEL", help="detection checkpoint, run dir or export")
-    parser.add_argument("--reco", required=True, metavar="RECO_MODEL", help="recognition checkpoint, run dir or export")
+    _add_model_pair(parser)
     parser.add_argument("folders", nargs="+", metavar="DIR", help="docTR detection folders (images/, labels.json)")
     parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
-    parser.add_argument("--batch-size", "--batch_size", type=int, default=4, help="pages per detector batch")
     args = parser.parse_args(argv)
     detector, recognizer = _page_models(args)
     m = evaluate_pages(detector, recognizer, args.folders, args.batch_size)

@@ -96,3 +96,27 @@ def make_folder(root: Path, labels: dict[str, object], images: dict[str, bytes |
 def word_folder(tmp_path: Path) -> Path:
     words = ["hello", "world", "scale", "ocr42", "Text", "CTC", "gloo", "rank"]
     return make_folder(tmp_path / "words", {f"{i}.png": w for i, w in enumerate(words)})
+
+
+# Runs that save and resume: a constant learning rate makes a run stopped at step 4 identical to the first
+# 4 steps of a longer one.
+CKPT_BASE = ["--train-samples", "64", "--val-samples", "16", "-b", "4", "--log-every", "2", "--max-chars", "5",
+             "--epochs", "2", "--max-steps", "6", "--wandb-mode", "disabled", "--sched", "constant"]
+
+
+@pytest.fixture(scope="session")
+def saved(tmp_path_factory):
+    """``saved(strategy)``: the step-4 checkpoint of a 2-rank run under that strategy, trained once per session
+    (the resume matrix and the export test share them)."""
+    cache: dict[str, Path] = {}
+
+    def get(strategy: str) -> Path:
+        if strategy not in cache:
+            run_dir = tmp_path_factory.mktemp(f"saved_{strategy}")
+            proc = torchrun_train(["--strategy", strategy, *CKPT_BASE, "--max-steps", "4", "--save-every", "4",
+                                   "--output-dir", str(run_dir)])
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            cache[strategy] = run_dir / "checkpoints" / "step_00000004"
+        return cache[strategy]
+
+    return get

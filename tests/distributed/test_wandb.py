@@ -54,8 +54,8 @@ def test_two_rank_offline_run_reads_back(tmp_path):
 
 @pytest.mark.slow
 def test_disabled_writes_no_wandb_files(tmp_path):
-    proc = torchrun_train(["--strategy", "ddp", *TINY, "--output-dir", str(tmp_path), "--wandb-mode", "disabled"],
-                          env=_wandb_env())
+    proc = python_train(["--strategy", "single", *TINY, "--output-dir", str(tmp_path), "--wandb-mode", "disabled"],
+                        env=_wandb_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not (tmp_path / "wandb").exists() and not (tmp_path / "wandb_run_id").exists()
     records = read_jsonl(tmp_path)
