@@ -15,6 +15,8 @@ from scale_ocr.config import DataConfig
 from scale_ocr.distributed import DistInfo
 from scale_ocr.errors import UserError
 
+VAL_SEED_OFFSET = 1_000_003  # synthetic validation samples never overlap the training stream's seeds
+
 
 class EvalShard(Dataset):
     """This rank's share of a validation set, padded so every rank runs the same number of batches.

@@ -19,7 +19,6 @@ from scale_ocr.errors import UserError
 from scale_ocr.tasks import register_task
 from scale_ocr.tasks.base import EvalResult, Task
 
-VAL_SEED_OFFSET = 1_000_003  # validation pages never overlap the training stream's seeds
 NUM_EXAMPLES = 4  # validation pages shown in the W&B table, boxes drawn on them
 TARGET_KEYS = ("prob_target", "prob_mask", "thresh_target", "thresh_mask")
 
@@ -118,8 +117,8 @@ class DetectionTask(Task):
     def build_data(self, cfg: DataConfig, batch_size: int, seed: int, dist: DistInfo):
         from scale_ocr.data.det_transforms import build_det_transform
         from scale_ocr.data.detection import DetectionFolder
-        from scale_ocr.data.loader import build_loaders, labels_digest
-        from scale_ocr.data.recognition import ScanReport
+        from scale_ocr.data.files import ScanReport
+        from scale_ocr.data.loader import VAL_SEED_OFFSET, build_loaders, labels_digest
         from scale_ocr.data.synthetic_pages import SyntheticPages
 
         train_tf = build_det_transform(self.input_size, train=True, augment=cfg.augment)

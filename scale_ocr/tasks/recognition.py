@@ -20,7 +20,6 @@ from scale_ocr.tasks import register_task
 from scale_ocr.tasks.base import EvalResult, Task
 from scale_ocr.vocab import Vocab
 
-VAL_SEED_OFFSET = 1_000_003  # validation words never overlap the training stream's seeds
 NUM_EXAMPLES = 8  # validation words shown in the W&B table
 
 
@@ -126,8 +125,9 @@ class RecognitionTask(Task):
         return ["--data-cache", str(cache)]
 
     def build_data(self, cfg: DataConfig, batch_size: int, seed: int, dist: DistInfo):
-        from scale_ocr.data.loader import build_loaders, labels_digest
-        from scale_ocr.data.recognition import RecognitionFolder, ScanReport
+        from scale_ocr.data.files import ScanReport
+        from scale_ocr.data.loader import VAL_SEED_OFFSET, build_loaders, labels_digest
+        from scale_ocr.data.recognition import RecognitionFolder
         from scale_ocr.data.synthetic import SyntheticWords
         from scale_ocr.data.transforms import build_transform
 
