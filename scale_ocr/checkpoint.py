@@ -27,10 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as tdist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 
-from scale_ocr import safe_dcp
 from scale_ocr.config import CheckpointConfig
 from scale_ocr.distributed import DistInfo
 from scale_ocr.errors import UserError
@@ -99,6 +96,8 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         _barrier()
+        import torch.distributed.checkpoint as dcp  # 1 s of imports a run that never saves need not pay
+
         dcp.save(strategy.checkpoint_state(), checkpoint_id=str(tmp))
         torch.save(rng_state(), tmp / f"rng_rank{self.dist.rank}.pt")
         if os.environ.get(STALL_ENV):
@@ -172,6 +171,10 @@ class CheckpointManager:
                     f"checkpoint {path} was trained with {key}={meta.get(key)!r}, this run uses {ours!r}; "
                     f"resume with the same {key} or start a new --output-dir"
                 )
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        from scale_ocr import safe_dcp
+
         state = strategy.checkpoint_state()  # the layout to fill, sharded as this strategy shards
         try:
             safe_dcp.load(state, path, listed)

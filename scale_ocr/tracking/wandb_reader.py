@@ -73,6 +73,8 @@ class OfflineRun:
     history: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     record_types: dict[str, int] = field(default_factory=dict)
+    # Logged artifacts (a table is one, with its images): type and {path in the artifact: staged local file}.
+    artifacts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def read_offline_run(path: str | Path) -> OfflineRun:
@@ -99,6 +101,9 @@ def read_offline_run(path: str | Path) -> OfflineRun:
                 run.config[k] = v
         elif kind == "history":
             run.history.append(dict(_item(it) for it in rec.history.item))
+        elif kind == "artifact":
+            files = {e.path: e.local_path for e in rec.artifact.manifest.contents}
+            run.artifacts[rec.artifact.name] = {"type": rec.artifact.type, "files": files}
         elif kind == "summary":
             for it in rec.summary.update:
                 k, v = _item(it)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import deepspeed_train, python_train, read_jsonl, read_metrics, torchrun_train
+from conftest import _env, deepspeed_train, python_train, read_jsonl, read_metrics, torchrun_train
 
 # 128x128 pages, 2 per rank: a few seconds a step for DBNet-MobileNetV3 on a CPU core.
 DET = ["db_mobilenet_v3_large", "--input-size", "128x128", "-b", "2", "--train-samples", "16", "--val-samples", "4",
@@ -59,11 +59,30 @@ def test_zero3_detection_checkpoint_resumes_under_ddp(world, zero3_saved, tmp_pa
 
 @pytest.mark.slow
 def test_detection_folder_trains_and_evaluates(tmp_path):
+    """A docTR detection folder trains and evaluates, and W&B (offline, read back from its files) gets the
+    per-epoch metrics and a table of validation pages with true and predicted boxes drawn on them."""
+    import json
+    from pathlib import Path
+
     from scale_ocr.data.synthetic_pages import write_detection_folder
+    from scale_ocr.tracking.wandb_reader import read_offline_run
 
     folder = write_detection_folder(tmp_path / "pages", num_pages=6, seed=3, size=(160, 128))
     run_dir = tmp_path / "run"
+    env = {**_env(), "WANDB_MODE": "offline", "HOME": str(tmp_path)}
     proc = python_train([*DET, "--strategy", "single", "--train-path", str(folder), "--val-path", str(folder),
-                         "--max-steps", "2", "--output-dir", str(run_dir)])
+                         "--max-steps", "2", "--output-dir", str(run_dir), "--wandb-mode", "offline"], env=env)
     m = _check(proc, run_dir, 2)
     assert m["skipped_samples"] == 0
+    (wb,) = (run_dir / "wandb").glob("offline-run-*")
+    run = read_offline_run(wb)
+    evals = [h for h in run.history if "val/recall" in h]
+    assert len(evals) == 1 and {"val/precision", "val/mean_iou", "val/hmean"} <= set(evals[0])
+    assert evals[0]["val/examples/_type"] == "table-file" and evals[0]["val/examples/nrows"] == 4
+    # The table and its images travel as a run_table artifact (what `wandb sync` uploads).
+    (files,) = [a["files"] for a in run.artifacts.values() if a["type"] == "run_table"]
+    table = json.loads(Path(files["val/examples.table.json"]).read_text())
+    assert table["columns"] == ["page", "true_boxes", "predicted_boxes"] and len(table["data"]) == 4
+    for page, true_boxes, _ in table["data"]:
+        assert page["_type"] == "image-file" and (page["width"], page["height"]) == (128, 128)
+        assert Path(files[page["path"]]).is_file() and true_boxes > 0

@@ -16,35 +16,54 @@ def _extra(name: str) -> list[str]:
     return ["--ds-config", str(REPO / "ds_configs" / "zero2.json")] if name == "deepspeed" else []
 
 
-def _check(proc, run_dir, world_size: int) -> dict:
+def _check(proc, run_dir, world_size: int, steps: int = 6, micro_batches: int = 1) -> dict:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     m = read_metrics(run_dir)
     assert m["world_size"] == world_size
-    assert m["steps"] == 6 and m["global_batch"] == 4 * world_size
+    assert m["steps"] == steps and m["global_batch"] == 4 * world_size * micro_batches
     assert 0.0 <= m["exact_match"] <= 1.0 and m["peak_memory_bytes"] > 0
     assert (run_dir / "best_model.pt").is_file() and (run_dir / "last_model.pt").is_file()
     assert "scale-ocr: strategy=" in proc.stdout
     return m
 
 
+# TINY's six micro-batches per rank as three optimizer steps of two accumulated micro-batches, clipped to
+# a global norm of 0.5 (well under the CRNN's early gradients), logged every step.
+ACCUM = [*TINY, "--max-steps", "3", "--grad-accum", "2", "--clip-grad", "0.5", "--log-every", "1"]
+
+
+def _steps(run_dir) -> list[dict]:
+    return [r for r in read_jsonl(run_dir) if "train/loss" in r]
+
+
 @pytest.fixture(scope="module")
 def ddp_reference(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ddp_ref")
-    proc = torchrun_train(["--strategy", "ddp", *TINY, "--output-dir", str(run_dir)])
-    _check(proc, run_dir, 2)
-    return read_jsonl(run_dir)
+    _check(torchrun_train(["--strategy", "ddp", *ACCUM, "--output-dir", str(run_dir)]), run_dir, 2, 3, 2)
+    return _steps(run_dir)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", MULTI_RANK)
+@pytest.mark.parametrize("name", [n for n in MULTI_RANK if n != "ddp"])
 def test_torchrun_two_ranks(name, tmp_path, ddp_reference):
+    """Each engine trains as 2 real ranks, and accumulating 2 micro-batches then clipping to 0.5 is the same
+    maths as under DDP (each engine has its own accumulation path: no_sync, FSDP2's
+    set_requires_gradient_sync, DeepSpeed's micro-step count): same seed, data order and global batch give
+    the same pre-clip global grad norm and the same loss after clipped updates, step by step."""
     run_dir = tmp_path / name
-    proc = torchrun_train(["--strategy", name, *TINY, "--output-dir", str(run_dir), *_extra(name)])
-    _check(proc, run_dir, 2)
-    # Same seed, data order and global batch: the first steps' losses match DDP's.
-    ours = [r["train/loss"] for r in read_jsonl(run_dir) if "train/loss" in r]
-    ref = [r["train/loss"] for r in ddp_reference if "train/loss" in r]
-    assert ours[0] == pytest.approx(ref[0], rel=1e-4)
+    proc = torchrun_train(["--strategy", name, *ACCUM, "--output-dir", str(run_dir), *_extra(name)])
+    _check(proc, run_dir, 2, 3, 2)
+    ours = _steps(run_dir)
+    assert len(ours) == len(ddp_reference) == 3
+    # Reduction order differs between engines, so agreement is to float noise, not bitwise. Step 1's norm
+    # comes from identical weights (an unaveraged accumulation would double it); after that, Adam's
+    # m / sqrt(v) magnifies noise on near-zero gradients (fairscale's sharded reduce: 2e-4 by step 3), while a
+    # wrong clip or update would move the next losses by 1e-2 or more.
+    for a, b in zip(ours, ddp_reference, strict=True):
+        rel = 1e-5 if a["step"] == 1 else 1e-3
+        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=rel), (ours, ddp_reference)
+        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5), (ours, ddp_reference)
+    assert ours[0]["train/grad_norm"] > 0.5  # clipping really happened
 
 
 @pytest.mark.slow
@@ -62,35 +81,6 @@ def test_plain_python_single_process(name, tmp_path):
     proc = python_train(["--strategy", name, *TINY, "--output-dir", str(run_dir)])
     m = _check(proc, run_dir, 1)
     assert m["launcher"] == "python"
-
-
-ACCUM = ["--max-steps", "3", "--train-samples", "64", "--val-samples", "8", "--log-every", "1", "--max-chars", "5",
-         "--no-augment", "-b", "2", "--grad-accum", "2", "--clip-grad", "0.5", "--lr", "0.001"]
-
-
-@pytest.fixture(scope="module")
-def ddp_accum(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("ddp_accum")
-    proc = torchrun_train(["--strategy", "ddp", *ACCUM, "--output-dir", str(run_dir)])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [r for r in read_jsonl(run_dir) if "train/loss" in r]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["fsdp", "zero3"])  # FSDP2's and DeepSpeed's own accumulation paths
-def test_accumulation_and_clipping_match_ddp(name, tmp_path, ddp_accum):
-    """Accumulating 2 micro-batches and clipping to 0.5 is the same maths as under DDP: the
-    pre-clip global grad norm and the loss after clipped updates agree step by step."""
-    proc = torchrun_train(["--strategy", name, *ACCUM, "--output-dir", str(tmp_path)])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ours = [r for r in read_jsonl(tmp_path) if "train/loss" in r]
-    assert len(ours) == len(ddp_accum) == 3
-    # Reduction order differs between engines, so agreement is to float noise, not bitwise. (A large
-    # learning rate would amplify that noise step by step; 1e-3 keeps the comparison meaningful.)
-    for a, b in zip(ours, ddp_accum, strict=True):
-        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-4)
-        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5)
-    assert ours[0]["train/grad_norm"] > 0.5  # clipping really happened
 
 
 @pytest.mark.slow
