@@ -27,7 +27,7 @@ demo: $(STAMP)
 
 # Fast suite; FULL=1 (what CI runs) adds the multi-process and learning tests marked slow.
 test: $(STAMP)
-	SCALE_OCR_FULL_TESTS=$(FULL) $(PY) -m pytest -q
+	SCALE_OCR_FULL_TESTS=$(FULL) $(PY) -m pytest -q --durations=25
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check scale_ocr tests benchmarks
