@@ -191,6 +191,17 @@ def model_section(model: str, cells, out_dir: Path) -> list[str]:
     return lines
 
 
+def _gits(results: list[dict]) -> str:
+    """The commit the jobs ran at; a suite resumed (``--resume``) after new commits names each, with its job count."""
+    counts: dict[str, int] = {}
+    for r in results:
+        g = r["metrics"]["versions"]["git"]
+        counts[g] = counts.get(g, 0) + 1
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{g}: {n} jobs" for g, n in counts.items()) + "; resumed with --resume"
+
+
 def build_report(out_dir: Path) -> Path:
     """Write ``report.md`` and the plots for ``out_dir/results.jsonl``; returns the report's path."""
     results = load(out_dir)
@@ -202,7 +213,7 @@ def build_report(out_dir: Path) -> Path:
              f"- Hardware: {hw['cpu']}, {hw['cores']} cores, {_fmt(hw['memory_bytes'], '.0f', 2**-30)} GiB RAM"
              + (f", GPUs: {', '.join(hw['gpus'])}" if hw["gpus"] else ", no GPU (gloo on CPU)") + f" ({hw['host']})",
              f"- Software: torch {ver['torch']}, deepspeed {ver['deepspeed']}, fairscale {ver['fairscale']}, "
-             f"python {ver['python']}, scale-ocr {ver['scale-ocr']} (git {ver['git']})",
+             f"python {ver['python']}, scale-ocr {ver['scale-ocr']} (git {_gits(results)})",
              f"- {len(results)} jobs, {cfg['warmup']} warm-up + {cfg['steps']} timed steps each, precision "
              f"{cfg['precision']}; samples/s is the median over timed steps (p25–p75 in brackets), then over repeats.",
              "- DataParallel baseline: one process driving every device (on CPU: every core, the largest world "

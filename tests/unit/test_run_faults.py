@@ -112,8 +112,11 @@ def test_diverging_run_stops_with_its_last_good_checkpoint(tmp_path, capsys):
 
 
 def _launch(args: list[str]) -> subprocess.Popen:
+    # A shell's background job (`make test &`) inherits SIGINT ignored, and Python keeps an inherited SIG_IGN:
+    # give the run the default disposition a terminal's foreground job has, so Ctrl-C is tested as users send it.
     return subprocess.Popen([sys.executable, str(TRAIN), *args], cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _signal_after_step(proc: subprocess.Popen, sig: int, step: int = 2) -> tuple[str, str]:
