@@ -104,11 +104,48 @@ def load_export(path: Path) -> LoadedModel:
     return LoadedModel(model.eval(), task, str(path))
 
 
+def load_run_weights(path: Path) -> LoadedModel:
+    """A run's ``best_model.pt`` or ``last_model.pt``: a plain state dict, its identity from the run's config.json.
+
+    Read with ``torch.load(weights_only=True)``: tensors and plain containers only, never code.
+    """
+    from scale_ocr.safe_dcp import load_tensors
+
+    config_file = path.parent / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        # config.json records the task's own identity keys (the recognizer's vocabulary) at its top level.
+        model, task = _build({**config, "arch": config["model"]["arch"], "input_size": config["model"]["input_size"]})
+    except FileNotFoundError:
+        raise UserError(f"{path} has no config.json beside it to say which model it holds; pass the run's "
+                        "checkpoint folder or a `scale-ocr export` file") from None
+    except (ValueError, KeyError, TypeError):
+        raise UserError(f"{config_file} does not describe a model (model.arch, model.input_size); "
+                        "the run directory is damaged") from None
+    try:
+        state = load_tensors(path)  # a refused global (a crafted file) is already one line
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - truncated or foreign files raise several types
+        raise UserError(f"{path} cannot be read ({type(exc).__name__}); it is truncated or not a torch file") from None
+    if not isinstance(state, dict):
+        raise UserError(f"{path} is not a state dict written by scale-ocr")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        raise UserError(f"{path} does not match {task.arch} ({str(exc).splitlines()[0]})") from None
+    return LoadedModel(model.eval(), task, str(path))
+
+
 def load_any(path: str | Path) -> LoadedModel:
+    """A checkpoint folder or run directory, a ``.safetensors`` export, or a run's ``best_model.pt``/``last_model.pt``."""
     p = Path(path)
     if not p.exists():
-        raise UserError(f"{p} does not exist; pass a checkpoint folder, a run directory or a .safetensors export")
-    return load_export(p) if p.is_file() else load_checkpoint_model(p)
+        raise UserError(f"{p} does not exist; pass a checkpoint folder, a run directory, a .safetensors export "
+                        "or a run's best_model.pt")
+    if p.is_dir():
+        return load_checkpoint_model(p)
+    return load_run_weights(p) if p.suffix == ".pt" else load_export(p)
 
 
 def save_export(model: nn.Module, task: Task, out: str | Path) -> Path:

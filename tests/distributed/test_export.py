@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 import pytest
-import torch
 from conftest import make_folder, run_cmd
 
 from scale_ocr.errors import UserError
@@ -25,9 +24,8 @@ def test_export_then_predict_matches_live_model(tmp_path, saved):
     assert exported.arch == "crnn_mobilenet_v3_small" and exported.task.input_size == (32, 128)
     from_export = predict(exported, images)
 
-    # The live model: the bare model with the weights the run saved at its end.
-    live = load_any(run_dir)
-    live.model.load_state_dict(torch.load(run_dir / "last_model.pt", weights_only=True))
+    # The live model: the weights the run saved at its end, loaded from the run's own file.
+    live = load_any(run_dir / "last_model.pt")
     from_live = predict(live, images)
     assert [r["word"] for r in from_export] == [r["word"] for r in from_live]
     assert [r["confidence"] for r in from_export] == pytest.approx([r["confidence"] for r in from_live], abs=1e-6)

@@ -96,6 +96,24 @@ def test_crafted_metadata_does_not_run_on_export_or_predict(run_dir, tmp_path, c
     assert "refers to `posix.system`" in line and STEP in line
 
 
+def test_run_weights_file_predicts_and_a_crafted_one_does_not_run(run_dir, tmp_path, capsys):
+    """A run's last_model.pt is a model for predict/export (identity from config.json), read with weights_only."""
+    from PIL import Image
+
+    Image.new("RGB", (128, 32), "white").save(tmp_path / "word.png")
+    assert cli_main(["predict", str(run_dir / "last_model.pt"), str(tmp_path / "word.png")]) == 0
+    assert capsys.readouterr().out.startswith(str(tmp_path / "word.png"))
+    marker = tmp_path / "pwned"
+    torch.save({"weight": _RunsCode("os.system", marker)}, run_dir / "last_model.pt")
+    line = _one_error_line(cli_main(["export", str(run_dir / "last_model.pt"), str(tmp_path / "m.safetensors")]),
+                           capsys.readouterr().err)
+    assert not marker.exists() and "refers to `posix.system`" in line and "last_model.pt" in line
+    (run_dir / "config.json").unlink()
+    line = _one_error_line(cli_main(["predict", str(run_dir / "last_model.pt"), str(tmp_path / "word.png")]),
+                           capsys.readouterr().err)
+    assert "no config.json beside it" in line
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")  # crafting: dcp.save in one process, over a checkpoint
 @pytest.mark.parametrize("where", ["optimizer entry", "rng file"])
 def test_crafted_non_tensor_entry_does_not_run(run_dir, tmp_path, capsys, where):
