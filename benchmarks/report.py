@@ -202,6 +202,14 @@ def _gits(results: list[dict]) -> str:
     return ", ".join(f"{g}: {n} jobs" for g, n in counts.items()) + "; resumed with --resume"
 
 
+def _precisions(results: list[dict]) -> str:
+    """The suite's precision, or each model's where they differ."""
+    by_model = {r["config"]["model"]: r["config"]["precision"] for r in results}
+    if len(set(by_model.values())) == 1:
+        return next(iter(by_model.values()))
+    return ", ".join(f"{p} ({m})" for m, p in by_model.items())
+
+
 def build_report(out_dir: Path) -> Path:
     """Write ``report.md`` and the plots for ``out_dir/results.jsonl``; returns the report's path."""
     results = load(out_dir)
@@ -215,7 +223,7 @@ def build_report(out_dir: Path) -> Path:
              f"- Software: torch {ver['torch']}, deepspeed {ver['deepspeed']}, fairscale {ver['fairscale']}, "
              f"python {ver['python']}, scale-ocr {ver['scale-ocr']} (git {_gits(results)})",
              f"- {len(results)} jobs, {cfg['warmup']} warm-up + {cfg['steps']} timed steps each, precision "
-             f"{cfg['precision']}; samples/s is the median over timed steps (p25–p75 in brackets), then over repeats.",
+             f"{_precisions(results)}; samples/s is the median over timed steps (p25–p75 in brackets), then over repeats.",
              "- DataParallel baseline: one process driving every device (on CPU: every core, the largest world "
              "size's global batch); an N-rank job gets cores ÷ (largest world size) threads per rank at every "
              "world size, so the largest world uses the same cores as the baseline. Scaling efficiency = "

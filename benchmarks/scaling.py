@@ -56,6 +56,10 @@ class Suite:
     memory_limit_gb: float | None = None
     profile_steps: int = 2  # after the timed steps: torch.profiler measures the communication share
     model_args: tuple[tuple[str, str], ...] = ()  # (model, extra train.py flags), e.g. a smaller page size on CPU
+    model_precision: tuple[tuple[str, str], ...] = ()  # (model, precision) where it differs from ``precision``
+
+    def precision_for(self, model: str) -> str:
+        return dict(self.model_precision).get(model, self.precision)
 
     @property
     def job_steps(self) -> int:
@@ -65,9 +69,12 @@ class Suite:
 
 PRESETS: dict[str, Suite] = {
     # CPU, minutes: a small CNN and a 21M-parameter ViT (big enough for sharding to show).
+    # DBNet in fp32 and on 256x256 pages: CPUs without bf16 units run its convolutions about 10x slower in
+    # bf16 than in fp32 (measured here: 34 s against 3 s a step, 8 pages a rank), pages are costly anyway.
     "quick": Suite(models=("crnn_mobilenet_v3_small", "vitstr_small", "db_mobilenet_v3_large"), world_sizes=(1, 2),
                    batch_size=8, steps=6, warmup=2, timeout=300,
-                   model_args=(("db_mobilenet_v3_large", "--input-size 256x256"),)),  # CPU: pages are costly
+                   model_args=(("db_mobilenet_v3_large", "--input-size 256x256"),),
+                   model_precision=(("db_mobilenet_v3_large", "fp32"),)),
     # One GPU node.
     "full": Suite(models=("crnn_mobilenet_v3_small", "crnn_vgg16_bn", "vitstr_small", "vitstr_base",
                           "db_mobilenet_v3_large"),
@@ -93,6 +100,7 @@ class Config:
     repeat: int
     threads_per_rank: int
     launcher: str
+    precision: str = "bf16"
 
     @property
     def key(self) -> str:
@@ -126,10 +134,11 @@ def plan(suite: Suite, cores: int, gpus: int) -> list[Config]:
                 if single_process:
                     # One process drives every device (CPU: every core) and takes the largest world's global batch.
                     devices = gpus or top
-                    cfg = Config(model, strategy, 1, suite.batch_size * devices, 0, cores, "python")
+                    cfg = Config(model, strategy, 1, suite.batch_size * devices, 0, cores, "python",
+                                 suite.precision_for(model))
                 else:
                     launcher = "deepspeed" if "preset" in entry.preset else "torchrun"
-                    cfg = Config(model, strategy, ws, suite.batch_size, 0, threads, launcher)
+                    cfg = Config(model, strategy, ws, suite.batch_size, 0, threads, launcher, suite.precision_for(model))
                 for r in range(suite.repeats):
                     jobs.append(Config(**{**asdict(cfg), "repeat": r}))
     return jobs
@@ -138,7 +147,7 @@ def plan(suite: Suite, cores: int, gpus: int) -> list[Config]:
 def command(cfg: Config, suite: Suite, data_args: list[str], run_dir: Path, group: str, wandb_mode: str) -> list[str]:
     from scale_ocr.distributed import free_port
 
-    args = [cfg.model, "--strategy", cfg.strategy, "--precision", suite.precision, "-b", str(cfg.batch_size),
+    args = [cfg.model, "--strategy", cfg.strategy, "--precision", cfg.precision, "-b", str(cfg.batch_size),
             "--max-steps", str(suite.job_steps), "--epochs", "1000", *data_args, *shlex.split(dict(suite.model_args).get(cfg.model, "")), "--no-eval",
             "--profile-steps", str(suite.profile_steps),
             "--log-every", "1", "--sched", "constant", "--workers", "0", "--resume", "none", "--output-dir", str(run_dir),
@@ -318,7 +327,7 @@ def run_suite(suite: Suite, out_dir: Path, preset: str | None, wandb_mode: str, 
             except (OSError, ValueError, KeyError, statistics.StatisticsError) as exc:
                 status, error = "failed", f"unreadable metrics: {exc}"
         size = sizes[cfg.model]
-        pred = predicted(cfg.strategy, cfg.world_size, suite.precision, models[cfg.model], size)
+        pred = predicted(cfg.strategy, cfg.world_size, cfg.precision, models[cfg.model], size)
         metrics["predicted"] = {k: pred[k] for k in ("params", "grads", "optimizer", "other", "model_state", "ideal")}
         measured = (metrics.get("state_bytes") or {}).get("model_state")
         metrics["measured_over_predicted"] = measured / pred["model_state"] if measured else None
@@ -326,10 +335,10 @@ def run_suite(suite: Suite, out_dir: Path, preset: str | None, wandb_mode: str, 
         if "samples_per_sec" in metrics:
             achieved = flops[cfg.model] * metrics["samples_per_sec"]
             metrics["achieved_tflops"] = achieved / 1e12
-            per_device = (peak[0] if suite.precision != "fp32" else peak[1]) if peak else None
+            per_device = (peak[0] if cfg.precision != "fp32" else peak[1]) if peak else None
             metrics["mfu"] = achieved / (per_device * (gpus if cfg.launcher == "python" else cfg.world_size)) \
                 if per_device else None
-        line = Result({**asdict(cfg), "key": cfg.key, "params": size.params, "precision": suite.precision,
+        line = Result({**asdict(cfg), "key": cfg.key, "params": size.params,
                        "steps": suite.steps, "warmup": suite.warmup, "preset": preset,
                        "command": " ".join(cmd[cmd.index(str(TRAIN)):]) if str(TRAIN) in cmd else " ".join(cmd)},
                       status, error, {**metrics, "versions": ver, "hardware": hw, "run_dir": str(run_dir)})
@@ -388,6 +397,8 @@ def parse(argv: list[str] | None) -> tuple[Suite, argparse.Namespace]:
                  "profile_steps"):
         if getattr(args, name) is not None:
             over[name] = getattr(args, name)
+    if args.precision is not None:  # an explicit --precision is every model's
+        over["model_precision"] = ()
     return Suite(**{**asdict(base), **over}), args
 
 

@@ -8,10 +8,16 @@ Why the tolerances are not zero: engines reduce gradients in different ways - DD
 divide, fairscale's ShardedDataParallel divides each rank's gradient before summing - so gradients
 differ in the last bit. Adam then amplifies that: its first update is lr * g / (|g| + eps), about
 +-lr for any element whose gradient is near zero, so last-bit noise there flips whole updates.
-Measured over 20 steps at lr 1e-3 on 2 CPU ranks: sum-then-divide engines stay within 1e-4 of DDP
-(bitwise-equal sums for 2 ranks), fairscale within 4e-3 (loss), 3e-2 (grad norm), 1.5e-3
-(parameters). A real difference - a learning rate, a lost accumulation scale, a wrong clip - is one
-to two orders of magnitude larger than the tolerances below.
+Measured over 20 steps at lr 1e-3 on 2 CPU ranks: for the CRNN, sum-then-divide engines stay within
+1e-4 of DDP (bitwise-equal sums for 2 ranks), fairscale within 4e-3 (loss), 3e-2 (grad norm), 1.5e-3
+(parameters). DBNet (db_mobilenet_v3_large at 128x128) amplifies more - its deep backbone has many
+near-zero gradients, and the binarization's steep sigmoid and hard-negative mining pass a moved
+weight on at once: ZeRO-1/2/3 stay within 1.5e-3 (loss), 1.3e-2 (grad norm, steps 1-5), 4e-3
+(parameters), fairscale within 3.2e-3, 3.1e-2 and 7.9e-3; by step 6 both engines' grad norms
+wander by 10-50% while losses still agree to 3e-3. So grad norms are compared over the first
+NORM_STEPS steps, where a lost accumulation or loss scale shows at once (a factor, not a percent),
+and losses and final parameters over the whole run, where a wrong learning rate, schedule or clip
+shows. A real difference is an order of magnitude or more above the tolerances below.
 
 ``single`` is not a valid reference for models with BatchNorm (the CRNNs): one process over the global
 batch computes batch statistics over all of it, N ranks over their shards.
@@ -34,8 +40,9 @@ from scale_ocr.distributed import free_port
 
 DEFAULT_STRATEGIES = "ddp,fsdp,fsdp_grad_op,zero1,zero2,zero3,fairscale"
 LOSS_RTOL = 1e-2  # relative, per logged step
-NORM_RTOL = 1e-1  # relative, per step (the grad norm amplifies last-bit differences most)
-PARAM_RTOL = 5e-3  # relative L2 distance of all parameters after the last step
+NORM_RTOL = 1e-1  # relative, per step over the first NORM_STEPS (the grad norm amplifies last-bit noise most)
+NORM_STEPS = 5
+PARAM_RTOL = 1e-2  # relative L2 distance of all parameters after the last step
 # (Not a max-abs bound: Adam's update is about lr per element whatever the gradient's size, so an
 # element whose gradient is ~0 can move by lr in either direction from last-bit noise alone.)
 TRAIN_PY = Path(__file__).resolve().parent / "train.py"
@@ -113,7 +120,7 @@ def compare(name: str, ours: RunResult, ref: RunResult) -> Row:
     a = torch.cat([ours.params[k].flatten() for k in keys])
     b = torch.cat([ref.params[k].flatten() for k in keys])
     param_diff = float((a - b).norm() / b.norm().clamp(min=1e-12))
-    return Row(name, _rel(ours.losses, ref.losses), _rel(ours.norms, ref.norms), param_diff)
+    return Row(name, _rel(ours.losses, ref.losses), _rel(ours.norms[:NORM_STEPS], ref.norms[:NORM_STEPS]), param_diff)
 
 
 def format_table(rows: list[Row], reference: str) -> str:
@@ -125,7 +132,8 @@ def format_table(rows: list[Row], reference: str) -> str:
         else:
             verdict = "reference" if r.strategy == reference else ("pass" if r.passed else "FAIL")
             lines.append(f"{r.strategy:<15} {r.loss_diff:>13.2e} {r.norm_diff:>13.2e} {r.param_diff:>14.2e}  {verdict}")
-    lines.append(f"tolerances: loss rel {LOSS_RTOL:g}, grad norm rel {NORM_RTOL:g}, params rel L2 {PARAM_RTOL:g}")
+    lines.append(f"tolerances: loss rel {LOSS_RTOL:g} (every step), grad norm rel {NORM_RTOL:g} (steps 1-{NORM_STEPS}), "
+                 f"params rel L2 {PARAM_RTOL:g} (after the last step)")
     return "\n".join(lines)
 
 
