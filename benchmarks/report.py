@@ -207,7 +207,10 @@ def _precisions(results: list[dict]) -> str:
     by_model = {r["config"]["model"]: r["config"]["precision"] for r in results}
     if len(set(by_model.values())) == 1:
         return next(iter(by_model.values()))
-    return ", ".join(f"{p} ({m})" for m, p in by_model.items())
+    models: dict[str, list[str]] = {}
+    for m, p in by_model.items():
+        models.setdefault(p, []).append(m)
+    return ", ".join(f"{p} ({', '.join(ms)})" for p, ms in models.items())
 
 
 def build_report(out_dir: Path) -> Path:
