@@ -71,22 +71,19 @@ def render_word(word: str, rng: np.random.Generator, fonts: tuple[str, ...], hei
     font_path = str(rng.choice(fonts)) if fonts else None
     size = int(rng.integers(int(height * 0.7), int(height * 1.1) + 1))
     font = _font(font_path, size)
-    # Half the crops span the font's whole line (ascent + descent), where "xo" and "XO" differ in glyph
-    # height as in a text line; the other half hug the ink, as a detector's box does on a page (page OCR
-    # reads those), so one recognizer reads both.
-    left, top, right, bottom = font.getbbox(word)
+    # The crop spans the font's whole line (ascent + descent), not just the ink: "xo" and "XO" then
+    # differ in glyph height as they do on a page, instead of both filling the crop.
+    left, _, right, _ = font.getbbox(word)
     ascent, descent = font.getmetrics()
     mx, my = int(rng.integers(1, 8)), int(rng.integers(0, 4))
-    if rng.random() < 0.5:
-        top, bottom = 0, ascent + descent
-    w, h = max(1, right - left) + 2 * mx, max(1, bottom - top) + 2 * my
+    w, h = max(1, right - left) + 2 * mx, ascent + descent + 2 * my
     bg = int(rng.integers(170, 256))
     fg = int(rng.integers(0, max(1, bg - 110)))
     tint = rng.integers(-20, 21, size=3)
     bg_rgb = tuple(int(np.clip(bg + t, 0, 255)) for t in tint)
     fg_rgb = tuple(int(np.clip(fg + t, 0, 255)) for t in tint)
     img = Image.new("RGB", (w, h), bg_rgb)
-    ImageDraw.Draw(img).text((mx - left, my - top), word, font=font, fill=fg_rgb)
+    ImageDraw.Draw(img).text((mx - left, my), word, font=font, fill=fg_rgb)
     return img
 
 
