@@ -13,7 +13,7 @@ import argparse
 import json
 import statistics
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -193,10 +193,7 @@ def model_section(model: str, cells, out_dir: Path) -> list[str]:
 
 def _gits(results: list[dict]) -> str:
     """The commit the jobs ran at; a suite resumed (``--resume``) after new commits names each, with its job count."""
-    counts: dict[str, int] = {}
-    for r in results:
-        g = r["metrics"]["versions"]["git"]
-        counts[g] = counts.get(g, 0) + 1
+    counts = Counter(r["metrics"]["versions"]["git"] for r in results)
     if len(counts) == 1:
         return next(iter(counts))
     return ", ".join(f"{g}: {n} jobs" for g, n in counts.items()) + "; resumed with --resume"
@@ -204,12 +201,11 @@ def _gits(results: list[dict]) -> str:
 
 def _precisions(results: list[dict]) -> str:
     """The suite's precision, or each model's where they differ."""
-    by_model = {r["config"]["model"]: r["config"]["precision"] for r in results}
-    if len(set(by_model.values())) == 1:
-        return next(iter(by_model.values()))
-    models: dict[str, list[str]] = {}
-    for m, p in by_model.items():
-        models.setdefault(p, []).append(m)
+    models: dict[str, dict[str, None]] = {}  # precision -> its models, in order
+    for r in results:
+        models.setdefault(r["config"]["precision"], {})[r["config"]["model"]] = None
+    if len(models) == 1:
+        return next(iter(models))
     return ", ".join(f"{p} ({', '.join(ms)})" for p, ms in models.items())
 
 

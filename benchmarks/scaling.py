@@ -100,7 +100,7 @@ class Config:
     repeat: int
     threads_per_rank: int
     launcher: str
-    precision: str = "bf16"
+    precision: str
 
     @property
     def key(self) -> str:
@@ -125,6 +125,7 @@ def plan(suite: Suite, cores: int, gpus: int) -> list[Config]:
     threads = max(1, cores // top)
     jobs = []
     for model in suite.models:
+        precision = suite.precision_for(model)
         for strategy in suite.strategies:
             entry = strategy_entry(strategy)
             single_process = entry.cls.max_world_size == 1
@@ -134,11 +135,10 @@ def plan(suite: Suite, cores: int, gpus: int) -> list[Config]:
                 if single_process:
                     # One process drives every device (CPU: every core) and takes the largest world's global batch.
                     devices = gpus or top
-                    cfg = Config(model, strategy, 1, suite.batch_size * devices, 0, cores, "python",
-                                 suite.precision_for(model))
+                    cfg = Config(model, strategy, 1, suite.batch_size * devices, 0, cores, "python", precision)
                 else:
                     launcher = "deepspeed" if "preset" in entry.preset else "torchrun"
-                    cfg = Config(model, strategy, ws, suite.batch_size, 0, threads, launcher, suite.precision_for(model))
+                    cfg = Config(model, strategy, ws, suite.batch_size, 0, threads, launcher, precision)
                 for r in range(suite.repeats):
                     jobs.append(Config(**{**asdict(cfg), "repeat": r}))
     return jobs

@@ -97,8 +97,13 @@ def load_export(path: Path) -> LoadedModel:
     except (KeyError, ValueError, TypeError):
         raise UserError(f"{path} lacks scale-ocr metadata (the model's identity); export it with "
                         "`scale-ocr export`") from None
+    return _with_weights(model, task, tensors, path)
+
+
+def _with_weights(model: nn.Module, task: Task, state: dict, path: Path) -> LoadedModel:
+    """``model`` holding ``state`` (from the file ``path``), ready for inference."""
     try:
-        model.load_state_dict(tensors)
+        model.load_state_dict(state)
     except RuntimeError as exc:
         raise UserError(f"{path} does not match {task.arch} ({str(exc).splitlines()[0]})") from None
     return LoadedModel(model.eval(), task, str(path))
@@ -130,11 +135,7 @@ def load_run_weights(path: Path) -> LoadedModel:
         raise UserError(f"{path} cannot be read ({type(exc).__name__}); it is truncated or not a torch file") from None
     if not isinstance(state, dict):
         raise UserError(f"{path} is not a state dict written by scale-ocr")
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as exc:
-        raise UserError(f"{path} does not match {task.arch} ({str(exc).splitlines()[0]})") from None
-    return LoadedModel(model.eval(), task, str(path))
+    return _with_weights(model, task, state, path)
 
 
 def load_any(path: str | Path) -> LoadedModel:

@@ -113,7 +113,7 @@ def test_classify_exit_codes_and_messages():
 def test_plan_gives_dataparallel_the_whole_machine():
     suite = Suite(models=("m",), strategies=("dp", "ddp", "zero3"), world_sizes=(1, 2, 4), batch_size=8)
     jobs = plan(suite, cores=16, gpus=0)
-    assert jobs[0] == Config("m", "dp", 1, 32, 0, 16, "python")  # one process, all cores, 4 x 8 samples
+    assert jobs[0] == Config("m", "dp", 1, 32, 0, 16, "python", "bf16")  # one process, all cores, 4 x 8 samples
     assert {(j.strategy, j.world_size, j.threads_per_rank, j.launcher) for j in jobs[1:]} == {
         ("ddp", 1, 4, "torchrun"), ("ddp", 2, 4, "torchrun"), ("ddp", 4, 4, "torchrun"),
         ("zero3", 1, 4, "deepspeed"), ("zero3", 2, 4, "deepspeed"), ("zero3", 4, 4, "deepspeed")}
