@@ -20,6 +20,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adam")
 SCHEDULES = ("cosine", "onecycle", "constant")
 BAD_SAMPLE_POLICIES = ("error", "skip")
+WORD_STYLES = ("line", "page")  # scale_ocr.data.synthetic.WORD_STYLES, named here so --help needs no Pillow
 
 
 def opt(default: Any, help: str, *flags: str, aliases: tuple[str, ...] = (), **argparse_kw: Any) -> Any:
@@ -88,6 +89,11 @@ class DataConfig:
                                   "the task's, 512 words, 64 pages")
     min_chars: int = opt(3, "shortest synthetic word", aliases=("--min_chars",))
     max_chars: int = opt(8, "longest synthetic word", aliases=("--max_chars",))
+    synthetic_words: str = opt(
+        "line", "how synthetic words are cut: line (the font's whole line, as in word-crop datasets) or page (as "
+        "page OCR cuts a detector's box from a page: page font sizes, ink, turn and noise); a recognizer for "
+        "page OCR trains on page", choices=WORD_STYLES,
+    )
     workers: int | None = opt(
         None, "data-loading worker processes per rank (default: 0 on CPU, a few per GPU)", "-j", "--workers"
     )

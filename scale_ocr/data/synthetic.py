@@ -2,6 +2,10 @@
 
 Every rank builds the same dataset from the seed, so a distributed sampler can split it without any
 file on disk. Fonts are the system's DejaVu faces, falling back to Pillow's bundled font.
+
+Two styles: ``line`` crops span the font's whole line, as in word-crop datasets; ``page`` crops are
+words as page OCR hands them to a recognizer (a page's font sizes, paper, ink, turn and noise, cut
+along a detector's box), so a recognizer meant for page OCR trains on what it will read.
 """
 
 from __future__ import annotations
@@ -22,6 +26,14 @@ FONT_GLOBS = (
     "/usr/share/fonts/**/DejaVuSans.ttf",
     "/usr/share/fonts/**/DejaVuSerif.ttf",
 )
+TEXT_HEIGHT = (12, 40)  # font size range in pixels on a 512-pixel page (synthetic pages scale it with the page)
+MAX_ANGLE = 5.0  # pages turn by up to this many degrees
+# How far a trained detector's axis-aligned box strays from a word's ink box, per side (left, top, right,
+# bottom; outwards positive) in word heights: db_mobilenet_v3_large at 256x256 on 512-pixel synthetic
+# pages measured mean (-0.04, -0.02, 0.13, 0.11) and spread (0.26, 0.07, 0.18, 0.12), the widest from
+# merged or split words. Page-style words are cut along a box drawn from this (spread clipped at 2 sigma).
+BOX_ERROR_MEAN = np.array([0.0, 0.0, 0.12, 0.1])
+BOX_ERROR_STD = np.array([0.12, 0.07, 0.15, 0.1])
 
 
 @functools.lru_cache(maxsize=1)
@@ -35,7 +47,7 @@ def system_fonts() -> tuple[str, ...]:
     return tuple(found)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=256)  # 4 faces x the sizes of line and page words
 def _font(path: str | None, size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     if path is None:
         return ImageFont.load_default(size=size)
@@ -87,6 +99,55 @@ def render_word(word: str, rng: np.random.Generator, fonts: tuple[str, ...], hei
     return img
 
 
+def _box(x0: float, y0: float, x1: float, y1: float) -> list[list[float]]:
+    return [[x0, y0], [x1, y0], [x1, y1], [x0, y1]]  # clockwise on screen from top-left, as docTR
+
+
+def paper_colour(rng: np.random.Generator) -> tuple[int, int, int]:
+    """A light, slightly tinted page."""
+    paper = int(rng.integers(200, 256))
+    return tuple(int(v) for v in np.clip(paper + rng.integers(-15, 16, 3), 0, 255))
+
+
+def ink_colour(rng: np.random.Generator) -> tuple[int, int, int]:
+    """Dark, slightly tinted print."""
+    return tuple(int(c) for c in np.clip(rng.integers(0, 90) + rng.integers(-10, 11, 3), 0, 255))
+
+
+def sensor_noise(img: Image.Image, rng: np.random.Generator) -> Image.Image:
+    """Grey Gaussian noise of a random strength (sigma up to 8 levels)."""
+    noisy = np.asarray(img, dtype=np.float32)
+    noisy = noisy + rng.normal(0, rng.uniform(0, 8), (*noisy.shape[:2], 1)).astype(np.float32)
+    return Image.fromarray(noisy.clip(0, 255).astype(np.uint8))
+
+
+def render_page_word(word: str, rng: np.random.Generator, fonts: tuple[str, ...]) -> Image.Image:
+    """``word`` as page OCR cuts it from a synthetic page: the page's sizes, paper and ink, turned with
+    the page by up to ``MAX_ANGLE`` degrees, with its noise, cut along an upright box that strays from the
+    ink box as a trained detector's does (``BOX_ERROR_*``), plus page OCR's padding."""
+    from scale_ocr.data.det_transforms import rotate_page
+    from scale_ocr.detection.crop import crop_words
+
+    font = _font(str(rng.choice(fonts)) if fonts else None, int(rng.integers(TEXT_HEIGHT[0], TEXT_HEIGHT[1] + 1)))
+    paper, ink = paper_colour(rng), ink_colour(rng)
+    left, top, right, bottom = font.getbbox(word)
+    margin = max(8, 2 * (bottom - top))  # room for the turn and the box's error
+    img = Image.new("RGB", (right - left + 2 * margin, bottom - top + 2 * margin), paper)
+    ImageDraw.Draw(img).text((margin - left, margin - top), word, font=font, fill=ink)
+    ink_box = np.float32([_box(margin, margin, margin + right - left, margin + bottom - top)])
+    angle = float(rng.uniform(-MAX_ANGLE, MAX_ANGLE)) if rng.random() < 0.7 else 0.0
+    img, turned = rotate_page(img, ink_box, angle, paper, expand=False)
+    img = sensor_noise(img, rng)
+    (x0, y0), (x1, y1) = turned[0].min(axis=0), turned[0].max(axis=0)
+    error = (BOX_ERROR_MEAN + BOX_ERROR_STD * rng.standard_normal(4).clip(-2, 2)) * max(1, bottom - top)
+    box = _box(x0 - error[0], y0 - error[1], max(x1 + error[2], x0 - error[0] + 1), max(y1 + error[3], y0 - error[1] + 1))
+    (crop,) = crop_words(img, [box])
+    return crop
+
+
+WORD_STYLES = {"line": render_word, "page": render_page_word}
+
+
 class SyntheticWords(Dataset):
     """``num_samples`` rendered words; sample ``i`` depends only on ``(seed, i)``.
 
@@ -97,16 +158,18 @@ class SyntheticWords(Dataset):
         max_chars: longest word.
         seed: base seed; training and validation sets use different seeds.
         transform: applied to the PIL image (resize, augment, to tensor).
+        style: ``line`` or ``page`` (see the module docstring).
     """
 
     def __init__(self, charset: str, num_samples: int, min_chars: int, max_chars: int, seed: int,
-                 transform=None) -> None:
+                 transform=None, style: str = "line") -> None:
         self.charset = charset
         self.num_samples = num_samples
         self.min_chars, self.max_chars = min_chars, max_chars
         self.seed = seed
         self.transform = transform
         self.fonts = system_fonts()
+        self.render = WORD_STYLES[style]
 
     def __len__(self) -> int:
         return self.num_samples
@@ -115,7 +178,7 @@ class SyntheticWords(Dataset):
         """The raw image and its word."""
         rng = np.random.default_rng([self.seed, index])
         word = random_word(rng, self.charset, self.min_chars, self.max_chars)
-        return render_word(word, rng, self.fonts), word
+        return self.render(word, rng, self.fonts), word
 
     def label(self, index: int) -> str:
         """The word of sample ``index`` (without rendering it)."""

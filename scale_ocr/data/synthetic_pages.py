@@ -18,16 +18,20 @@ from PIL import Image, ImageDraw
 from torch.utils.data import Dataset
 
 from scale_ocr.data.det_transforms import rotate_points
-from scale_ocr.data.synthetic import _font, random_word, system_fonts
+from scale_ocr.data.synthetic import (
+    MAX_ANGLE,
+    TEXT_HEIGHT,
+    _box,
+    _font,
+    ink_colour,
+    paper_colour,
+    random_word,
+    sensor_noise,
+    system_fonts,
+)
 from scale_ocr.vocab import VOCABS
 
 DEFAULT_CHARSET = VOCABS["latin"]
-TEXT_HEIGHT = (12, 40)  # font size range in pixels on a 512-pixel page, scaled with the page
-MAX_ANGLE = 5.0
-
-
-def _box(x0: float, y0: float, x1: float, y1: float) -> list[list[float]]:
-    return [[x0, y0], [x1, y0], [x1, y1], [x0, y1]]  # clockwise on screen from top-left, as docTR
 
 
 def _layout(rng: np.random.Generator, size: tuple[int, int], charset: str) -> list[tuple]:
@@ -50,7 +54,7 @@ def _layout(rng: np.random.Generator, size: tuple[int, int], charset: str) -> li
                          max(6, round(int(rng.integers(TEXT_HEIGHT[0], TEXT_HEIGHT[1] + 1)) * unit)))
             ascent, descent = font.getmetrics()
             line_h = (ascent + descent) * rng.uniform(1.1, 1.8)
-            colour = tuple(int(c) for c in np.clip(rng.integers(0, 90) + rng.integers(-10, 11, 3), 0, 255))
+            colour = ink_colour(rng)
             n_lines = int(rng.integers(1, 7))
             for line in range(n_lines):
                 if y + ascent + descent > y_end:
@@ -89,8 +93,7 @@ def render_page(seed: int, index: int, size: tuple[int, int] = (512, 512),
     rng = np.random.default_rng([seed, index])
     charset = "".join(c for c in charset if not c.isspace())
     h, w = size
-    paper = int(rng.integers(200, 256))
-    bg = tuple(int(v) for v in np.clip(paper + rng.integers(-15, 16, 3), 0, 255))
+    bg = paper_colour(rng)
     angle = float(rng.uniform(-MAX_ANGLE, MAX_ANGLE)) if rng.random() < 0.7 else 0.0
     placed = _layout(rng, size, charset)
     img = Image.new("RGB", (w, h), bg)
@@ -105,8 +108,7 @@ def render_page(seed: int, index: int, size: tuple[int, int] = (512, 512),
         if keep:
             draw.text(origin, word, font=font, fill=colour)
     img = img.rotate(angle, resample=Image.BILINEAR, fillcolor=bg)  # in place, as rotate_points assumes
-    noisy = np.asarray(img, dtype=np.float32) + rng.normal(0, rng.uniform(0, 8), (h, w, 1)).astype(np.float32)
-    img = Image.fromarray(noisy.clip(0, 255).astype(np.uint8))
+    img = sensor_noise(img, rng)
     return img, turned[inside].reshape(-1, 4, 2), [p[1] for p, k in zip(placed, inside, strict=True) if k]
 
 

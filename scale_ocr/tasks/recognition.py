@@ -143,7 +143,7 @@ class RecognitionTask(Task):
             report = train_ds.report
         else:
             train_ds = SyntheticWords(self.vocab.chars, cfg.train_samples, cfg.min_chars, cfg.max_chars, seed,
-                                      train_tf)
+                                      train_tf, cfg.synthetic_words)
         if cfg.data_cache:
             val_ds = train_ds  # benchmarks: validation, if any, is not what is measured
         elif cfg.val_path:
@@ -152,7 +152,7 @@ class RecognitionTask(Task):
                 report.skipped[f"val_{k}"] = v
         else:
             val_ds = SyntheticWords(self.vocab.chars, cfg.val_samples, cfg.min_chars, cfg.max_chars,
-                                    seed + VAL_SEED_OFFSET, val_tf)
+                                    seed + VAL_SEED_OFFSET, val_tf, cfg.synthetic_words)
         digest = labels_digest(cfg.train_path) if cfg.train_path else None
         return build_loaders(train_ds, val_ds, Collate(self.vocab), cfg, batch_size, seed, dist,
                              dict(report.skipped), digest)

@@ -1,6 +1,9 @@
+import numpy as np
+import pytest
 import torch
 
-from scale_ocr.config import DataConfig, ModelConfig
+from scale_ocr.config import WORD_STYLES, DataConfig, ModelConfig
+from scale_ocr.data import synthetic
 from scale_ocr.data.loader import EvalShard
 from scale_ocr.data.recognition import RecognitionFolder
 from scale_ocr.data.synthetic import SyntheticWords, system_fonts
@@ -19,17 +22,39 @@ def test_system_fonts_found():
     assert all(p.endswith(".ttf") for p in system_fonts())
 
 
-def test_synthetic_is_deterministic_per_seed_and_index():
+@pytest.mark.parametrize("style", WORD_STYLES)
+def test_synthetic_is_deterministic_per_seed_and_index(style):
     charset = resolve_vocab("latin")
-    a = SyntheticWords(charset, 50, 3, 8, seed=1)
-    b = SyntheticWords(charset, 50, 3, 8, seed=1)
-    c = SyntheticWords(charset, 50, 3, 8, seed=2)
+    a = SyntheticWords(charset, 50, 3, 8, seed=1, style=style)
+    b = SyntheticWords(charset, 50, 3, 8, seed=1, style=style)
+    c = SyntheticWords(charset, 50, 3, 8, seed=2, style=style)
     assert [a.label(i) for i in range(50)] == [b.label(i) for i in range(50)]
     assert [a.label(i) for i in range(50)] != [c.label(i) for i in range(50)]
     img_a, word_a = a.sample(7)
     img_b, word_b = b.sample(7)
     assert word_a == word_b and list(img_a.getdata()) == list(img_b.getdata())
     assert all(3 <= len(a.label(i)) <= 8 and set(a.label(i)) <= set(charset) for i in range(50))
+
+
+def _ink_share(img) -> float:
+    """Share of the crop's rows holding ink (pixels much darker than the crop's median)."""
+    grey = np.asarray(img.convert("L"), dtype=np.float32)
+    rows = np.nonzero((grey < np.median(grey) - 60).any(axis=1))[0]
+    return (rows[-1] - rows[0] + 1) / grey.shape[0]
+
+
+def test_page_words_are_cut_around_the_ink_as_a_detector_boxes_them():
+    # "xxxx" has no ascender or descender: a line crop keeps the font's whole line around it, a page crop
+    # (the detector's box, which hugs the ink) does not. The recognizer for page OCR must train on the latter.
+    assert WORD_STYLES == tuple(synthetic.WORD_STYLES)
+    fonts = system_fonts()
+    shares = {style: np.mean([_ink_share(render("xxxx", np.random.default_rng(i), fonts)) for i in range(20)])
+              for style, render in synthetic.WORD_STYLES.items()}
+    assert shares["line"] < 0.5 and shares["page"] > 0.65, shares  # measured 0.41 and 0.75
+    task = RecognitionTask(ModelConfig())
+    data = task.build_data(DataConfig(train_samples=8, val_samples=4, synthetic_words="page"), 4, 0, _dist(0, 1))
+    renders = {data.train_loader.dataset.dataset.render, data.val_loader.dataset.dataset.render}
+    assert renders == {synthetic.render_page_word}
 
 
 def test_resize_pad_keeps_aspect():

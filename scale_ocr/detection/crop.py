@@ -1,0 +1,82 @@
+"""Cutting words out of a page: an upright box as is, any other quadrilateral warped onto an upright rectangle.
+
+Shared by page OCR (the detector's boxes) and the synthetic words a page-OCR recognizer trains on, so both
+see words cut the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import cv2
+import numpy as np
+from PIL import Image
+
+from scale_ocr.detection.metrics import as_polygons
+
+# Pixels of page kept around each word: recognizers are trained on crops whose ink does not touch the border,
+# and a detector's box may shave the tips of letters.
+PAD = 1.5
+MIN_SIDE = 1.0  # a word narrower or lower than this (pixels, inside the page) is nothing to read
+
+
+def _upright(poly: np.ndarray) -> bool:
+    """Every edge horizontal or vertical (what an axis-aligned detector returns)."""
+    edges = np.abs(np.roll(poly, -1, axis=0) - poly)
+    return bool(np.all(edges.min(axis=1) <= 1e-6 * max(1.0, float(np.abs(poly).max()))))
+
+
+def _side_lengths(quad: np.ndarray) -> tuple[float, float]:
+    """Width (mean of top and bottom edges) and height (mean of left and right) of a clockwise quadrilateral."""
+    tl, tr, br, bl = quad
+    width = (np.linalg.norm(tr - tl) + np.linalg.norm(br - bl)) / 2
+    height = (np.linalg.norm(bl - tl) + np.linalg.norm(br - tr)) / 2
+    return float(width), float(height)
+
+
+def _crop(page: Image.Image, pixels: np.ndarray, poly: np.ndarray, pad: float) -> Image.Image | None:
+    h, w = pixels.shape[:2]
+    quad = np.clip(poly, 0, [w, h])  # the part of the word on the page
+    if _upright(quad):
+        (x0, y0), (x1, y1) = quad.min(axis=0), quad.max(axis=0)
+        if x1 - x0 < MIN_SIDE or y1 - y0 < MIN_SIDE:
+            return None
+        # Whole pixels covering the padded box (pixel i covers [i, i + 1)), clipped to the page.
+        box = (max(0, int(np.floor(x0 - pad))), max(0, int(np.floor(y0 - pad))),
+               min(w, int(np.ceil(x1 + pad))), min(h, int(np.ceil(y1 + pad))))
+        return page.crop(box)
+    width, height = _side_lengths(quad)
+    if width < MIN_SIDE or height < MIN_SIDE:
+        return None
+    tl, tr, br, bl = quad
+    across, down = (tr - tl) + (br - bl), (bl - tl) + (br - tr)  # the word's own axes
+    u, v = pad * across / np.linalg.norm(across), pad * down / np.linalg.norm(down)
+    src = np.float32([tl - u - v, tr + u - v, br + u + v, bl - u + v])
+    out_w, out_h = max(1, round(width + 2 * pad)), max(1, round(height + 2 * pad))
+    dst = np.float32([[0, 0], [out_w, 0], [out_w, out_h], [0, out_h]])
+    # Corners in continuous coordinates; OpenCV puts pixel centres on integers, half a pixel earlier.
+    matrix = cv2.getPerspectiveTransform(src - 0.5, dst - 0.5)
+    # The padding may reach past the page's edge: repeat the edge rather than paint a black frame.
+    warped = cv2.warpPerspective(pixels, matrix, (out_w, out_h), flags=cv2.INTER_LINEAR,
+                                 borderMode=cv2.BORDER_REPLICATE)
+    return Image.fromarray(warped)
+
+
+def crop_words(page: Image.Image, polygons: np.ndarray | Sequence, pad: float = PAD) -> list[Image.Image | None]:
+    """Each word of a page cut out and straightened, ready for a recognizer.
+
+    Args:
+        page: the page (any PIL mode; crops are RGB).
+        polygons: (N, 4, 2) polygons in the page's pixels, clockwise on screen from the word's top-left
+            corner (what the detectors and docTR folders give), or (N, 4) ``(xmin, ymin, xmax, ymax)`` boxes.
+            An axis-aligned box is cropped as is; any other quadrilateral is warped onto an upright
+            rectangle as wide as the mean of its top and bottom edges and as high as the mean of its sides.
+        pad: pixels of page kept around each word, along the word's own axes.
+
+    Returns:
+        One crop per polygon, in the same order; None where the polygon has less than a pixel of width or
+        height inside the page, so the list stays parallel to ``polygons`` (drop those words with it).
+    """
+    page = page.convert("RGB")
+    pixels = np.asarray(page)
+    return [_crop(page, pixels, poly, pad) for poly in as_polygons(polygons)]
