@@ -117,11 +117,21 @@ def _write_overlay(path: Path, image) -> None:
             from None
 
 
+def _square_or_hxw(text: str) -> tuple[int, int]:
+    """``HxW``, or one number for a square."""
+    from scale_ocr.cli_args import _parse_input_size
+
+    return (int(text), int(text)) if text.strip().isdigit() else _parse_input_size(text)
+
+
 def _add_model_pair(parser) -> None:
     """The detector and recognizer that page OCR composes, and how many pages go through the detector at once."""
     parser.add_argument("--det", required=True, metavar="DET_MODEL", help="detection checkpoint, run dir or export")
     parser.add_argument("--reco", required=True, metavar="RECO_MODEL", help="recognition checkpoint, run dir or export")
     parser.add_argument("--batch-size", "--batch_size", type=int, default=4, help="pages per detector batch")
+    parser.add_argument("--det-size", type=_square_or_hxw, default=None, metavar="HxW",
+                        help="fit pages into this size for the detector (multiples of 32; default: the size it was "
+                             "trained at); a detector trained on small pages finds small words better run larger")
 
 
 def _predict_pages(argv: list[str]) -> int:
@@ -150,8 +160,8 @@ def _predict_pages(argv: list[str]) -> int:
     for start in range(0, len(args.pages), args.batch_size):  # a batch at a time, so a big folder streams
         names = args.pages[start:start + args.batch_size]
         pages = [open_rgb(n) for n in names]
-        for i, (name, page, words) in enumerate(zip(names, pages, read_pages(detector, recognizer, pages,
-                                                                              args.batch_size), strict=True)):
+        found = read_pages(detector, recognizer, pages, args.batch_size, det_size=args.det_size)
+        for i, (name, page, words) in enumerate(zip(names, pages, found, strict=True)):
             print(json.dumps({"page": name, "words": words}), flush=True)
             if overlays:
                 _write_overlay(overlays[start + i], overlay(page, words))
@@ -173,7 +183,7 @@ def _evaluate_pages(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     args = parser.parse_args(argv)
     detector, recognizer = _page_models(args)
-    m = evaluate_pages(detector, recognizer, args.folders, args.batch_size)
+    m = evaluate_pages(detector, recognizer, args.folders, args.batch_size, args.det_size)
     if args.json:
         print(json.dumps(m))
         return 0

@@ -46,7 +46,8 @@ def _word(poly: np.ndarray, text: str, confidence: float, box_score: float) -> d
 
 
 def read_pages(detector: LoadedModel, recognizer: LoadedModel, pages: Sequence[Image.Image], batch_size: int = 4,
-               word_batch_size: int = 64, pad: float = PAD) -> list[list[dict[str, Any]]]:
+               word_batch_size: int = 64, pad: float = PAD, det_size: tuple[int, int] | None = None
+               ) -> list[list[dict[str, Any]]]:
     """The words of each page, in reading order.
 
     Args:
@@ -56,6 +57,7 @@ def read_pages(detector: LoadedModel, recognizer: LoadedModel, pages: Sequence[I
         batch_size: pages per detector batch; the words of those pages are read together.
         word_batch_size: crops per recognizer batch.
         pad: see :func:`crop_words`.
+        det_size: ``(H, W)`` pages are fitted into for the detector; None: the size it was trained at.
 
     Returns:
         Per page, one ``{"polygon": [[x, y] x 4] (page pixels, 0.1 px), "text", "confidence", "box_score"}``
@@ -66,7 +68,7 @@ def read_pages(detector: LoadedModel, recognizer: LoadedModel, pages: Sequence[I
     results: list[list[dict[str, Any]]] = []
     for start in range(0, len(pages), batch_size):
         chunk = pages[start:start + batch_size]
-        found = detector.task.detect(detector.model, list(chunk), batch_size)
+        found = detector.task.detect(detector.model, list(chunk), batch_size, det_size)
         crops: list[Image.Image] = []
         kept: list[list[tuple[np.ndarray, float]]] = []  # per page: (polygon, box score) of each crop
         for page, boxes in zip(chunk, found, strict=True):
@@ -130,12 +132,14 @@ def overlay(page: Image.Image, words: Sequence[dict[str, Any]], colour: tuple[in
 
 
 def evaluate_pages(detector: LoadedModel, recognizer: LoadedModel, folder_paths: Sequence[str | Path],
-                   batch_size: int = 4) -> dict[str, float | int]:
+                   batch_size: int = 4, det_size: tuple[int, int] | None = None) -> dict[str, float | int]:
     """End-to-end accuracy of a detector and recognizer pair on docTR detection folders whose labels carry words.
 
     Detection is scored on boxes alone (``LocalizationMetric``: one-to-one matching at IoU 0.5), reading on
     boxes and text (``OCRMetric``: a true word is read when its matched box's text equals it), both in the
     original pages' pixels.
+
+    ``det_size`` is :func:`read_pages`'.
 
     Returns:
         ``pages``, ``gt_words``, ``pred_words`` (counts), ``recall``, ``precision``, ``mean_iou`` (detection),
@@ -156,7 +160,7 @@ def evaluate_pages(detector: LoadedModel, recognizer: LoadedModel, folder_paths:
     for start in range(0, len(samples), batch_size):
         chunk = [folder[i] for folder, i in samples[start:start + batch_size]]  # (image, polygons, words)
         for (_, gt_polys, gt_words), words in zip(chunk, read_pages(detector, recognizer, [c[0] for c in chunk],
-                                                                    batch_size), strict=True):
+                                                                    batch_size, det_size=det_size), strict=True):
             pred = np.array([w["polygon"] for w in words], dtype=np.float64).reshape(-1, 4, 2)
             boxes.update(pred, gt_polys)
             texts.update(pred, [w["text"] for w in words], gt_polys, gt_words)

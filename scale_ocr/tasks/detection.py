@@ -178,12 +178,19 @@ class DetectionTask(Task):
                            **rates}, examples)
 
     @torch.no_grad()
-    def detect(self, model: nn.Module, pages: list, batch_size: int = 4) -> list[list]:
-        """Boxes of each PIL page, as ``(polygon (4, 2) in the page's pixels, score)``."""
-        from scale_ocr.data.det_transforms import build_det_transform
+    def detect(self, model: nn.Module, pages: list, batch_size: int = 4,
+               input_size: tuple[int, int] | None = None) -> list[list]:
+        """Boxes of each PIL page, as ``(polygon (4, 2) in the page's pixels, score)``.
 
-        tf = build_det_transform(self.input_size, train=False)
-        h, w = self.input_size
+        ``input_size`` fits the pages into another size than the model was trained at (``--det-size``): DBNet
+        is fully convolutional, and a detector trained on small pages finds small words better run larger.
+        """
+        from scale_ocr.data.det_transforms import build_det_transform
+        from scale_ocr.models.detection.dbnet import check_input_size
+
+        h, w = input_size or self.input_size
+        check_input_size(h, w, "--det-size")
+        tf = build_det_transform((h, w), train=False)
         out = []
         for i in range(0, len(pages), batch_size):
             chunk = pages[i:i + batch_size]

@@ -131,6 +131,17 @@ def test_read_pages_returns_words_in_reading_order_in_page_pixels():
     assert json.loads(json.dumps(words)) == words and all(w["box_score"] > 0.9 for w in words)
 
 
+def test_read_pages_runs_the_detector_at_det_size():
+    # The oracle only knows the page fitted into 384 x 384, while the detector was "trained" at 256 x 256.
+    page, polygons, names = _page_with_boxes()
+    detector, recognizer = oracle_pair([(page, polygons, names)], input_size=(384, 384))
+    detector.task.input_size = (256, 256)
+    with pytest.raises(KeyError):
+        read_pages(detector, recognizer, [page])
+    (words,) = read_pages(detector, recognizer, [page], det_size=(384, 384))
+    assert [w["text"] for w in words] == ["title", "a1", "a2", "a3", "b1", "b2"]
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     return write_detection_folder(tmp_path_factory.mktemp("pages"), num_pages=3, seed=0, size=(256, 256))
@@ -222,3 +233,8 @@ def test_evaluate_pages_command_prints_a_table_or_json(models, folder, capsys):
     assert main([*argv, "--json"]) == 0
     metrics = json.loads(capsys.readouterr().out)
     assert metrics["pages"] == 3 and {"recall", "word_recall", "ci_word_precision"} <= set(metrics)
+    assert main([*argv, "--json", "--det-size", "96"]) == 0  # one number: a square
+    assert json.loads(capsys.readouterr().out)["pages"] == 3
+    assert main([*argv, "--det-size", "100x100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--det-size 100x100" in err and "96x96" in err, err

@@ -25,11 +25,11 @@ STRIDE = 32  # the deepest feature level; every FPN level must divide the input 
 MOBILENET_V3_LARGE_STAGES = ((0, 4), (4, 7), (7, 13), (13, 17))
 
 
-def check_input_size(height: int, width: int) -> None:
-    """Raise a UserError unless both sides are positive multiples of 32."""
+def check_input_size(height: int, width: int, flag: str = "--input-size") -> None:
+    """Raise a UserError, naming ``flag``, unless both sides are positive multiples of 32."""
     if height % STRIDE or width % STRIDE or height <= 0 or width <= 0:
         h, w = (max(STRIDE, round(s / STRIDE) * STRIDE) for s in (height, width))
-        raise UserError(f"--input-size {height}x{width}: DBNet needs height and width that are multiples of "
+        raise UserError(f"{flag} {height}x{width}: DBNet needs height and width that are multiples of "
                         f"{STRIDE}, e.g. {h}x{w}")
 
 
