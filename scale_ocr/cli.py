@@ -25,16 +25,34 @@ commands:
                docTR detection folders whose labels carry words
   estimate-memory  (--model ARCH | --params N) --world-size N: per-rank memory of every strategy
   bench        scaling benchmark (same as `python -m benchmarks.scaling`)
-  models       list registered models
+  models       list registered models (--params: with their parameter counts)
   strategies   list distributed strategies
 """
 
 
 def _models(argv: list[str]) -> int:
+    import argparse
+
+    import torch
+
+    from scale_ocr.config import ModelConfig
+    from scale_ocr.tasks import create_task
+
+    parser = argparse.ArgumentParser(prog="scale-ocr models", description="List the registered models.")
+    parser.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'vitstr_*'")
+    parser.add_argument("--params", action="store_true", help="also each model's task and parameter count at its "
+                        "default input size and vocabulary (built on the meta device: no memory, no time)")
+    args = parser.parse_args(argv)
     from scale_ocr.models import list_models
 
-    for name in list_models(argv[0] if argv else "*"):
-        print(name)
+    for name in list_models(args.pattern):
+        if not args.params:
+            print(name)
+            continue
+        task = create_task(ModelConfig(arch=name))
+        with torch.device("meta"):
+            params = sum(p.numel() for p in task.build_model().parameters())
+        print(f"{name:<28} {task.name:<12} {params / 1e6:>9.2f}M")
     return 0
 
 

@@ -21,6 +21,8 @@ OPTIMIZERS = ("adamw", "adam")
 SCHEDULES = ("cosine", "onecycle", "constant")
 BAD_SAMPLE_POLICIES = ("error", "skip")
 WORD_STYLES = ("line", "page")  # scale_ocr.data.synthetic.WORD_STYLES, named here so --help needs no Pillow
+# Model-size overrides: config field -> the registry builder's keyword. A model takes those its builder accepts.
+MODEL_SIZE_FIELDS = {"model_width": "width", "model_depth": "depth", "model_heads": "heads", "mlp_ratio": "mlp_ratio"}
 
 
 def opt(default: Any, help: str, *flags: str, aliases: tuple[str, ...] = (), **argparse_kw: Any) -> Any:
@@ -57,6 +59,14 @@ class ModelConfig:
     )
     vocab: str = opt("latin", "vocabulary: a name (latin, digits, ascii_letters, english, french) or the characters")
     vocab_file: str | None = opt(None, "read the vocabulary's characters from this UTF-8 text file")
+    model_width: int | None = opt(None, "transformer width of a scalable model (vitstr_*); default: the model's "
+                                  "(tiny 192, small 384, base 768, large 1024)", metavar="DIM")
+    model_depth: int | None = opt(None, "transformer blocks of a scalable model (vitstr_*); default: the model's",
+                                  metavar="N")
+    model_heads: int | None = opt(None, "attention heads of a scalable model (vitstr_*); default: width / 64",
+                                  metavar="N")
+    mlp_ratio: float | None = opt(None, "MLP hidden width / width of a scalable model (vitstr_*); default: 4",
+                                  metavar="R")
 
     def __post_init__(self) -> None:
         if self.input_size is None:  # a default that depends on the architecture's task, resolved once here
@@ -66,6 +76,26 @@ class ModelConfig:
         h, w = self.input_size
         if h < 8 or w < 8:
             raise UserError(f"--input-size {h}x{w} is too small; use at least 8x8, e.g. 32x128")
+        self._check_size_overrides()
+
+    def _check_size_overrides(self) -> None:
+        _require_finite(self, "mlp_ratio")
+        given = {name: getattr(self, name) for name in MODEL_SIZE_FIELDS if getattr(self, name) is not None}
+        if not given:
+            return
+        from scale_ocr.models import accepts, list_models
+
+        for name, value in given.items():
+            flag, kwarg = "--" + name.replace("_", "-"), MODEL_SIZE_FIELDS[name]
+            if not accepts(self.arch, kwarg):
+                takers = ", ".join(m for m in list_models() if accepts(m, kwarg))
+                raise UserError(f"{flag}: {self.arch} has no {kwarg} to set; it applies to {takers}")
+            if value <= 0:
+                raise UserError(f"{flag} {value} must be positive")
+
+    def size_overrides(self) -> dict[str, Any]:
+        """The model-size overrides given, as the registry builder's keywords."""
+        return {kw: getattr(self, name) for name, kw in MODEL_SIZE_FIELDS.items() if getattr(self, name) is not None}
 
     @property
     def charset(self) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from scale_ocr.config import MODEL_SIZE_FIELDS
 from scale_ocr.errors import UserError
 from scale_ocr.tasks import Task, task_from_identity
 
@@ -119,8 +120,11 @@ def load_run_weights(path: Path) -> LoadedModel:
     config_file = path.parent / "config.json"
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
-        # config.json records the task's own identity keys (the recognizer's vocabulary) at its top level.
-        model, task = _build({**config, "arch": config["model"]["arch"], "input_size": config["model"]["input_size"]})
+        # config.json records the task's own identity keys (the recognizer's vocabulary's characters) at its
+        # top level, and the architecture, input size and size overrides in its model section.
+        section = config["model"]
+        model, task = _build({**config, "arch": section["arch"], "input_size": section["input_size"],
+                              **{k: section[k] for k in MODEL_SIZE_FIELDS if section.get(k) is not None}})
     except FileNotFoundError:
         raise UserError(f"{path} has no config.json beside it to say which model it holds; pass the run's "
                         "checkpoint folder or a `scale-ocr export` file") from None

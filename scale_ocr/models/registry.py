@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import inspect
 from collections.abc import Callable
 
 from torch import nn
@@ -36,3 +37,8 @@ def builder(name: str) -> Callable[..., nn.Module]:
 def create_model(name: str, **kwargs) -> nn.Module:
     """Build a registered model with random weights (nothing is downloaded)."""
     return builder(name)(**kwargs)
+
+
+def accepts(name: str, keyword: str) -> bool:
+    """Whether ``name``'s builder takes ``keyword`` (a capability, such as a settable width)."""
+    return keyword in inspect.signature(builder(name)).parameters

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from scale_ocr.config import DataConfig, ModelConfig
+from scale_ocr.config import MODEL_SIZE_FIELDS, DataConfig, ModelConfig
 from scale_ocr.distributed import DistInfo
 
 
@@ -66,7 +66,7 @@ class Task(ABC):
     def build_model(self) -> nn.Module:
         from scale_ocr.models import create_model
 
-        return create_model(self.arch, **self.model_kwargs())
+        return create_model(self.arch, **self.model_kwargs(), **self.cfg.size_overrides())
 
     @abstractmethod
     def dummy_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
@@ -87,7 +87,8 @@ class Task(ABC):
 
     def identity(self) -> dict[str, Any]:
         """What a checkpoint must match to be resumed or loaded by this task (and what an export records)."""
-        return {"arch": self.arch, "input_size": list(self.input_size)}
+        return {"arch": self.arch, "input_size": list(self.input_size),
+                **{k: getattr(self.cfg, k) for k in MODEL_SIZE_FIELDS if getattr(self.cfg, k) is not None}}
 
     def describe(self) -> dict[str, Any]:
         """Extra facts for the run's config.json."""
@@ -109,6 +110,12 @@ class Task(ABC):
     @abstractmethod
     def from_identity(cls, identity: dict[str, Any]) -> Task:
         """The task of a checkpoint or export, from what :meth:`identity` recorded."""
+
+    @staticmethod
+    def model_config(identity: dict[str, Any]) -> ModelConfig:
+        """The model section an identity describes: architecture, input size and any size overrides."""
+        return ModelConfig(arch=identity["arch"], input_size=tuple(identity["input_size"]),
+                           **{k: identity[k] for k in MODEL_SIZE_FIELDS if identity.get(k) is not None})
 
     def format_prediction(self, result: dict[str, Any]) -> str:
         """One result of :meth:`predict` as printed by ``scale-ocr predict`` (JSON unless the task says otherwise)."""

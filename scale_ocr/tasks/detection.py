@@ -100,7 +100,7 @@ class DetectionTask(Task):
 
     @classmethod
     def from_identity(cls, identity: dict[str, Any]) -> DetectionTask:
-        return cls(ModelConfig(arch=identity["arch"], input_size=tuple(identity["input_size"])))
+        return cls(cls.model_config(identity))
 
     def dummy_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
         h, w = self.input_size

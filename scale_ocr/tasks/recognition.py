@@ -109,7 +109,7 @@ class RecognitionTask(Task):
 
     @classmethod
     def from_identity(cls, identity: dict[str, Any]) -> RecognitionTask:
-        task = cls(ModelConfig(arch=identity["arch"], input_size=tuple(identity["input_size"])))
+        task = cls(cls.model_config(identity))
         task.vocab = Vocab(identity["vocab"])  # the characters themselves, never re-read as a vocabulary name
         return task
 

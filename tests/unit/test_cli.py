@@ -11,6 +11,10 @@ def test_lists(capsys):
     assert main(["strategies"]) == 0
     out = capsys.readouterr().out
     assert "zero3_offload" in out and "fairscale" in out
+    assert main(["models", "vitstr_*", "--params"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert [r[0] for r in rows] == ["vitstr_base", "vitstr_large", "vitstr_small", "vitstr_tiny"]
+    assert rows[3][1:] == ["recognition", "5.40M"] and rows[1][2] == "302.64M"
 
 
 def test_unknown_command(capsys):

@@ -77,3 +77,40 @@ def test_vitstr_small_is_large_enough_to_show_sharding():
 def test_vitstr_rejects_input_not_divisible_by_patch():
     with pytest.raises(UserError, match="not a multiple of the 8x4 patch"):
         create_model("vitstr_tiny", input_size=(30, 128))
+
+
+def _vitstr_params(width: int, depth: int, mlp_ratio: float, classes: int = 95, tokens: int = 4 * 32) -> int:
+    hidden = int(width * mlp_ratio)
+    block = 4 * width + (4 * width * width + 4 * width) + (2 * width * hidden + hidden + width)  # norms, attn, MLP
+    return (3 * 8 * 4 + 1) * width + tokens * width + depth * block + 2 * width + (width + 1) * classes
+
+
+def test_vitstr_size_overrides_build_that_model_and_travel_with_it(tmp_path):
+    from scale_ocr.config import ModelConfig
+    from scale_ocr.export import load_any, save_export
+    from scale_ocr.tasks import create_task
+
+    task = create_task(ModelConfig(arch="vitstr_tiny", model_width=128, model_depth=3, mlp_ratio=2.0))
+    model = task.build_model()
+    assert sum(p.numel() for p in model.parameters()) == _vitstr_params(128, 3, 2.0)
+    assert model.blocks[0].attn.num_heads == 2  # width / 64 when the heads are not given
+    loaded = load_any(save_export(model, task, tmp_path / "m.safetensors"))  # rebuilt from the export's identity
+    assert [p.shape for p in loaded.model.parameters()] == [p.shape for p in model.parameters()]
+    # The billion-parameter shapes build on the meta device without memory.
+    big = create_task(ModelConfig(arch="vitstr_large", model_width=2048, model_depth=15))
+    with torch.device("meta"):
+        n = sum(p.numel() for p in big.build_model().parameters())
+    assert n == _vitstr_params(2048, 15, 4.0) and n > 0.75e9
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"arch": "crnn_mobilenet_v3_small", "model_width": 256}, "crnn_mobilenet_v3_small has no width to set"),
+    ({"arch": "vitstr_tiny", "model_depth": 0}, "--model-depth 0 must be positive"),
+    ({"arch": "vitstr_tiny", "model_heads": 5}, "does not split into 5 attention heads"),
+])
+def test_vitstr_size_overrides_refused_in_one_line(kw, message):
+    from scale_ocr.config import ModelConfig
+    from scale_ocr.tasks import create_task
+
+    with pytest.raises(UserError, match=message):
+        create_task(ModelConfig(**kw)).build_model()

@@ -3,7 +3,8 @@
 docTR's ViTSTR reads characters off the first tokens with cross-entropy; here the patch
 grid's columns become CTC frames (tokens of one column are averaged), so it trains with the same loss,
 data and decoding as CRNN and every strategy sees one more model family: all-Linear, LayerNorm, no
-BatchNorm, and sizes from 5M to 300M parameters, where sharding starts to matter.
+BatchNorm, and sizes from 5M parameters to billions (``--model-width/--model-depth/--model-heads/--mlp-ratio``
+override any of the named sizes), where sharding starts to matter.
 """
 
 from __future__ import annotations
@@ -42,19 +43,25 @@ class ViTSTR(nn.Module):
         input_size: (H, W) of the word images; both must be multiples of ``patch``.
         patch: (ph, pw) patch size; W / pw is the number of CTC frames.
         dim, depth, heads: transformer width, number of blocks, attention heads.
+        mlp_ratio: each block's MLP hidden width over ``dim``.
     """
 
     def __init__(self, num_classes: int, input_size: tuple[int, int], patch: tuple[int, int], dim: int,
-                 depth: int, heads: int) -> None:
+                 depth: int, heads: int, mlp_ratio: float = 4.0) -> None:
         super().__init__()
         (h, w), (ph, pw) = input_size, patch
         if h % ph or w % pw:
             raise UserError(f"--input-size {h}x{w} is not a multiple of the {ph}x{pw} patch; use e.g. 32x128")
+        if dim % heads:
+            fits = [n for n in range(max(1, heads - 8), heads + 9) if dim % n == 0]
+            raise UserError(f"a width of {dim} does not split into {heads} attention heads (--model-width, "
+                            f"--model-heads); give --model-heads that divides it, e.g. "
+                            f"{min(fits, key=lambda n: abs(n - heads))}")
         self.grid = (h // ph, w // pw)
         self.patch_embed = nn.Conv2d(3, dim, kernel_size=patch, stride=patch)
         self.pos_embed = nn.Parameter(torch.zeros(1, self.grid[0] * self.grid[1], dim))
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(depth))
+        self.blocks = nn.ModuleList(Block(dim, heads, mlp_ratio) for _ in range(depth))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)
 
@@ -75,30 +82,31 @@ class ViTSTR(nn.Module):
         return out
 
 
-def _vitstr(num_classes: int, input_size: tuple[int, int], dim: int, depth: int, heads: int,
-            patch: tuple[int, int] = (8, 4)) -> ViTSTR:
-    return ViTSTR(num_classes, tuple(input_size), patch, dim, depth, heads)
+HEAD_DIM = 64  # ViT's width per attention head; a width given without heads gets width / 64 of them
 
 
-@register_model
-def vitstr_tiny(num_classes: int = 95, input_size: tuple[int, int] = (32, 128), depth: int = 12) -> ViTSTR:
-    """ViT-Tiny width (192, 3 heads), 12 blocks: about 5.4M parameters."""
-    return _vitstr(num_classes, input_size, 192, depth, 3)
+def _vitstr(num_classes: int, input_size: tuple[int, int], width: int, depth: int, heads: int | None = None,
+            mlp_ratio: float | None = None, patch: tuple[int, int] = (8, 4)) -> ViTSTR:
+    heads = heads or max(1, width // HEAD_DIM)
+    return ViTSTR(num_classes, tuple(input_size), patch, width, depth, heads, 4.0 if mlp_ratio is None else mlp_ratio)
 
 
-@register_model
-def vitstr_small(num_classes: int = 95, input_size: tuple[int, int] = (32, 128), depth: int = 12) -> ViTSTR:
-    """ViT-Small width (384, 6 heads), 12 blocks: about 21M parameters."""
-    return _vitstr(num_classes, input_size, 384, depth, 6)
+def _size(width: int, depth: int, heads: int, name: str, about: str):
+    """A registered ViTSTR size whose width, depth, heads and MLP ratio can each be overridden."""
+
+    def build(num_classes: int = 95, input_size: tuple[int, int] = (32, 128), width: int | None = None,
+              depth: int | None = None, heads: int | None = None, mlp_ratio: float | None = None) -> ViTSTR:
+        # Heads follow an overridden width (width / 64) unless given; the named size's own heads otherwise.
+        heads = heads or (None if width else default_heads)
+        return _vitstr(num_classes, input_size, width or default_width, depth or default_depth, heads, mlp_ratio)
+
+    default_width, default_depth, default_heads = width, depth, heads
+    build.__name__ = build.__qualname__ = name
+    build.__doc__ = f"{about} Overrides: ``width``, ``depth``, ``heads``, ``mlp_ratio``."
+    return register_model(build)
 
 
-@register_model
-def vitstr_base(num_classes: int = 95, input_size: tuple[int, int] = (32, 128), depth: int = 12) -> ViTSTR:
-    """ViT-Base width (768, 12 heads), 12 blocks: about 85M parameters."""
-    return _vitstr(num_classes, input_size, 768, depth, 12)
-
-
-@register_model
-def vitstr_large(num_classes: int = 95, input_size: tuple[int, int] = (32, 128), depth: int = 24) -> ViTSTR:
-    """ViT-Large width (1024, 16 heads), 24 blocks: about 303M parameters."""
-    return _vitstr(num_classes, input_size, 1024, depth, 16)
+vitstr_tiny = _size(192, 12, 3, "vitstr_tiny", "ViT-Tiny width (192, 3 heads), 12 blocks: about 5.4M parameters.")
+vitstr_small = _size(384, 12, 6, "vitstr_small", "ViT-Small width (384, 6 heads), 12 blocks: about 21M parameters.")
+vitstr_base = _size(768, 12, 12, "vitstr_base", "ViT-Base width (768, 12 heads), 12 blocks: about 85M parameters.")
+vitstr_large = _size(1024, 24, 16, "vitstr_large", "ViT-Large width (1024, 16 heads), 24 blocks: about 303M parameters.")
