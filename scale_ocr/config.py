@@ -67,6 +67,11 @@ class ModelConfig:
                                   metavar="N")
     mlp_ratio: float | None = opt(None, "MLP hidden width / width of a scalable model (vitstr_*); default: 4",
                                   metavar="R")
+    activation_checkpointing: bool = opt(
+        False, "recompute activations in the backward pass instead of keeping them (per transformer block for "
+        "ViTs, per backbone stage for CNNs): less memory, about a third more compute, the same losses",
+        action=argparse.BooleanOptionalAction,
+    )
 
     def __post_init__(self) -> None:
         if self.input_size is None:  # a default that depends on the architecture's task, resolved once here

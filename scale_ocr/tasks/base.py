@@ -66,7 +66,12 @@ class Task(ABC):
     def build_model(self) -> nn.Module:
         from scale_ocr.models import create_model
 
-        return create_model(self.arch, **self.model_kwargs(), **self.cfg.size_overrides())
+        model = create_model(self.arch, **self.model_kwargs(), **self.cfg.size_overrides())
+        if self.cfg.activation_checkpointing:
+            from scale_ocr.models.checkpointing import apply_activation_checkpointing
+
+            apply_activation_checkpointing(model, self.arch)
+        return model
 
     @abstractmethod
     def dummy_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:

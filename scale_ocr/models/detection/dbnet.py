@@ -95,6 +95,10 @@ class DBNet(nn.Module):
         """Sub-modules that FSDP shards one by one (each backbone stage, the neck, each head)."""
         return [*self.stages, self.neck, self.prob_head, self.thresh_head]
 
+    def checkpoint_units(self) -> list[nn.Module]:
+        """What ``--activation-checkpointing`` recomputes: each backbone stage."""
+        return list(self.stages)
+
     def forward(self, images: torch.Tensor, prob_target: torch.Tensor | None = None,
                 prob_mask: torch.Tensor | None = None, thresh_target: torch.Tensor | None = None,
                 thresh_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:

@@ -56,6 +56,10 @@ class CRNN(nn.Module):
         """Sub-modules that FSDP shards one by one (each backbone stage, the RNN, the head)."""
         return [*self.backbone.children(), self.rnn, self.head]
 
+    def checkpoint_units(self) -> list[nn.Module]:
+        """What ``--activation-checkpointing`` recomputes: each backbone stage (where the activations are)."""
+        return list(self.backbone.children())
+
     def forward(self, images: torch.Tensor, targets: torch.Tensor | None = None,
                 target_lengths: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         feats = self.backbone(images)

@@ -69,6 +69,10 @@ class ViTSTR(nn.Module):
         """Each transformer block is one FSDP unit; embeddings, norm and head go with the root."""
         return list(self.blocks)
 
+    def checkpoint_units(self) -> list[nn.Module]:
+        """What ``--activation-checkpointing`` recomputes: each transformer block."""
+        return list(self.blocks)
+
     def forward(self, images: torch.Tensor, targets: torch.Tensor | None = None,
                 target_lengths: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         x = rearrange(self.patch_embed(images), "b d h w -> b (h w) d") + self.pos_embed

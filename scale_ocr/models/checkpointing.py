@@ -1,0 +1,58 @@
+"""Activation checkpointing (``--activation-checkpointing``): trade compute for memory.
+
+Each of a model's ``checkpoint_units()`` (ViT blocks, CNN backbone stages) keeps only its input for the
+backward pass and recomputes its activations there. Written once for every model family and strategy:
+each unit is replaced in its parent by torch's non-reentrant ``checkpoint_wrapper``, whose state-dict hooks
+keep parameter names as they were (checkpoints load with or without it, and DCP knows the wrapper), and it
+runs as the model is built, before any strategy wraps it, so an engine that shards unit by unit (FSDP2)
+shards the wrapped units, as torchtitan does.
+
+BatchNorm: recomputing a unit runs its forward twice per step, which would update running statistics
+twice. During the recomputation their momentum is zero and the batch counter is put back, so a
+checkpointed run's buffers, and so its validation, equal the plain run's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+from torch.utils.checkpoint import checkpoint
+
+from scale_ocr.errors import UserError
+
+
+@contextmanager
+def _running_stats_frozen(module: nn.Module) -> Iterator[None]:
+    norms = [m for m in module.modules()
+             if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats]
+    saved = [(m.momentum, m.num_batches_tracked.clone()) for m in norms]
+    for m in norms:
+        m.momentum = 0.0
+    try:
+        yield
+    finally:
+        for m, (momentum, count) in zip(norms, saved, strict=True):
+            m.momentum = momentum
+            m.num_batches_tracked.copy_(count)
+
+
+def _checkpoint(module: nn.Module, *args, **kwargs):
+    # The module is the one running (a DataParallel replica, say), not the one wrapped at build time.
+    return checkpoint(module, *args, use_reentrant=False,
+                      context_fn=lambda: (nullcontext(), _running_stats_frozen(module)), **kwargs)
+
+
+def apply_activation_checkpointing(model: nn.Module, arch: str) -> int:
+    """Wrap each of ``model.checkpoint_units()`` in place; returns how many were wrapped."""
+    if not hasattr(model, "checkpoint_units"):
+        raise UserError(f"--activation-checkpointing: {arch} does not say where to checkpoint (no "
+                        "checkpoint_units()); train it without the flag")
+    parents = {id(child): (parent, name) for parent in model.modules() for name, child in parent.named_children()}
+    units = model.checkpoint_units()
+    for unit in units:
+        parent, name = parents[id(unit)]
+        setattr(parent, name, checkpoint_wrapper(unit, CheckpointImpl.NO_REENTRANT, checkpoint_fn=_checkpoint))
+    return len(units)
