@@ -53,8 +53,7 @@ def run(cfg: RunConfig, dist: DistInfo, stop: StopSignal, watchdog: Watchdog | N
 
 def train(cfg: RunConfig, dist: DistInfo, strategy, task: Task, checkpoints: CheckpointManager,
           resume_from: Path | None, control: StepControl, watchdog: Watchdog | None) -> dict:
-    torch.manual_seed(cfg.train.seed)  # same initial weights on every rank
-    model = task.build_model()
+    model = strategy.build_model(task, cfg.train.seed)  # same initial weights on every rank
     torch.manual_seed(cfg.train.seed + 1 + dist.rank)  # per-rank augmentation randomness
     data = task.build_data(cfg.data, cfg.train.batch_size, cfg.train.seed, dist)
     wrapped, optimizer = strategy.setup(model, build_optimizer_spec(cfg.optim))

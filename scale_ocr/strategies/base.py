@@ -69,6 +69,21 @@ class Strategy(ABC):
     def is_main(self) -> bool:
         return self.dist.is_main
 
+    def build_model(self, task, seed: int) -> nn.Module:
+        """The task's model with its initial weights, the same on every rank and under every strategy.
+
+        A model with a per-parameter rule (``init_param``) is initialised from ``(seed, name)``
+        (:mod:`scale_ocr.models.init`), which a sharding engine can reproduce shard by shard; others from
+        the global RNG seeded with ``seed``.
+        """
+        from scale_ocr.models.init import has_init_rule, init_weights
+
+        torch.manual_seed(seed)
+        model = task.build_model()
+        if has_init_rule(model):
+            init_weights(model, seed)
+        return model
+
     @abstractmethod
     def setup(self, model: nn.Module, optimizer: OptimizerSpec) -> tuple[nn.Module, Any]:
         """Move, wrap and shard ``model``; build the optimizer over the result.

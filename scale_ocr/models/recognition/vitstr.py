@@ -65,6 +65,16 @@ class ViTSTR(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)
 
+    def init_param(self, name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
+        """timm's ViT initialisation, by parameter name: truncated normal (std 0.02) for projections, attention
+        and the patch and position embeddings, zero biases, unit LayerNorm scales (see scale_ocr.models.init)."""
+        if name.endswith("bias"):
+            tensor.zero_()
+        elif tensor.ndim == 1:
+            tensor.fill_(1.0)
+        else:
+            nn.init.trunc_normal_(tensor, std=0.02, generator=generator)
+
     def sharding_units(self) -> list[nn.Module]:
         """Each transformer block is one FSDP unit; embeddings, norm and head go with the root."""
         return list(self.blocks)

@@ -1,0 +1,52 @@
+"""Initial weights that depend only on (seed, parameter name): the same whole, sharded or partitioned.
+
+A model that defines ``init_param(name, tensor, generator)`` (its initialisation rule, by parameter name)
+gets every parameter drawn from a generator seeded by the run's seed and the parameter's name. The values
+then do not depend on the order modules were built in, nor on where the tensor lives: an FSDP2 model built
+on the meta device draws each whole parameter on the host, one at a time, and keeps its own shard, and
+ends with exactly the weights of a model built whole with the same seed. No rank ever holds more than one
+whole parameter beyond its shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
+
+
+def has_init_rule(model: nn.Module) -> bool:
+    """Whether ``model`` says how to initialise each parameter by name (and so can be built on meta)."""
+    return callable(getattr(model, "init_param", None)) and not any(True for _ in model.buffers())
+
+
+def param_seed(seed: int, name: str) -> int:
+    """A 63-bit seed for one parameter, stable across processes and Python versions."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") >> 1
+
+
+def _assign(param: torch.Tensor, full: torch.Tensor) -> None:
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(param, DTensor):
+        # Every rank drew the same whole tensor, so each slices its own shard without communicating.
+        shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+        param.to_local().copy_(shard.to_local())
+    else:
+        param.copy_(full)
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, seed: int) -> None:
+    """Set every parameter of ``model`` from its ``init_param`` rule and ``(seed, name)``.
+
+    Names are the bare model's (without activation-checkpointing wrappers), so the result does not depend on
+    how the model was wrapped either.
+    """
+    for name, param in model.named_parameters():
+        name = name.replace(_CHECKPOINT_PREFIX, "")
+        full = torch.empty(param.shape, dtype=torch.float32)
+        model.init_param(name, full, torch.Generator().manual_seed(param_seed(seed, name)))
+        _assign(param, full.to(device=param.device, dtype=param.dtype))

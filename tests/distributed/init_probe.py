@@ -1,0 +1,56 @@
+"""Run under torchrun: build a model the way a strategy does and report its initial weights and host memory.
+
+``torchrun --nproc_per_node 2 tests/distributed/init_probe.py STRATEGY OUT.json ARCH:WIDTH:DEPTH:COMPARE...``
+builds each model in turn. Rank 0 writes one ``{"max_abs_diff": <vs a whole build with the same seed>,
+"peak_rss_growth": <bytes the build and setup added to this rank's peak RSS>, "whole_bytes": <the model's fp32
+bytes>}`` per model; with COMPARE 0 (a model too large to also build whole) ``max_abs_diff`` is null.
+"""
+
+import json
+import resource
+import sys
+
+from scale_ocr.config import ModelConfig, OptimConfig, StrategyConfig, TrainConfig
+from scale_ocr.distributed import destroy_distributed, init_distributed
+from scale_ocr.optim import build_optimizer_spec
+from scale_ocr.strategies import create_strategy
+from scale_ocr.strategies.base import Strategy
+from scale_ocr.tasks import create_task
+
+
+def peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def probe(strategy, dist, arch: str, width: str, depth: str, compare: str) -> dict:
+    task = create_task(ModelConfig(arch=arch, model_width=int(width), model_depth=int(depth)))
+    before = peak_rss()
+    model = strategy.build_model(task, seed=7)
+    wrapped, _ = strategy.setup(model, build_optimizer_spec(OptimConfig()))
+    growth = peak_rss() - before
+    whole = strategy.full_state_dict() if compare == "1" else None
+    diff = None
+    if whole is not None:
+        reference = Strategy.build_model(strategy, task, seed=7).state_dict()  # the base class: built whole
+        assert list(reference) == list(whole), (list(reference)[:5], list(whole)[:5])
+        diff = max((reference[k].float() - whole[k].float()).abs().max().item() for k in reference)
+    n = sum(p.numel() for p in wrapped.parameters())  # a DTensor counts its global elements
+    return {"max_abs_diff": diff, "peak_rss_growth": growth, "whole_bytes": 4 * n}
+
+
+def main() -> None:
+    name, out, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
+    dist = init_distributed("gloo")
+    results = []
+    for spec in specs:
+        strategy = create_strategy(StrategyConfig(strategy=name), dist, TrainConfig(), OptimConfig())
+        results.append(probe(strategy, dist, *spec.split(":")))
+        strategy.teardown()
+    if dist.is_main:
+        with open(out, "w") as f:
+            json.dump(results, f)
+    destroy_distributed()
+
+
+if __name__ == "__main__":
+    main()
