@@ -4,13 +4,16 @@ A model that defines ``init_param(name, tensor, generator)`` (its initialisation
 gets every parameter drawn from a generator seeded by the run's seed and the parameter's name. The values
 then do not depend on the order modules were built in, nor on where the tensor lives: an FSDP2 model built
 on the meta device draws each whole parameter on the host, one at a time, and keeps its own shard, and
-ends with exactly the weights of a model built whole with the same seed. No rank ever holds more than one
-whole parameter beyond its shards.
+ends with exactly the weights of a model built whole with the same seed; a ZeRO-3 model built inside
+``deepspeed.zero.Init`` gathers one parameter at a time to write it. No rank ever holds more than one whole
+parameter beyond its shards.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from torch import nn
@@ -39,14 +42,17 @@ def _assign(param: torch.Tensor, full: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def init_weights(model: nn.Module, seed: int) -> None:
+def init_weights(model: nn.Module, seed: int,
+                 gathered: Callable[[nn.Parameter], AbstractContextManager] = lambda p: nullcontext()) -> None:
     """Set every parameter of ``model`` from its ``init_param`` rule and ``(seed, name)``.
 
     Names are the bare model's (without activation-checkpointing wrappers), so the result does not depend on
-    how the model was wrapped either.
+    how the model was wrapped either. ``gathered(param)`` makes one partitioned parameter whole while it is
+    written (ZeRO-3's ``GatheredParameters``); DTensor shards need none.
     """
     for name, param in model.named_parameters():
         name = name.replace(_CHECKPOINT_PREFIX, "")
-        full = torch.empty(param.shape, dtype=torch.float32)
-        model.init_param(name, full, torch.Generator().manual_seed(param_seed(seed, name)))
-        _assign(param, full.to(device=param.device, dtype=param.dtype))
+        with gathered(param):
+            full = torch.empty(param.shape, dtype=torch.float32)
+            model.init_param(name, full, torch.Generator().manual_seed(param_seed(seed, name)))
+            _assign(param, full.to(device=param.device, dtype=param.dtype))

@@ -49,6 +49,32 @@ class DeepSpeed(Strategy):
     def configure_for(self, model: nn.Module) -> None:
         self.fp32_for_batchnorm = keep_fp32_weights(self.ds_config, self.raw_config, model)
 
+    def build_model(self, task, seed: int) -> nn.Module:
+        """Under ZeRO-3, a model with a per-parameter init rule is built inside ``deepspeed.zero.Init``.
+
+        Each module's parameters are partitioned as soon as it is built, so no rank holds the whole model;
+        then each parameter is gathered in turn and set from ``(seed, name)``, the weights of a whole build
+        (:mod:`scale_ocr.models.init`). Other stages, and models without the rule, are built whole.
+        """
+        import torch
+
+        from scale_ocr.models.init import has_init_rule, init_weights
+
+        if self.ds_config.get("zero_optimization", {}).get("stage", 0) != 3:
+            return super().build_model(task, seed)
+        with torch.device("meta"):
+            if not has_init_rule(task.build_model()):
+                return super().build_model(task, seed)
+        import deepspeed
+
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        # deepspeed.initialize would wrap our process group later; zero.Init needs it now (its world size).
+        deepspeed.init_distributed(dist_backend=self.dist.backend, auto_mpi_discovery=False, dist_init_required=False)
+        with deepspeed.zero.Init(config_dict_or_path=self.ds_config):
+            model = task.build_model()
+        init_weights(model, seed, gathered=lambda p: deepspeed.zero.GatheredParameters([p], modifier_rank=0))
+        return model
+
     def setup(self, model: nn.Module, optimizer: OptimizerSpec) -> tuple[nn.Module, Any]:
         import deepspeed
 

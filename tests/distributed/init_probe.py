@@ -2,7 +2,7 @@
 
 ``torchrun --nproc_per_node 2 tests/distributed/init_probe.py STRATEGY OUT.json ARCH:WIDTH:DEPTH:COMPARE...``
 builds each model in turn. Rank 0 writes one ``{"max_abs_diff": <vs a whole build with the same seed>,
-"peak_rss_growth": <bytes the build and setup added to this rank's peak RSS>, "whole_bytes": <the model's fp32
+"peak_rss_growth": <bytes the build added to this rank's peak RSS>, "whole_bytes": <the model's fp32
 bytes>}`` per model; with COMPARE 0 (a model too large to also build whole) ``max_abs_diff`` is null.
 """
 
@@ -26,21 +26,24 @@ def probe(strategy, dist, arch: str, width: str, depth: str, compare: str) -> di
     task = create_task(ModelConfig(arch=arch, model_width=int(width), model_depth=int(depth)))
     before = peak_rss()
     model = strategy.build_model(task, seed=7)
+    built = peak_rss()
     wrapped, _ = strategy.setup(model, build_optimizer_spec(OptimConfig()))
-    growth = peak_rss() - before
+    growth = built - before  # the build alone: engines allocate optimizer state in setup (ZeRO's fp32 masters)
     whole = strategy.full_state_dict() if compare == "1" else None
     diff = None
     if whole is not None:
         reference = Strategy.build_model(strategy, task, seed=7).state_dict()  # the base class: built whole
         assert list(reference) == list(whole), (list(reference)[:5], list(whole)[:5])
         diff = max((reference[k].float() - whole[k].float()).abs().max().item() for k in reference)
-    n = sum(p.numel() for p in wrapped.parameters())  # a DTensor counts its global elements
+    n = sum(getattr(p, "ds_numel", p.numel()) for p in wrapped.parameters())  # DTensor: global; ZeRO-3: ds_numel
     return {"max_abs_diff": diff, "peak_rss_growth": growth, "whole_bytes": 4 * n}
 
 
 def main() -> None:
     name, out, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
     dist = init_distributed("gloo")
+    if name.startswith("zero"):
+        import deepspeed  # noqa: F401 - its import is not the build's memory
     results = []
     for spec in specs:
         strategy = create_strategy(StrategyConfig(strategy=name), dist, TrainConfig(), OptimConfig())
