@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from scale_ocr.config import OptimConfig
+from scale_ocr.models.init import full_shape
 
 _OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
 
@@ -20,8 +21,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+            (decay if len(full_shape(p)) >= 2 else no_decay).append(p)  # a ZeRO-3 stand-in is 1-D and empty
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]  # an empty group would not survive a checkpoint's round trip
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from torch import nn
 
 from scale_ocr.config import RunConfig
 from scale_ocr.distributed import DistInfo
+from scale_ocr.models.init import full_numel
 
 
 def library_versions() -> dict[str, str | None]:
@@ -51,7 +52,7 @@ def describe_run(cfg: RunConfig, dist: DistInfo, strategy, model: nn.Module, dat
         "launcher": dist.launcher,
         "backend": dist.backend,
         "devices": device_names(dist),
-        "num_params": sum(p.numel() for p in model.parameters()),
+        "num_params": sum(full_numel(p) for p in model.parameters()),
         **task.describe(),  # task, and e.g. the vocabulary
         "dataset": {"num_train": data.num_train, "num_val": data.num_val, "skipped_samples": data.skipped,
                     "train_labels_sha256": data.labels_sha256},

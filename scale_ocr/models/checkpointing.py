@@ -18,7 +18,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    _CHECKPOINT_PREFIX,
+    CheckpointImpl,
+    checkpoint_wrapper,
+)
 from torch.utils.checkpoint import checkpoint
 
 from scale_ocr.errors import UserError
@@ -43,6 +47,12 @@ def _checkpoint(module: nn.Module, *args, **kwargs):
     # The module is the one running (a DataParallel replica, say), not the one wrapped at build time.
     return checkpoint(module, *args, use_reentrant=False,
                       context_fn=lambda: (nullcontext(), _running_stats_frozen(module)), **kwargs)
+
+
+def bare_name(name: str) -> str:
+    """A parameter's name without checkpoint wrappers: the name checkpoints use under every strategy
+    (torch's own state-dict helpers strip the wrapper; engines that walk ``named_parameters`` call this)."""
+    return name.replace(_CHECKPOINT_PREFIX, "")
 
 
 def apply_activation_checkpointing(model: nn.Module, arch: str) -> int:

@@ -17,7 +17,18 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
+
+from scale_ocr.models.checkpointing import bare_name
+
+
+def full_shape(param: torch.Tensor) -> tuple[int, ...]:
+    """A parameter's real shape, also for ZeRO-3's empty stand-ins of partitioned parameters (``ds_shape``)."""
+    return tuple(getattr(param, "ds_shape", param.shape))
+
+
+def full_numel(param: torch.Tensor) -> int:
+    """A parameter's element count, also for ZeRO-3's partitioned ones (DTensors count their global size)."""
+    return int(getattr(param, "ds_numel", param.numel()))
 
 
 def has_init_rule(model: nn.Module) -> bool:
@@ -51,7 +62,7 @@ def init_weights(model: nn.Module, seed: int,
     written (ZeRO-3's ``GatheredParameters``); DTensor shards need none.
     """
     for name, param in model.named_parameters():
-        name = name.replace(_CHECKPOINT_PREFIX, "")
+        name = bare_name(name)
         with gathered(param):
             full = torch.empty(param.shape, dtype=torch.float32)
             model.init_param(name, full, torch.Generator().manual_seed(param_seed(seed, name)))

@@ -71,9 +71,9 @@ class DeepSpeed(Strategy):
         # deepspeed.initialize would wrap our process group later; zero.Init needs it now (its world size).
         deepspeed.init_distributed(dist_backend=self.dist.backend, auto_mpi_discovery=False, dist_init_required=False)
         with deepspeed.zero.Init(config_dict_or_path=self.ds_config):
-            model = task.build_model()
+            model = task.create_model()  # wrappers (activation checkpointing) are not built under zero.Init
         init_weights(model, seed, gathered=lambda p: deepspeed.zero.GatheredParameters([p], modifier_rank=0))
-        return model
+        return task.apply_options(model)
 
     def setup(self, model: nn.Module, optimizer: OptimizerSpec) -> tuple[nn.Module, Any]:
         import deepspeed
@@ -211,11 +211,14 @@ class DeepSpeed(Strategy):
         import torch
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
+        from scale_ocr.models.checkpointing import bare_name
+
         module = self.engine.module
         model, states = {}, {}
         self._link_optimizer_state()
         step = torch.tensor(self._adam_step())
         for name, p in module.named_parameters():
+            name = bare_name(name)
             shape = tuple(getattr(p, "ds_shape", p.shape))
             full = safe_get_full_fp32_param(p)  # collective under ZeRO-3: same order on every rank
             model[name] = full.detach().reshape(shape).cpu().clone()
@@ -226,8 +229,8 @@ class DeepSpeed(Strategy):
                               else torch.zeros(shape))
             states[name] = entry
         for name, b in module.named_buffers():
-            model[name] = b.detach().cpu().clone()
-        names = {id(p): n for n, p in module.named_parameters()}
+            model[bare_name(name)] = b.detach().cpu().clone()
+        names = {id(p): bare_name(n) for n, p in module.named_parameters()}
         groups = [{**{k: v for k, v in g.items() if k != "params"},
                    "params": [names[id(p)] for p in g["params"] if id(p) in names]}
                   for g in self._client_groups]
@@ -237,10 +240,13 @@ class DeepSpeed(Strategy):
         import torch
         from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
+        from scale_ocr.models.checkpointing import bare_name
+
         module, dev = self.engine.module, self.dist.device
         saved = state["optim"]["state"]
         self._link_optimizer_state()
         for name, p in module.named_parameters():
+            name = bare_name(name)
             value = state["model"][name].to(dev)
             self._set_master(p, value, None, safe_set_full_fp32_param)  # the fp32 master partition
             self._set_model_param(p, value)  # and the copy forward() uses
@@ -251,7 +257,7 @@ class DeepSpeed(Strategy):
             if "step" in st:
                 st["step"] = step.clone() if torch.is_tensor(st["step"]) else int(step)
         for name, b in module.named_buffers():
-            b.data.copy_(state["model"][name].to(b.device))
+            b.data.copy_(state["model"][bare_name(name)].to(b.device))
 
     def _set_master(self, p, value, key, public_setter) -> None:
         """Write this rank's slice of ``value`` into the fp32 master (``key=None``) or an Adam moment."""
@@ -285,8 +291,10 @@ class DeepSpeed(Strategy):
             state = self.engine.module.state_dict()
         if not self.is_main or state is None:
             return None
+        from scale_ocr.models.checkpointing import bare_name
+
         # Consolidated weights are fp32 whatever the engine computes in (bf16/fp16 weights are upcast).
-        return {k: v.detach().cpu().float() if v.is_floating_point() else v.detach().cpu().clone()
+        return {bare_name(k): v.detach().cpu().float() if v.is_floating_point() else v.detach().cpu().clone()
                 for k, v in state.items()}
 
     def teardown(self) -> None:

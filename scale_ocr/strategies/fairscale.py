@@ -67,7 +67,9 @@ class Fairscale(Strategy):
         return self.stepper.step()
 
     def _names(self) -> dict[int, str]:
-        return {id(p): n for n, p in self.module.named_parameters()}
+        from scale_ocr.models.checkpointing import bare_name
+
+        return {id(p): bare_name(n) for n, p in self.module.named_parameters()}
 
     def checkpoint_state(self) -> dict[str, Any]:
         # OSS keeps a plain torch optimizer over the parameters this rank owns; its state is saved

@@ -64,9 +64,17 @@ class Task(ABC):
         """Keyword arguments of the registry builder for this run."""
 
     def build_model(self) -> nn.Module:
+        """The model of this run: the registry's architecture with this run's options applied."""
+        return self.apply_options(self.create_model())
+
+    def create_model(self) -> nn.Module:
+        """The bare architecture at this run's size (an engine may build it inside its own context)."""
         from scale_ocr.models import create_model
 
-        model = create_model(self.arch, **self.model_kwargs(), **self.cfg.size_overrides())
+        return create_model(self.arch, **self.model_kwargs(), **self.cfg.size_overrides())
+
+    def apply_options(self, model: nn.Module) -> nn.Module:
+        """Wrap a bare model as this run asks (activation checkpointing); parameter names do not change."""
         if self.cfg.activation_checkpointing:
             from scale_ocr.models.checkpointing import apply_activation_checkpointing
 

@@ -24,17 +24,22 @@ def peak_rss() -> int:
 
 def probe(strategy, dist, arch: str, width: str, depth: str, compare: str) -> dict:
     task = create_task(ModelConfig(arch=arch, model_width=int(width), model_depth=int(depth)))
+    spec = build_optimizer_spec(OptimConfig())
     before = peak_rss()
     model = strategy.build_model(task, seed=7)
     built = peak_rss()
-    wrapped, _ = strategy.setup(model, build_optimizer_spec(OptimConfig()))
+    decayed = [len(g["params"]) for g in spec.groups(model) if g["weight_decay"] > 0]  # as the strategy groups them
+    wrapped, _ = strategy.setup(model, spec)
     growth = built - before  # the build alone: engines allocate optimizer state in setup (ZeRO's fp32 masters)
     whole = strategy.full_state_dict() if compare == "1" else None
     diff = None
     if whole is not None:
-        reference = Strategy.build_model(strategy, task, seed=7).state_dict()  # the base class: built whole
+        reference_model = Strategy.build_model(strategy, task, seed=7)  # the base class: built whole
+        reference = reference_model.state_dict()
         assert list(reference) == list(whole), (list(reference)[:5], list(whole)[:5])
         diff = max((reference[k].float() - whole[k].float()).abs().max().item() for k in reference)
+        expected = [len(g["params"]) for g in spec.groups(reference_model) if g["weight_decay"] > 0]
+        assert decayed == expected, f"weight decay on {decayed} parameters, {expected} when built whole"
     n = sum(getattr(p, "ds_numel", p.numel()) for p in wrapped.parameters())  # DTensor: global; ZeRO-3: ds_numel
     return {"max_abs_diff": diff, "peak_rss_growth": growth, "whole_bytes": 4 * n}
 
