@@ -33,8 +33,11 @@ class ModelSize:
 
 
 def model_size(model: nn.Module) -> ModelSize:
-    total = sum({p.data_ptr(): p.numel() for p in model.parameters()}.values())  # shared weights once
-    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    """Also of a model on the meta device (no storage: told apart by identity) or partitioned by ZeRO-3."""
+    from scale_ocr.models.init import full_numel
+
+    total = sum({p.data_ptr() or id(p): full_numel(p) for p in model.parameters()}.values())  # shared weights once
+    largest = max((sum(full_numel(p) for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
     return ModelSize(total, largest)
 
 
@@ -135,6 +138,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="add activations measured from one real forward at --batch-size and --input-size")
     p.add_argument("--batch-size", type=int, default=32, help="per-device batch for --activations")
     p.add_argument("--input-size", default=None, help="HxW for --model and --activations (default: the model's task's)")
+    p.add_argument("--model-width", type=int, default=None, help="with --model: override a scalable model's width")
+    p.add_argument("--model-depth", type=int, default=None, help="with --model: override its depth (blocks)")
+    p.add_argument("--model-heads", type=int, default=None, help="with --model: override its attention heads")
+    p.add_argument("--mlp-ratio", type=float, default=None, help="with --model: override its MLP ratio")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="with --activations: measure them with activation checkpointing on")
     p.add_argument("--json", action="store_true", help="machine-readable output (bytes)")
     args = p.parse_args(argv)
     if args.world_size < 1:
@@ -152,14 +161,21 @@ def main(argv: list[str] | None = None) -> int:
         from scale_ocr.config import ModelConfig
         from scale_ocr.tasks import create_task
 
-        task = create_task(ModelConfig(arch=args.model, input_size=size_hw))
-        model = task.build_model()
+        task = create_task(ModelConfig(arch=args.model, input_size=size_hw, model_width=args.model_width,
+                                       model_depth=args.model_depth, model_heads=args.model_heads,
+                                       mlp_ratio=args.mlp_ratio, activation_checkpointing=args.activation_checkpointing))
+        # Counting needs no memory: on the meta device any size builds at once. A forward needs real weights.
+        with torch.device("cpu" if args.activations else "meta"):
+            model = task.build_model()
         size = model_size(model)
         if args.activations:
             acts = activation_bytes(model, task.dummy_inputs(args.batch_size), args.precision)
     else:
         if args.activations:
             raise UserError("--activations needs --model (it runs one forward)")
+        given = [f for f in ("model_width", "model_depth", "model_heads", "mlp_ratio") if getattr(args, f) is not None]
+        if given:
+            raise UserError(f"--{given[0].replace('_', '-')} needs --model (it changes a registered model's size)")
         size = ModelSize(int(args.params), int(args.largest_layer))
     doc = estimate(size, args.world_size, args.precision, names, args.ds_config, acts, model)
     doc["model"] = args.model

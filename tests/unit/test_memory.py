@@ -132,6 +132,18 @@ def test_estimate_needs_a_model_or_a_count(capsys):
     assert "--world-size must be at least 1" in capsys.readouterr().err
 
 
+def test_estimate_sizes_a_scaled_model_on_the_meta_device(capsys):
+    from scale_ocr.cli import main
+
+    # 0.76B parameters are counted without allocating them (the whole model would be 3 GB in fp32).
+    doc = _estimate("--model", "vitstr_large", "--model-width", "2048", "--model-depth", "15", "--world-size", "2",
+                    "--precision", "bf16", "--strategies", "ddp,fsdp")
+    assert 0.75e9 < doc["params"] < 0.76e9 and doc["largest_layer"] == 2048 * 8192 + 8192
+    assert doc["strategies"]["fsdp"]["model_state"] == pytest.approx(doc["strategies"]["ddp"]["model_state"] / 2)
+    assert main(["estimate-memory", "--params", "1e6", "--model-depth", "4", "--world-size", "2"]) == 2
+    assert "--model-depth needs --model" in capsys.readouterr().err
+
+
 def test_meter_counts_at_the_step_and_then_stops():
     from scale_ocr.memory.meter import StateMeter, module_tensors, optimizer_tensors
 
