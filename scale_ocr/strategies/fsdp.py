@@ -50,34 +50,38 @@ class FSDP(Strategy):
     def __init__(self, *args, reshard_after_forward: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.reshard_after_forward = reshard_after_forward
-        self.deferred_init_seed: int | None = None  # set when the model was built on the meta device
+        self.sharded: nn.Module | None = None  # the model build_model already sharded, if it did
+        self._mesh = None
+
+    def mesh(self):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if self._mesh is None:
+            self._mesh = init_device_mesh(self.dist.device.type, (self.world_size,))
+        return self._mesh
 
     def build_model(self, task, seed: int) -> nn.Module:
-        """On the meta device when the model has a per-parameter init rule: no rank ever holds it whole.
+        """Built on the meta device when the model has a per-parameter init rule: no rank ever holds it whole.
 
-        ``setup`` shards it, allocates each rank's shards and fills them (:func:`scale_ocr.models.init.init_weights`),
-        giving exactly the weights a whole build with the same seed has. Models without the rule are built whole.
+        It is sharded there, then only this rank's shards are allocated and filled
+        (:func:`scale_ocr.models.init.init_weights`): exactly the weights a whole build with the same seed has.
+        Models without the rule are built whole and sharded by ``setup``.
         """
-        from scale_ocr.models.init import has_init_rule
+        from scale_ocr.models.init import has_init_rule, init_weights
 
         with torch.device("meta"):
             model = task.build_model()
         if not has_init_rule(model):
             return super().build_model(task, seed)
-        self.deferred_init_seed = seed
-        return model
+        self.sharded = apply_fsdp(model, self.mesh(), self.reshard_after_forward).to_empty(device=self.dist.device)
+        init_weights(self.sharded, seed)
+        return self.sharded
 
     def setup(self, model: nn.Module, optimizer: OptimizerSpec) -> tuple[nn.Module, Any]:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        from scale_ocr.models.init import init_weights
-
-        mesh = init_device_mesh(self.dist.device.type, (self.world_size,))
-        if self.deferred_init_seed is None:
-            self.model = apply_fsdp(model.to(self.dist.device), mesh, self.reshard_after_forward)
-        else:  # built on meta: shard first, then allocate and fill only this rank's shards
-            self.model = apply_fsdp(model, mesh, self.reshard_after_forward).to_empty(device=self.dist.device)
-            init_weights(self.model, self.deferred_init_seed)
+        if model is self.sharded:
+            self.model = model
+        else:
+            self.model = apply_fsdp(model.to(self.dist.device), self.mesh(), self.reshard_after_forward)
         self.optimizer = optimizer.build(self.model)  # over the sharded (DTensor) parameters
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.stepper = TorchStepper(self.optimizer, self.train.grad_accum, self.optim.clip_grad,

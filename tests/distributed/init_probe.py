@@ -1,7 +1,7 @@
 """Run under torchrun: build a model the way a strategy does and report its initial weights and host memory.
 
-``torchrun --nproc_per_node 2 tests/distributed/init_probe.py STRATEGY OUT.json ARCH:WIDTH:DEPTH:COMPARE...``
-builds each model in turn. Rank 0 writes one ``{"max_abs_diff": <vs a whole build with the same seed>,
+``torchrun --nproc_per_node 2 tests/distributed/init_probe.py OUT.json STRATEGY:ARCH:WIDTH:DEPTH:COMPARE...``
+builds each model in turn, under its strategy. Rank 0 writes one ``{"max_abs_diff": <vs a whole build with the same seed>,
 "peak_rss_growth": <bytes the build added to this rank's peak RSS>, "whole_bytes": <the model's fp32
 bytes>}`` per model; with COMPARE 0 (a model too large to also build whole) ``max_abs_diff`` is null.
 """
@@ -12,6 +12,7 @@ import sys
 
 from scale_ocr.config import ModelConfig, OptimConfig, StrategyConfig, TrainConfig
 from scale_ocr.distributed import destroy_distributed, init_distributed
+from scale_ocr.models.init import full_numel
 from scale_ocr.optim import build_optimizer_spec
 from scale_ocr.strategies import create_strategy
 from scale_ocr.strategies.base import Strategy
@@ -23,36 +24,38 @@ def peak_rss() -> int:
 
 
 def probe(strategy, dist, arch: str, width: str, depth: str, compare: str) -> dict:
+    """COMPARE 1: build, set up and gather the weights; 0: only build (what the memory bound is about)."""
     task = create_task(ModelConfig(arch=arch, model_width=int(width), model_depth=int(depth)))
     spec = build_optimizer_spec(OptimConfig())
     before = peak_rss()
     model = strategy.build_model(task, seed=7)
-    built = peak_rss()
+    growth = peak_rss() - before  # the build alone: engines allocate optimizer state in setup (ZeRO's fp32 masters)
+    n = sum(full_numel(p) for p in model.parameters())
+    if compare != "1":
+        return {"max_abs_diff": None, "peak_rss_growth": growth, "whole_bytes": 4 * n}
     decayed = [len(g["params"]) for g in spec.groups(model) if g["weight_decay"] > 0]  # as the strategy groups them
-    wrapped, _ = strategy.setup(model, spec)
-    growth = built - before  # the build alone: engines allocate optimizer state in setup (ZeRO's fp32 masters)
-    whole = strategy.full_state_dict() if compare == "1" else None
+    strategy.setup(model, spec)
+    whole = strategy.full_state_dict()
     diff = None
-    if whole is not None:
+    if dist.is_main:
         reference_model = Strategy.build_model(strategy, task, seed=7)  # the base class: built whole
         reference = reference_model.state_dict()
         assert list(reference) == list(whole), (list(reference)[:5], list(whole)[:5])
         diff = max((reference[k].float() - whole[k].float()).abs().max().item() for k in reference)
         expected = [len(g["params"]) for g in spec.groups(reference_model) if g["weight_decay"] > 0]
         assert decayed == expected, f"weight decay on {decayed} parameters, {expected} when built whole"
-    n = sum(getattr(p, "ds_numel", p.numel()) for p in wrapped.parameters())  # DTensor: global; ZeRO-3: ds_numel
     return {"max_abs_diff": diff, "peak_rss_growth": growth, "whole_bytes": 4 * n}
 
 
 def main() -> None:
-    name, out, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
+    out, specs = sys.argv[1], [spec.split(":") for spec in sys.argv[2:]]
     dist = init_distributed("gloo")
-    if name.startswith("zero"):
+    if any(name.startswith("zero") for name, *_ in specs):
         import deepspeed  # noqa: F401 - its import is not the build's memory
     results = []
-    for spec in specs:
+    for name, *spec in specs:
         strategy = create_strategy(StrategyConfig(strategy=name), dist, TrainConfig(), OptimConfig())
-        results.append(probe(strategy, dist, *spec.split(":")))
+        results.append(probe(strategy, dist, *spec))
         strategy.teardown()
     if dist.is_main:
         with open(out, "w") as f:
