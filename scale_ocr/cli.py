@@ -25,6 +25,7 @@ commands:
                docTR detection folders whose labels carry words
   estimate-memory  (--model ARCH | --params N) --world-size N: per-rank memory of every strategy
   bench        scaling benchmark (same as `python -m benchmarks.scaling`)
+  max-model    largest model each strategy trains under a per-rank budget (`python -m benchmarks.max_model`)
   models       list registered models (--params: with their parameter counts)
   strategies   list distributed strategies
 """
@@ -215,20 +216,29 @@ def _evaluate_pages(argv: list[str]) -> int:
     return 0
 
 
-def _bench(argv: list[str]) -> int:
-    """``python -m benchmarks.scaling`` from the checkout this package lives in."""
+def _benchmarks(module: str, command: str):
+    """``python -m benchmarks.MODULE``'s main, from the checkout this package lives in."""
+    import importlib
     from pathlib import Path
 
     from scale_ocr.errors import UserError
 
     root = Path(__file__).resolve().parents[1]
-    if not (root / "benchmarks" / "scaling.py").is_file():
-        raise UserError("scale-ocr bench needs the source checkout (its benchmarks/ folder); clone the repository "
-                        "and install it with `pip install -e .`")
+    if not (root / "benchmarks" / f"{module}.py").is_file():
+        raise UserError(f"scale-ocr {command} needs the source checkout (its benchmarks/ folder); clone the "
+                        "repository and install it with `pip install -e .`")
     sys.path.insert(0, str(root))  # ours, ahead of the `benchmarks` package fairscale installs
-    from benchmarks.scaling import main as bench_main
+    return importlib.import_module(f"benchmarks.{module}").main
 
-    return bench_main(argv)
+
+def _bench(argv: list[str]) -> int:
+    """``python -m benchmarks.scaling``."""
+    return _benchmarks("scaling", "bench")(argv)
+
+
+def _max_model(argv: list[str]) -> int:
+    """``python -m benchmarks.max_model``."""
+    return _benchmarks("max_model", "max-model")(argv)
 
 
 def _strategies(argv: list[str]) -> int:
@@ -259,7 +269,8 @@ def _estimate_memory(argv: list[str]) -> int:
 
 COMMANDS = {"train": _train, "verify": _verify, "export": _export, "predict": _predict,
             "evaluate-pages": _evaluate_pages,
-            "estimate-memory": _estimate_memory, "bench": _bench, "models": _models, "strategies": _strategies}
+            "estimate-memory": _estimate_memory, "bench": _bench, "max-model": _max_model, "models": _models,
+            "strategies": _strategies}
 
 
 @report_user_errors

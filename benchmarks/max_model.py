@@ -1,0 +1,344 @@
+"""The largest model each strategy can train under a per-rank memory budget.
+
+    python -m benchmarks.max_model --world-size 2 --budget-gb 9 --out benchmarks/results/max-model-HOST-DATE
+    scale-ocr max-model ...                                        # the same flags
+
+For each strategy, with activation checkpointing off and on, a binary search finds the deepest ViTSTR (at a
+fixed ``--width``) that completes ``--steps`` real training steps when each rank may use ``--budget-gb``.
+Every probe is a real job through the strategy's launcher, built by the scaling suite (same commands, the
+same pre-rendered word cache, and on CPU the same per-process cap, RLIMIT_DATA); running out of memory is a
+result, not an error. The search starts where the memory model predicts the largest fit (model state from
+``scale_ocr.memory``, activations measured at depths 1 and 2 and extended linearly, a runtime margin), so
+the report can say how far that prediction was from what fitted.
+
+Writes ``results.jsonl`` (every probe), ``report.md`` (largest depth and parameters per strategy and
+setting, ÷ DDP's, predicted largest, measured ÷ predicted, samples/s at the largest) and ``fits.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.scaling import (
+    REPO,
+    TRAIN,
+    Config,
+    Suite,
+    _limit_memory,
+    classify,
+    command,
+    hardware,
+    measure,
+    versions,
+    work_dir,
+)
+
+GIB = 2**30
+DEFAULT_STRATEGIES = ("ddp", "fsdp", "zero3")
+
+
+@dataclass(frozen=True)
+class Search:
+    """One search's fixed settings; the depth is what varies."""
+
+    arch: str = "vitstr_large"
+    width: int = 1024
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
+    world_size: int = 2
+    budget_gb: float = 9.0
+    batch_size: int = 8
+    steps: int = 3
+    precision: str = "bf16"
+    max_depth: int = 64
+    checkpointing: tuple[bool, ...] = (False, True)
+    timeout: int = 1800
+
+
+@dataclass
+class Probe:
+    """One job of a search: a line of results.jsonl."""
+
+    strategy: str
+    checkpointing: bool
+    depth: int
+    params: int
+    status: str  # ok | oom | failed | timeout
+    error: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def search_largest(fits: Callable[[int], str], lo: int, hi: int, start: int) -> tuple[int, list[int]]:
+    """Largest ``d`` in ``[lo, hi]`` with ``fits(d) == "ok"``, 0 if none; and the depths tried.
+
+    ``fits`` is assumed monotone (a deeper model needs more memory). A status other than ok or oom (a crash,
+    a timeout) stops the search: the answer is then the largest depth known to fit.
+    """
+    good, bad, tried = lo - 1, hi + 1, []
+    depth = min(max(start, lo), hi)
+    while bad - good > 1:
+        tried.append(depth)
+        status = fits(depth)
+        if status == "ok":
+            good = depth
+        elif status == "oom":
+            bad = depth
+        else:
+            break
+        depth = (good + bad) // 2 if bad <= hi else min(hi, max(good + 1, 2 * good))  # gallop up, then bisect
+    return max(good, 0), tried
+
+
+def _task(s: Search, depth: int, checkpointing: bool):
+    from scale_ocr.config import ModelConfig
+    from scale_ocr.tasks import create_task
+
+    return create_task(ModelConfig(arch=s.arch, model_width=s.width, model_depth=depth,
+                                   activation_checkpointing=checkpointing))
+
+
+def _meta_size(s: Search, depth: int):
+    import torch
+
+    from scale_ocr.memory.estimate import model_size
+
+    with torch.device("meta"):
+        model = _task(s, depth, False).build_model()
+    return model, model_size(model)
+
+
+def activation_line(s: Search, checkpointing: bool) -> tuple[float, float]:
+    """Activations per rank as ``a + b * depth``: measured at depths 1 and 2 from real forwards.
+
+    With checkpointing, a unit's own activations come back during its backward: one block's worth (the
+    difference without checkpointing) is added on top of the inputs checkpointing keeps.
+    """
+    import torch
+
+    from scale_ocr.memory.estimate import activation_bytes
+
+    def measure_at(depth: int, ac: bool) -> int:
+        task = _task(s, depth, ac)
+        torch.manual_seed(0)
+        return activation_bytes(task.build_model(), task.dummy_inputs(s.batch_size), s.precision)
+
+    plain1, plain2 = measure_at(1, False), measure_at(2, False)
+    if not checkpointing:
+        return plain1 - (plain2 - plain1), plain2 - plain1
+    kept1, kept2 = measure_at(1, True), measure_at(2, True)
+    return kept1 - (kept2 - kept1) + (plain2 - plain1), kept2 - kept1
+
+
+def predicted_need(s: Search, strategy: str, depth: int, acts: tuple[float, float]) -> dict[str, float]:
+    """Bytes a rank needs at ``depth``: the memory model's state + activations + a unit in flight + margin,
+    as ``--strategy auto`` counts them (:func:`scale_ocr.strategies.auto.memory_needs`)."""
+    from scale_ocr.memory.estimate import estimate
+    from scale_ocr.strategies.auto import runtime_margin
+
+    model, size = _meta_size(s, depth)
+    row = estimate(size, s.world_size, s.precision, [strategy], model=model)["strategies"][strategy]
+    gathered = 2 * 4 * size.largest_layer if row["params_sharded"] else 0
+    need = row["model_state"] + row["other"] - row["host"] + acts[0] + acts[1] * depth + gathered + \
+        runtime_margin(on_gpu=False)
+    return {"need": need, "model_state": row["model_state"], "params": size.params}
+
+
+def predicted_largest(s: Search, strategy: str, acts: tuple[float, float]) -> int:
+    """Deepest model the memory model says fits the budget (0: not even one block)."""
+    budget = s.budget_gb * GIB
+    return search_largest(lambda d: "ok" if predicted_need(s, strategy, d, acts)["need"] <= budget else "oom",
+                          1, s.max_depth, 1)[0]
+
+
+def run_probe(s: Search, strategy: str, checkpointing: bool, depth: int, data_args: list[str], work: Path,
+              wandb_mode: str) -> Probe:
+    """One real training job at ``depth``; its status and measurements."""
+    from scale_ocr.strategies import strategy_entry
+
+    entry = strategy_entry(strategy)
+    launcher = "deepspeed" if "preset" in entry.preset else "torchrun"
+    key = f"{strategy}{'-ac' if checkpointing else ''}-d{depth}"
+    cfg = Config(s.arch, strategy, s.world_size, s.batch_size, 0, max(1, (os.cpu_count() or 1) // s.world_size),
+                 launcher, s.precision)
+    flags = f"--model-width {s.width} --model-depth {depth}" + (" --activation-checkpointing" if checkpointing else "")
+    suite = Suite(models=(s.arch,), batch_size=s.batch_size, steps=s.steps, warmup=0, precision=s.precision,
+                  profile_steps=0, timeout=s.timeout, model_args=((s.arch, flags),))
+    run_dir = work / "runs" / key
+    cmd = command(cfg, suite, data_args, run_dir, "max-model", wandb_mode)
+    env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads_per_rank), PYTHONPATH=str(REPO))
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    t0 = time.time()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=s.timeout,
+                              preexec_fn=_limit_memory(s.budget_gb), start_new_session=True)
+        status, error = classify(proc.returncode, proc.stdout + proc.stderr)
+    except subprocess.TimeoutExpired:
+        status, error = "timeout", f"no result within {s.timeout} s"
+    metrics: dict[str, Any] = {"wall_seconds": time.time() - t0, "run_dir": str(run_dir),
+                               "command": " ".join(cmd[cmd.index(str(TRAIN)):])}
+    if status == "ok":
+        try:
+            metrics.update(measure(run_dir, 0, s.steps))
+        except (OSError, ValueError, KeyError) as exc:
+            status, error = "failed", f"unreadable metrics: {exc}"
+    return Probe(strategy, checkpointing, depth, _meta_size(s, depth)[1].params, status, error, metrics)
+
+
+def run_search(s: Search, out: Path, wandb_mode: str = "disabled", log=print) -> Path:
+    """Every strategy and checkpointing setting of ``s``; returns results.jsonl."""
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "results.jsonl"
+    if results.exists():
+        results.unlink()
+    work = work_dir(out)
+    data_args = _task(s, 1, False).benchmark_data(work, s.batch_size * s.world_size * s.steps, log)
+    header = {"search": asdict(s), "hardware": hardware(), "versions": versions()}
+    (out / "search.json").write_text(json.dumps(header, indent=2) + "\n", encoding="utf-8")
+    for checkpointing in s.checkpointing:
+        acts = activation_line(s, checkpointing)
+        for strategy in s.strategies:
+            start = predicted_largest(s, strategy, acts)
+
+            def fits(depth: int, strategy=strategy, checkpointing=checkpointing, start=start, acts=acts) -> str:
+                probe = run_probe(s, strategy, checkpointing, depth, data_args, work, wandb_mode)
+                probe.metrics["predicted"] = {**predicted_need(s, strategy, depth, acts), "largest_depth": start}
+                with results.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps(asdict(probe)) + "\n")
+                log(f"max-model {strategy}{' +ac' if checkpointing else ''} depth {depth} "
+                    f"({probe.params / 1e6:.0f}M): {probe.status}" + (f" ({probe.error})" if probe.error else ""))
+                return probe.status
+
+            largest, tried = search_largest(fits, 1, s.max_depth, max(start, 1))
+            log(f"max-model {strategy}{' +ac' if checkpointing else ''}: largest depth {largest} "
+                f"(predicted {start}; tried {tried})")
+    return results
+
+
+def summarize(results: Path, s: Search) -> list[dict[str, Any]]:
+    """Per (strategy, checkpointing): the largest depth that trained, its size and speed, and the prediction."""
+    probes = [json.loads(ln) for ln in results.read_text().splitlines() if ln.strip()]
+    rows: dict[tuple[str, bool], dict[str, Any]] = {}
+    for p in probes:
+        row = rows.setdefault((p["strategy"], p["checkpointing"]), {
+            "strategy": p["strategy"], "checkpointing": p["checkpointing"], "depth": 0, "params": 0,
+            "samples_per_sec": None, "peak_memory_bytes": None, "failed": [],
+            "predicted_depth": p["metrics"]["predicted"]["largest_depth"], "probes": 0})
+        row["probes"] += 1
+        if p["status"] == "ok" and p["depth"] > row["depth"]:
+            row.update(depth=p["depth"], params=p["params"], samples_per_sec=p["metrics"].get("samples_per_sec"),
+                       peak_memory_bytes=p["metrics"].get("peak_memory_bytes"))
+        if p["status"] not in ("ok", "oom"):
+            row["failed"].append(f"depth {p['depth']}: {p['status']} ({p['error']})")
+    for row in rows.values():
+        ddp = rows.get(("ddp", row["checkpointing"]), {}).get("params")
+        row["over_ddp"] = row["params"] / ddp if ddp else None
+        depth = row["predicted_depth"]
+        row["predicted_params"] = _meta_size(s, depth)[1].params if depth >= 1 else 0
+        row["measured_over_predicted"] = row["params"] / row["predicted_params"] if row["predicted_params"] else None
+    return list(rows.values())
+
+
+def write_report(out: Path) -> Path:
+    """report.md and fits.png from results.jsonl and search.json."""
+    header = json.loads((out / "search.json").read_text())
+    s = header["search"]
+    rows = summarize(out / "results.jsonl", Search(**{k: tuple(v) if isinstance(v, list) else v
+                                                      for k, v in s.items()}))
+    lines = [f"# Largest model per strategy: {s['arch']} at width {s['width']}, world size {s['world_size']}, "
+             f"{s['budget_gb']} GiB per rank, {s['precision']}, batch {s['batch_size']} per rank",
+             "", f"Command: `python -m benchmarks.max_model --arch {s['arch']} --width {s['width']} --world-size "
+             f"{s['world_size']} --budget-gb {s['budget_gb']} --batch-size {s['batch_size']} --precision "
+             f"{s['precision']} --steps {s['steps']} --max-depth {s['max_depth']} --strategies {','.join(s['strategies'])} "
+             f"--checkpointing {_checkpointing_flag(s['checkpointing'])}`  ",
+             f"Host: {header['hardware']['cpu']} ({header['hardware']['cores']} cores); git {header['versions']['git']}",
+             "", "| strategy | act. ckpt | largest depth | parameters | ÷ DDP | predicted depth | measured ÷ predicted "
+             "| samples/s | peak/rank | probes |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["checkpointing"], s["strategies"].index(r["strategy"]))):
+        fmt = lambda v, f: f.format(v) if v is not None else "-"  # noqa: E731
+        lines.append(f"| {r['strategy']} | {'on' if r['checkpointing'] else 'off'} | {r['depth']} | "
+                     f"{r['params'] / 1e6:.0f}M | {fmt(r['over_ddp'], '{:.2f}')} | {r['predicted_depth']} | "
+                     f"{fmt(r['measured_over_predicted'], '{:.2f}')} | {fmt(r['samples_per_sec'], '{:.2f}')} | "
+                     f"{fmt(r['peak_memory_bytes'] and r['peak_memory_bytes'] / GIB, '{:.2f} GiB')} | {r['probes']} |")
+        lines += [f"  - {f}" for f in r["failed"]]
+    (out / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    _plot(rows, s, out / "fits.png")
+    return out / "report.md"
+
+
+def _checkpointing_flag(settings: list[bool]) -> str:
+    return "both" if len(settings) == 2 else "on" if settings[0] else "off"
+
+
+def _plot(rows: list[dict], s: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    names = list(s["strategies"])
+    for i, ac in enumerate(sorted({r["checkpointing"] for r in rows})):
+        by = {r["strategy"]: r["params"] / 1e6 for r in rows if r["checkpointing"] == ac}
+        ax.bar([n + i * 0.4 for n in range(len(names))], [by.get(n, 0) for n in names], width=0.4,
+               label="activation checkpointing" if ac else "plain")
+    ax.set_xticks([n + 0.2 for n in range(len(names))], names)
+    ax.set_ylabel("parameters that fit (M)")
+    ax.set_title(f"{s['budget_gb']} GiB per rank, world size {s['world_size']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from scale_ocr.errors import UserError
+    from scale_ocr.models import accepts
+    from scale_ocr.strategies import strategy_entry
+
+    d = Search()
+    p = argparse.ArgumentParser(prog="python -m benchmarks.max_model", description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", default=d.arch, help="a model whose depth can be set (default %(default)s)")
+    p.add_argument("--width", type=int, default=d.width, help="its width, fixed during the search")
+    p.add_argument("--strategies", default=",".join(d.strategies), help="comma-separated")
+    p.add_argument("--world-size", type=int, default=d.world_size)
+    p.add_argument("--budget-gb", type=float, default=d.budget_gb, help="memory per rank (CPU: a per-process cap)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="per-rank micro-batch")
+    p.add_argument("--steps", type=int, default=d.steps, help="training steps a probe must complete")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=d.precision)
+    p.add_argument("--max-depth", type=int, default=d.max_depth)
+    p.add_argument("--checkpointing", choices=["off", "on", "both"], default="both",
+                   help="search without activation checkpointing, with it, or both (default)")
+    p.add_argument("--timeout", type=int, default=d.timeout, help="seconds per probe before it counts as a timeout")
+    p.add_argument("--out", type=Path, required=True, help="results directory")
+    p.add_argument("--wandb-mode", default="disabled", choices=["offline", "online", "disabled"])
+    args = p.parse_args(argv)
+    if not accepts(args.arch, "depth"):
+        raise UserError(f"--arch {args.arch}: its depth cannot be set; use a ViTSTR (vitstr_tiny ... vitstr_large)")
+    strategies = tuple(args.strategies.split(","))
+    for name in strategies:
+        entry = strategy_entry(name)
+        if entry.cls.max_world_size == 1 and args.world_size > 1:
+            raise UserError(f"--strategies {name} runs in one process; leave it out for --world-size {args.world_size}")
+    if min(args.world_size, args.steps, args.max_depth, args.batch_size) < 1 or args.budget_gb <= 0:
+        raise UserError("--world-size, --steps, --max-depth and --batch-size must be at least 1, --budget-gb positive")
+    search = Search(args.arch, args.width, strategies, args.world_size, args.budget_gb, args.batch_size, args.steps,
+                    args.precision, args.max_depth,
+                    {"off": (False,), "on": (True,), "both": (False, True)}[args.checkpointing], args.timeout)
+    run_search(search, args.out, args.wandb_mode)
+    print(f"max-model: report {write_report(args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    from scale_ocr.errors import report_user_errors
+
+    sys.exit(report_user_errors(main)())
