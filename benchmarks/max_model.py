@@ -20,27 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scaling import (
-    REPO,
-    TRAIN,
-    Config,
-    Suite,
-    _limit_memory,
-    classify,
-    command,
-    hardware,
-    measure,
-    versions,
-    work_dir,
-)
+from benchmarks.scaling import TRAIN, Config, Suite, command, hardware, measure, run_job, versions, work_dir
 
 GIB = 2**30
 DEFAULT_STRATEGIES = ("ddp", "fsdp", "zero3")
@@ -173,17 +159,8 @@ def run_probe(s: Search, strategy: str, checkpointing: bool, depth: int, data_ar
                   profile_steps=0, timeout=s.timeout, model_args=((s.arch, flags),))
     run_dir = work / "runs" / key
     cmd = command(cfg, suite, data_args, run_dir, "max-model", wandb_mode)
-    env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads_per_rank), PYTHONPATH=str(REPO))
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(var, None)
-    t0 = time.time()
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=s.timeout,
-                              preexec_fn=_limit_memory(s.budget_gb), start_new_session=True)
-        status, error = classify(proc.returncode, proc.stdout + proc.stderr)
-    except subprocess.TimeoutExpired:
-        status, error = "timeout", f"no result within {s.timeout} s"
-    metrics: dict[str, Any] = {"wall_seconds": time.time() - t0, "run_dir": str(run_dir),
+    status, error, wall = run_job(cmd, cfg.threads_per_rank, s.timeout, s.budget_gb)
+    metrics: dict[str, Any] = {"wall_seconds": wall, "run_dir": str(run_dir),
                                "command": " ".join(cmd[cmd.index(str(TRAIN)):])}
     if status == "ok":
         try:

@@ -187,6 +187,22 @@ def _limit_memory(gb: float | None):
     return apply
 
 
+def run_job(cmd: list[str], threads: int, timeout: int, memory_limit_gb: float | None) -> tuple[str, str | None, float]:
+    """Run one benchmark job (its own session, ``threads`` per rank, each process capped on CPU):
+    ``(status, error, seconds)``, status ok / oom / failed / timeout."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    t0 = time.time()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=_limit_memory(memory_limit_gb), start_new_session=True)
+        status, error = classify(proc.returncode, proc.stdout + proc.stderr)
+    except subprocess.TimeoutExpired:
+        status, error = "timeout", f"no result within {timeout} s"
+    return status, error, time.time() - t0
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     pos = (len(ordered) - 1) * q
@@ -307,19 +323,8 @@ def run_suite(suite: Suite, out_dir: Path, preset: str | None, wandb_mode: str, 
         if cfg.key in done:
             continue
         run_dir = work / "runs" / cfg.key.replace("/", "-")
-        env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads_per_rank), PYTHONPATH=str(REPO),
-                   TOKENIZERS_PARALLELISM="false")
-        for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-            env.pop(var, None)
         cmd = command(cfg, suite, data_args[cfg.model], run_dir, group, wandb_mode)
-        t0 = time.time()
-        try:
-            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=suite.timeout,
-                                  preexec_fn=_limit_memory(suite.memory_limit_gb), start_new_session=True)
-            status, error = classify(proc.returncode, proc.stdout + proc.stderr)
-        except subprocess.TimeoutExpired:
-            status, error = "timeout", f"no result within {suite.timeout} s"
-        wall = time.time() - t0
+        status, error, wall = run_job(cmd, cfg.threads_per_rank, suite.timeout, suite.memory_limit_gb)
         metrics: dict[str, Any] = {"wall_seconds": wall}
         if status == "ok":
             try:
