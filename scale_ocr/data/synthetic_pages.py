@@ -158,3 +158,32 @@ def write_detection_folder(path: str | Path, num_pages: int, seed: int, size: tu
                         "polygons": np.round(polygons.astype(np.float64), 2).tolist(), "words": words}
     (root / "labels.json").write_text(json.dumps(labels), encoding="utf-8")
     return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m scale_ocr.data.synthetic_pages OUT``: a docTR detection folder of held-out synthetic pages
+    (with their words, for ``scale-ocr evaluate-pages``)."""
+    import argparse
+
+    from scale_ocr.errors import UserError
+
+    p = argparse.ArgumentParser(prog="python -m scale_ocr.data.synthetic_pages", description=main.__doc__.split("``:")[1]
+                                .strip())
+    p.add_argument("out", type=Path, help="a new folder (images/, labels.json)")
+    p.add_argument("--pages", type=int, default=10)
+    p.add_argument("--seed", type=int, default=4242, help="the page stream (training uses the run's --seed, "
+                   "validation that plus 1000003; the default is neither)")
+    p.add_argument("--size", type=int, default=512, help="square page side in pixels")
+    args = p.parse_args(argv)
+    if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
+        raise UserError(f"{args.out} already exists and is not an empty folder; choose a new one")
+    if args.pages < 1 or args.size < 64:
+        raise UserError("--pages must be at least 1 and --size at least 64")
+    print(write_detection_folder(args.out, args.pages, args.seed, (args.size, args.size)))
+    return 0
+
+
+if __name__ == "__main__":
+    from scale_ocr.errors import report_user_errors
+
+    raise SystemExit(report_user_errors(main)())

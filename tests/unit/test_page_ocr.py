@@ -238,3 +238,17 @@ def test_evaluate_pages_command_prints_a_table_or_json(models, folder, capsys):
     assert main([*argv, "--det-size", "100x100"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--det-size 100x100" in err and "96x96" in err, err
+
+
+def test_synthetic_pages_command_writes_a_new_evaluation_folder_only(tmp_path, capsys):
+    from scale_ocr.data.synthetic_pages import main as pages_main
+
+    out = tmp_path / "pages"
+    assert pages_main([str(out), "--pages", "2", "--size", "128"]) == 0
+    labels = json.loads((out / "labels.json").read_text())
+    assert sorted(labels) == ["page_00000.png", "page_00001.png"]
+    assert all(len(e["words"]) == len(e["polygons"]) for e in labels.values())
+    before = (out / "labels.json").read_bytes()
+    with pytest.raises(UserError, match="already exists"):
+        pages_main([str(out), "--pages", "3"])
+    assert (out / "labels.json").read_bytes() == before
