@@ -298,6 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="results directory")
     p.add_argument("--wandb-mode", default="disabled", choices=["offline", "online", "disabled"])
     args = p.parse_args(argv)
+    import torch
+
+    if torch.cuda.is_available():
+        raise UserError("max-model enforces --budget-gb as a per-process host-memory cap; on a GPU that does not bound "
+                        "device memory yet, so its answers would be wrong: run it on a CPU host (CUDA_VISIBLE_DEVICES=)")
     if not accepts(args.arch, "depth"):
         raise UserError(f"--arch {args.arch}: its depth cannot be set; use a ViTSTR (vitstr_tiny ... vitstr_large)")
     strategies = tuple(args.strategies.split(","))
