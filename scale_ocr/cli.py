@@ -206,7 +206,8 @@ def _evaluate_pages(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(m))
         return 0
-    rows = [("pages", f"{m['pages']}"), ("true words", f"{m['gt_words']}"), ("detected words", f"{m['pred_words']}"),
+    rows = [("pages", f"{m['pages']}"), ("true words", f"{m['gt_words']}"), ("words read", f"{m['pred_words']}"),
+            ("unread boxes", f"{m['unread_boxes']}"),
             ("detection recall", f"{m['recall']:.2%}"), ("detection precision", f"{m['precision']:.2%}"),
             ("detection mean IoU", f"{m['mean_iou']:.4f}"),
             ("word recall", f"{m['word_recall']:.2%}  (ignoring case {m['ci_word_recall']:.2%})"),

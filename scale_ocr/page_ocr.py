@@ -46,8 +46,8 @@ def _word(poly: np.ndarray, text: str, confidence: float, box_score: float) -> d
 
 
 def read_pages(detector: LoadedModel, recognizer: LoadedModel, pages: Sequence[Image.Image], batch_size: int = 4,
-               word_batch_size: int = 64, pad: float = PAD, det_size: tuple[int, int] | None = None
-               ) -> list[list[dict[str, Any]]]:
+               word_batch_size: int = 64, pad: float = PAD, det_size: tuple[int, int] | None = None,
+               keep_unread: bool = False) -> list[list[dict[str, Any]]]:
     """The words of each page, in reading order.
 
     Args:
@@ -58,6 +58,8 @@ def read_pages(detector: LoadedModel, recognizer: LoadedModel, pages: Sequence[I
         word_batch_size: crops per recognizer batch.
         pad: see :func:`crop_words`.
         det_size: ``(H, W)`` pages are fitted into for the detector; None: the size it was trained at.
+        keep_unread: also return boxes in which the recognizer read nothing (an empty text). They are not
+            words, so page OCR drops them; evaluation keeps them to score the detector on all its boxes.
 
     Returns:
         Per page, one ``{"polygon": [[x, y] x 4] (page pixels, 0.1 px), "text", "confidence", "box_score"}``
@@ -83,7 +85,8 @@ def read_pages(detector: LoadedModel, recognizer: LoadedModel, pages: Sequence[I
         texts = iter(recognizer.task.recognize(recognizer.model, crops, word_batch_size) if crops else [])
         for page_kept in kept:
             words = [_word(poly, *next(texts), score) for poly, score in page_kept]
-            results.append([words[i] for i in reading_order([p for p, _ in page_kept])])
+            ordered = [words[i] for i in reading_order([p for p, _ in page_kept])]
+            results.append(ordered if keep_unread else [w for w in ordered if w["text"]])
     return results
 
 
@@ -142,7 +145,8 @@ def evaluate_pages(detector: LoadedModel, recognizer: LoadedModel, folder_paths:
     ``det_size`` is :func:`read_pages`'.
 
     Returns:
-        ``pages``, ``gt_words``, ``pred_words`` (counts), ``recall``, ``precision``, ``mean_iou`` (detection),
+        ``pages``, ``gt_words``, ``pred_words`` (words read), ``unread_boxes`` (boxes read as nothing: scored
+        by detection, not words) (counts), ``recall``, ``precision``, ``mean_iou`` (detection),
         ``word_recall``, ``word_precision`` and their case-insensitive ``ci_`` variants (rates in [0, 1]).
     """
     from scale_ocr.data.detection import DetectionFolder
@@ -157,12 +161,17 @@ def evaluate_pages(detector: LoadedModel, recognizer: LoadedModel, folder_paths:
                                 "\"polygons\" (or measure the detector alone with its validation)")
     boxes, texts = LocalizationMetric(), OCRMetric()
     samples = [(folder, i) for folder in folders for i in range(len(folder))]
+    unread = 0
     for start in range(0, len(samples), batch_size):
         chunk = [folder[i] for folder, i in samples[start:start + batch_size]]  # (image, polygons, words)
-        for (_, gt_polys, gt_words), words in zip(chunk, read_pages(detector, recognizer, [c[0] for c in chunk],
-                                                                    batch_size, det_size=det_size), strict=True):
-            pred = np.array([w["polygon"] for w in words], dtype=np.float64).reshape(-1, 4, 2)
-            boxes.update(pred, gt_polys)
-            texts.update(pred, [w["text"] for w in words], gt_polys, gt_words)
-    return {"pages": len(samples), "gt_words": texts.num_gt, "pred_words": texts.num_pred,
+        found = read_pages(detector, recognizer, [c[0] for c in chunk], batch_size, det_size=det_size,
+                           keep_unread=True)
+        for (_, gt_polys, gt_words), words in zip(chunk, found, strict=True):
+            # The detector is scored on every box it found; page OCR's words are those with text read.
+            boxes.update(np.array([w["polygon"] for w in words], dtype=np.float64).reshape(-1, 4, 2), gt_polys)
+            read = [w for w in words if w["text"]]
+            unread += len(words) - len(read)
+            texts.update(np.array([w["polygon"] for w in read], dtype=np.float64).reshape(-1, 4, 2),
+                         [w["text"] for w in read], gt_polys, gt_words)
+    return {"pages": len(samples), "gt_words": texts.num_gt, "pred_words": texts.num_pred, "unread_boxes": unread,
             **LocalizationMetric.rates(boxes.sums()), **OCRMetric.rates(texts.sums())}

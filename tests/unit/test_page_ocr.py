@@ -155,10 +155,26 @@ def test_evaluate_pages_reads_words_only_when_their_text_is_right(folder, spoil)
     m = evaluate_pages(detector, recognizer, [folder])
     assert m["pages"] == 3 and m["gt_words"] == sum(len(w) for _, _, w in pages)
     assert m["recall"] >= 0.9 and m["precision"] >= 0.9, m
+    assert m["unread_boxes"] == 0
     if spoil:
         assert m["word_recall"] == 0.0 and m["ci_word_recall"] == 0.0, m
     else:
         assert m["word_recall"] >= 0.9 and m["word_precision"] >= 0.9, m
+
+
+def test_boxes_read_as_nothing_are_not_words_but_still_score_the_detector(folder):
+    data = DetectionFolder((str(folder),))
+    pages = [data[i] for i in range(len(data))]
+    detector, recognizer = oracle_pair(pages, input_size=(384, 384))
+    truth = recognizer.task.recognize
+    recognizer.task.recognize = lambda model, crops, batch_size=64: [("", c) if i % 2 else (t, c) for i, (t, c)
+                                                                      in enumerate(truth(model, crops, batch_size))]
+    m = evaluate_pages(detector, recognizer, [folder])
+    words = read_pages(detector, recognizer, [p for p, _, _ in pages])
+    assert all(w["text"] for page in words for w in page)  # page OCR's output holds only words read
+    assert m["unread_boxes"] > 0 and m["pred_words"] + m["unread_boxes"] == sum(len(w) for _, _, w in pages)
+    assert m["recall"] >= 0.9 and m["precision"] >= 0.9, m  # every box scores the detector
+    assert 0.35 < m["word_recall"] < 0.65 and m["word_precision"] >= 0.9, m
 
 
 def test_evaluate_pages_refuses_pages_without_words(folder, tmp_path):
