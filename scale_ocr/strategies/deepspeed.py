@@ -63,8 +63,9 @@ class DeepSpeed(Strategy):
         if self.ds_config.get("zero_optimization", {}).get("stage", 0) != 3:
             return super().build_model(task, seed)
         with torch.device("meta"):
-            if not has_init_rule(task.build_model()):
-                return super().build_model(task, seed)
+            rule = has_init_rule(task.build_model())
+        if not rule:
+            return super().build_model(task, seed)
         import deepspeed
 
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
