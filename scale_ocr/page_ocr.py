@@ -45,6 +45,11 @@ def _word(poly: np.ndarray, text: str, confidence: float, box_score: float) -> d
             "box_score": round(float(box_score), 4)}
 
 
+def _polygons(words: Sequence[dict[str, Any]]) -> np.ndarray:
+    """The (N, 4, 2) polygons of :func:`read_pages` words."""
+    return np.array([w["polygon"] for w in words], dtype=np.float64).reshape(-1, 4, 2)
+
+
 def read_pages(detector: LoadedModel, recognizer: LoadedModel, pages: Sequence[Image.Image], batch_size: int = 4,
                word_batch_size: int = 64, pad: float = PAD, det_size: tuple[int, int] | None = None,
                keep_unread: bool = False) -> list[list[dict[str, Any]]]:
@@ -168,10 +173,9 @@ def evaluate_pages(detector: LoadedModel, recognizer: LoadedModel, folder_paths:
                            keep_unread=True)
         for (_, gt_polys, gt_words), words in zip(chunk, found, strict=True):
             # The detector is scored on every box it found; page OCR's words are those with text read.
-            boxes.update(np.array([w["polygon"] for w in words], dtype=np.float64).reshape(-1, 4, 2), gt_polys)
+            boxes.update(_polygons(words), gt_polys)
             read = [w for w in words if w["text"]]
             unread += len(words) - len(read)
-            texts.update(np.array([w["polygon"] for w in read], dtype=np.float64).reshape(-1, 4, 2),
-                         [w["text"] for w in read], gt_polys, gt_words)
+            texts.update(_polygons(read), [w["text"] for w in read], gt_polys, gt_words)
     return {"pages": len(samples), "gt_words": texts.num_gt, "pred_words": texts.num_pred, "unread_boxes": unread,
             **LocalizationMetric.rates(boxes.sums()), **OCRMetric.rates(texts.sums())}

@@ -121,6 +121,11 @@ def sensor_noise(img: Image.Image, rng: np.random.Generator) -> Image.Image:
     return Image.fromarray(noisy.clip(0, 255).astype(np.uint8))
 
 
+def page_turn(rng: np.random.Generator) -> float:
+    """Degrees a page is turned by: most pages a little (up to ``MAX_ANGLE``), some not at all."""
+    return float(rng.uniform(-MAX_ANGLE, MAX_ANGLE)) if rng.random() < 0.7 else 0.0
+
+
 def render_page_word(word: str, rng: np.random.Generator, fonts: tuple[str, ...]) -> Image.Image:
     """``word`` as page OCR cuts it from a synthetic page: the page's sizes, paper and ink, turned with
     the page by up to ``MAX_ANGLE`` degrees, with its noise, cut along an upright box that strays from the
@@ -135,8 +140,7 @@ def render_page_word(word: str, rng: np.random.Generator, fonts: tuple[str, ...]
     img = Image.new("RGB", (right - left + 2 * margin, bottom - top + 2 * margin), paper)
     ImageDraw.Draw(img).text((margin - left, margin - top), word, font=font, fill=ink)
     ink_box = np.float32([_box(margin, margin, margin + right - left, margin + bottom - top)])
-    angle = float(rng.uniform(-MAX_ANGLE, MAX_ANGLE)) if rng.random() < 0.7 else 0.0
-    img, turned = rotate_page(img, ink_box, angle, paper, expand=False)
+    img, turned = rotate_page(img, ink_box, page_turn(rng), paper, expand=False)
     img = sensor_noise(img, rng)
     (x0, y0), (x1, y1) = turned[0].min(axis=0), turned[0].max(axis=0)
     error = (BOX_ERROR_MEAN + BOX_ERROR_STD * rng.standard_normal(4).clip(-2, 2)) * max(1, bottom - top)

@@ -19,11 +19,11 @@ from torch.utils.data import Dataset
 
 from scale_ocr.data.det_transforms import rotate_points
 from scale_ocr.data.synthetic import (
-    MAX_ANGLE,
     TEXT_HEIGHT,
     _box,
     _font,
     ink_colour,
+    page_turn,
     paper_colour,
     random_word,
     sensor_noise,
@@ -94,7 +94,7 @@ def render_page(seed: int, index: int, size: tuple[int, int] = (512, 512),
     charset = "".join(c for c in charset if not c.isspace())
     h, w = size
     bg = paper_colour(rng)
-    angle = float(rng.uniform(-MAX_ANGLE, MAX_ANGLE)) if rng.random() < 0.7 else 0.0
+    angle = page_turn(rng)
     placed = _layout(rng, size, charset)
     img = Image.new("RGB", (w, h), bg)
     if not placed:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from scale_ocr.config import OptimConfig, StrategyConfig, TrainConfig
+from scale_ocr.config import MODEL_SIZE_FIELDS, OptimConfig, StrategyConfig, TrainConfig
 from scale_ocr.distributed import DistInfo
 from scale_ocr.errors import UserError
 from scale_ocr.memory.model import deepspeed_estimate, predict
@@ -161,9 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         from scale_ocr.config import ModelConfig
         from scale_ocr.tasks import create_task
 
-        task = create_task(ModelConfig(arch=args.model, input_size=size_hw, model_width=args.model_width,
-                                       model_depth=args.model_depth, model_heads=args.model_heads,
-                                       mlp_ratio=args.mlp_ratio, activation_checkpointing=args.activation_checkpointing))
+        task = create_task(ModelConfig(arch=args.model, input_size=size_hw, **{f: getattr(args, f) for f in MODEL_SIZE_FIELDS},
+                                       activation_checkpointing=args.activation_checkpointing))
         # Counting needs no memory: on the meta device any size builds at once. A forward needs real weights.
         with torch.device("cpu" if args.activations else "meta"):
             model = task.build_model()
@@ -173,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if args.activations:
             raise UserError("--activations needs --model (it runs one forward)")
-        given = [f for f in ("model_width", "model_depth", "model_heads", "mlp_ratio") if getattr(args, f) is not None]
+        given = [f for f in MODEL_SIZE_FIELDS if getattr(args, f) is not None]
         if given:
             raise UserError(f"--{given[0].replace('_', '-')} needs --model (it changes a registered model's size)")
         size = ModelSize(int(args.params), int(args.largest_layer))

@@ -36,6 +36,15 @@ def has_init_rule(model: nn.Module) -> bool:
     return callable(getattr(model, "init_param", None)) and not any(True for _ in model.buffers())
 
 
+def meta_model_with_rule(task) -> nn.Module | None:
+    """``task``'s model built on the meta device (no memory, no initialisation work) when it has a
+    per-parameter init rule, so it can be materialised anywhere and filled by :func:`init_weights`; None when
+    it has not, and must be built whole from the global RNG."""
+    with torch.device("meta"):
+        model = task.build_model()
+    return model if has_init_rule(model) else None
+
+
 def param_seed(seed: int, name: str) -> int:
     """A 63-bit seed for one parameter, stable across processes and Python versions."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") >> 1

@@ -76,12 +76,13 @@ class Strategy(ABC):
         (:mod:`scale_ocr.models.init`), which a sharding engine can reproduce shard by shard; others from
         the global RNG seeded with ``seed``.
         """
-        from scale_ocr.models.init import has_init_rule, init_weights
+        from scale_ocr.models.init import init_weights, meta_model_with_rule
 
-        torch.manual_seed(seed)
-        model = task.build_model()
-        if has_init_rule(model):
-            init_weights(model, seed)
+        model = meta_model_with_rule(task)
+        if model is None:
+            torch.manual_seed(seed)
+            return task.build_model()
+        init_weights(model.to_empty(device="cpu"), seed)  # each weight initialised once, by its rule
         return model
 
     @abstractmethod

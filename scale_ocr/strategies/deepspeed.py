@@ -11,6 +11,8 @@ from torch import nn
 from scale_ocr.errors import UserError
 from scale_ocr.memory.meter import StateMeter, optimizer_tensors, tensors_in
 from scale_ocr.memory.model import StateLayout
+from scale_ocr.models.checkpointing import bare_name
+from scale_ocr.models.init import full_shape, init_weights, meta_model_with_rule
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import StepStats, Strategy
 from scale_ocr.strategies.common import broadcast_buffers, init_optimizer_state
@@ -56,15 +58,7 @@ class DeepSpeed(Strategy):
         then each parameter is gathered in turn and set from ``(seed, name)``, the weights of a whole build
         (:mod:`scale_ocr.models.init`). Other stages, and models without the rule, are built whole.
         """
-        import torch
-
-        from scale_ocr.models.init import has_init_rule, init_weights
-
-        if self.ds_config.get("zero_optimization", {}).get("stage", 0) != 3:
-            return super().build_model(task, seed)
-        with torch.device("meta"):
-            rule = has_init_rule(task.build_model())
-        if not rule:
+        if self.ds_config.get("zero_optimization", {}).get("stage", 0) != 3 or meta_model_with_rule(task) is None:
             return super().build_model(task, seed)
         import deepspeed
 
@@ -212,15 +206,13 @@ class DeepSpeed(Strategy):
         import torch
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-        from scale_ocr.models.checkpointing import bare_name
-
         module = self.engine.module
         model, states = {}, {}
         self._link_optimizer_state()
         step = torch.tensor(self._adam_step())
         for name, p in module.named_parameters():
             name = bare_name(name)
-            shape = tuple(getattr(p, "ds_shape", p.shape))
+            shape = full_shape(p)
             full = safe_get_full_fp32_param(p)  # collective under ZeRO-3: same order on every rank
             model[name] = full.detach().reshape(shape).cpu().clone()
             entry = {"step": step.clone()}
@@ -240,8 +232,6 @@ class DeepSpeed(Strategy):
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         import torch
         from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
-
-        from scale_ocr.models.checkpointing import bare_name
 
         module, dev = self.engine.module, self.dist.device
         saved = state["optim"]["state"]
@@ -292,8 +282,6 @@ class DeepSpeed(Strategy):
             state = self.engine.module.state_dict()
         if not self.is_main or state is None:
             return None
-        from scale_ocr.models.checkpointing import bare_name
-
         # Consolidated weights are fp32 whatever the engine computes in (bf16/fp16 weights are upcast).
         return {bare_name(k): v.detach().cpu().float() if v.is_floating_point() else v.detach().cpu().clone()
                 for k, v in state.items()}

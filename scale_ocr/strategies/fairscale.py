@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from scale_ocr.memory.model import StateLayout
+from scale_ocr.models.checkpointing import bare_name
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import StepStats, Strategy
 from scale_ocr.strategies.common import TorchStepper, init_optimizer_state, torch_state_meter
@@ -67,8 +68,6 @@ class Fairscale(Strategy):
         return self.stepper.step()
 
     def _names(self) -> dict[int, str]:
-        from scale_ocr.models.checkpointing import bare_name
-
         return {id(p): bare_name(n) for n, p in self.module.named_parameters()}
 
     def checkpoint_state(self) -> dict[str, Any]:

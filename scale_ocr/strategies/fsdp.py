@@ -67,11 +67,10 @@ class FSDP(Strategy):
         (:func:`scale_ocr.models.init.init_weights`): exactly the weights a whole build with the same seed has.
         Models without the rule are built whole and sharded by ``setup``.
         """
-        from scale_ocr.models.init import has_init_rule, init_weights
+        from scale_ocr.models.init import init_weights, meta_model_with_rule
 
-        with torch.device("meta"):
-            model = task.build_model()
-        if not has_init_rule(model):
+        model = meta_model_with_rule(task)
+        if model is None:
             return super().build_model(task, seed)
         self.sharded = apply_fsdp(model, self.mesh(), self.reshard_after_forward).to_empty(device=self.dist.device)
         init_weights(self.sharded, seed)

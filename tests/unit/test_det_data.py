@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from scale_ocr.data import synthetic_pages
+from scale_ocr.data import synthetic
 from scale_ocr.data.det_transforms import DetCompose, RandomCrop, RandomRotate, ResizePage, build_det_transform
 from scale_ocr.data.detection import DetectionFolder
 from scale_ocr.data.files import PAGE_LIMITS, WORD_LIMITS, BadImage, load_image
@@ -167,7 +167,7 @@ def test_synthetic_pages_turn_boxes_with_the_page():
 
 
 def test_synthetic_pages_never_draw_a_word_the_turn_would_cut(monkeypatch):
-    monkeypatch.setattr(synthetic_pages, "MAX_ANGLE", 40.0)  # steep turns push corner words off the page
+    monkeypatch.setattr(synthetic, "MAX_ANGLE", 40.0)  # steep turns (page_turn) push corner words off the page
     kept = 0
     for i in range(6):
         img, polygons, words = render_page(1, i, (128, 128))
