@@ -7,14 +7,30 @@ STAMP   := $(VENV)/.installed
 NPROC   ?= 2
 FULL    ?= 0
 
-.PHONY: install demo test test-fast lint clean
+.PHONY: install aio demo test test-fast lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev]"
+	@$(MAKE) --no-print-directory aio
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+# NVMe offload (--strategy zero3_nvme) runs through DeepSpeed's async_io op, a C++ extension linked against
+# libaio: its headers are installed through apt-get when missing and we are root, then the op is built once
+# into the venv, where the tests look for it (a few minutes the first time). Without libaio every other
+# strategy works and zero3_nvme stops with one line saying what to install.
+aio:
+	@if ! $(PY) -c "from deepspeed.ops.op_builder import AsyncIOBuilder as B; raise SystemExit(not B().is_compatible())" \
+			>/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libaio-dev; \
+		else \
+			echo "note: libaio's headers are missing (apt-get install libaio-dev): --strategy zero3_nvme will not run"; \
+		fi; \
+	fi
+	-@TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions $(PY) -m scale_ocr.strategies.nvme 2>&1 | grep "^scale-ocr"
 
 # A real 2-rank DDP training on synthetic words (CPU + gloo without GPUs), then its metrics.
 # About 6.5 minutes on 2 CPU cores (measured: 37.7% exact match, CER 0.23). A constant learning rate gets the CRNN past CTC's early plateau

@@ -2,14 +2,17 @@
 
     python -m benchmarks.max_model --world-size 2 --budget-gb 9 --out benchmarks/results/max-model-HOST-DATE
     scale-ocr max-model ...                                        # the same flags
+    python -m benchmarks.max_model --width 2048 --depths 15 ...    # probe given depths only: does this size fit?
 
 For each strategy, with activation checkpointing off and on, a binary search finds the deepest ViTSTR (at a
 fixed ``--width``) that completes ``--steps`` real training steps when each rank may use ``--budget-gb``.
 Every probe is a real job through the strategy's launcher, built by the scaling suite (same commands, the
-same pre-rendered word cache, and on CPU the same per-process cap, RLIMIT_DATA); running out of memory is a
+same pre-rendered word cache, and on CPU the same per-process cap, RLIMIT_DATA; on GPU each rank caps its
+device memory, ``--gpu-memory-cap-gb``); running out of memory is a
 result, not an error. The search starts where the memory model predicts the largest fit (model state from
 ``scale_ocr.memory``, activations measured at depths 1 and 2 and extended linearly, a runtime margin), so
-the report can say how far that prediction was from what fitted.
+the report can say how far that prediction was from what fitted. ``--depths`` probes the depths given instead of
+searching (e.g. one model too large for DDP, under every strategy).
 
 Writes ``results.jsonl`` (every probe), ``report.md`` (largest depth and parameters per strategy and
 setting, ÷ DDP's, predicted largest, measured ÷ predicted, samples/s at the largest) and ``fits.png``.
@@ -47,6 +50,9 @@ class Search:
     max_depth: int = 64
     checkpointing: tuple[bool, ...] = (False, True)
     timeout: int = 1800
+    depths: tuple[int, ...] = ()  # probe exactly these depths instead of searching
+    lr: float = 1e-4  # a 0.75B ViT at a global batch of 4 diverges at the trainer's default 1e-3
+    samples: int | None = None  # words the probes train on (default: a fresh batch per step); fewer repeat
 
 
 @dataclass
@@ -65,11 +71,14 @@ class Probe:
 def search_largest(fits: Callable[[int], str], lo: int, hi: int, start: int) -> tuple[int, list[int]]:
     """Largest ``d`` in ``[lo, hi]`` with ``fits(d) == "ok"``, 0 if none; and the depths tried.
 
-    ``fits`` is assumed monotone (a deeper model needs more memory). A status other than ok or oom (a crash,
-    a timeout) stops the search: the answer is then the largest depth known to fit.
+    ``fits`` is assumed monotone (a deeper model needs more memory). The search starts at ``start`` (the memory
+    model's prediction) and moves away from it by a seventh of it, then by steps that double while the answer
+    stays the same, then bisects: a prediction within 15% costs at most five probes, a wrong one a few more. A status other than ok or oom (a crash, a timeout) stops the search: the answer is then the largest
+    depth known to fit.
     """
     good, bad, tried = lo - 1, hi + 1, []
     depth = min(max(start, lo), hi)
+    stride, moves = max(1, round(depth / 7)), 0
     while bad - good > 1:
         tried.append(depth)
         status = fits(depth)
@@ -79,7 +88,12 @@ def search_largest(fits: Callable[[int], str], lo: int, hi: int, start: int) -> 
             bad = depth
         else:
             break
-        depth = (good + bad) // 2 if bad <= hi else min(hi, max(good + 1, 2 * good))  # gallop up, then bisect
+        if bad > hi or good < lo:  # nothing too large (too small) yet: step up (down)
+            depth = min(hi, good + stride) if bad > hi else max(lo, bad - stride)
+            moves += 1
+            stride *= 2 if moves > 1 else 1
+        else:
+            depth = (good + bad) // 2
     return max(good, 0), tried
 
 
@@ -101,29 +115,32 @@ def _meta_size(s: Search, depth: int):
     return model, model_size(model)
 
 
-def activation_line(s: Search, checkpointing: bool) -> tuple[float, float]:
-    """Activations per rank as ``a + b * depth``: measured at depths 1 and 2 from real forwards.
+def activation_line(s: Search, checkpointing: bool) -> dict[bool, tuple[float, float]]:
+    """Activations per rank as ``a + b * depth``, measured at depths 1 and 2 from real forwards; keyed by
+    whether the engine's autocast casts fp32 weights (:class:`scale_ocr.memory.estimate.Activations`).
 
     With checkpointing, a unit's own activations come back during its backward: one block's worth (the
     difference without checkpointing) is added on top of the inputs checkpointing keeps.
     """
     import torch
 
-    from scale_ocr.memory.estimate import activation_bytes
+    from scale_ocr.memory.estimate import measure_activations
 
-    def measure_at(depth: int, ac: bool) -> int:
+    def measure_at(depth: int, ac: bool):
         task = _task(s, depth, ac)
         torch.manual_seed(0)
-        return activation_bytes(task.build_model(), task.dummy_inputs(s.batch_size), s.precision)
+        return measure_activations(task.build_model(), task.dummy_inputs(s.batch_size), s.precision)
 
     plain1, plain2 = measure_at(1, False), measure_at(2, False)
-    if not checkpointing:
-        return plain1 - (plain2 - plain1), plain2 - plain1
-    kept1, kept2 = measure_at(1, True), measure_at(2, True)
-    return kept1 - (kept2 - kept1) + (plain2 - plain1), kept2 - kept1
+    kept1, kept2 = (measure_at(1, True), measure_at(2, True)) if checkpointing else (plain1, plain2)
+    lines = {}
+    for casting, figure in ((True, "casting"), (False, "sixteen_bit")):
+        p1, p2, k1, k2 = (getattr(m, figure) for m in (plain1, plain2, kept1, kept2))
+        lines[casting] = (k1 - (k2 - k1) + (p2 - p1 if checkpointing else 0), k2 - k1)
+    return lines
 
 
-def predicted_need(s: Search, strategy: str, depth: int, acts: tuple[float, float]) -> dict[str, float]:
+def predicted_need(s: Search, strategy: str, depth: int, acts: dict[bool, tuple[float, float]]) -> dict[str, float]:
     """Bytes a rank needs at ``depth``: the memory model's state + activations + a unit in flight + margin,
     as ``--strategy auto`` counts them (:func:`scale_ocr.strategies.auto.memory_needs`)."""
     from scale_ocr.memory.estimate import estimate
@@ -132,12 +149,12 @@ def predicted_need(s: Search, strategy: str, depth: int, acts: tuple[float, floa
     model, size = _meta_size(s, depth)
     row = estimate(size, s.world_size, s.precision, [strategy], model=model)["strategies"][strategy]
     gathered = 2 * 4 * size.largest_layer if row["params_sharded"] else 0
-    need = row["model_state"] + row["other"] - row["host"] + acts[0] + acts[1] * depth + gathered + \
-        runtime_margin(on_gpu=False)
+    a, b = acts[row["casts_weights"]]
+    need = row["total"] + a + b * depth + gathered + runtime_margin(on_gpu=_on_gpu())
     return {"need": need, "model_state": row["model_state"], "params": size.params}
 
 
-def predicted_largest(s: Search, strategy: str, acts: tuple[float, float]) -> int:
+def predicted_largest(s: Search, strategy: str, acts: dict[bool, tuple[float, float]]) -> int:
     """Deepest model the memory model says fits the budget (0: not even one block)."""
     budget = s.budget_gb * GIB
     return search_largest(lambda d: "ok" if predicted_need(s, strategy, d, acts)["need"] <= budget else "oom",
@@ -154,20 +171,36 @@ def run_probe(s: Search, strategy: str, checkpointing: bool, depth: int, data_ar
     key = f"{strategy}{'-ac' if checkpointing else ''}-d{depth}"
     cfg = Config(s.arch, strategy, s.world_size, s.batch_size, 0, max(1, (os.cpu_count() or 1) // s.world_size),
                  launcher, s.precision)
-    flags = f"--model-width {s.width} --model-depth {depth}" + (" --activation-checkpointing" if checkpointing else "")
+    on_gpu = _on_gpu()
+    flags = f"--model-width {s.width} --model-depth {depth} --lr {s.lr}" + (" --activation-checkpointing" if checkpointing else "")
+    flags += f" --gpu-memory-cap-gb {s.budget_gb}" if on_gpu else ""  # on CPU: the runner caps each process
     suite = Suite(models=(s.arch,), batch_size=s.batch_size, steps=s.steps, warmup=0, precision=s.precision,
                   profile_steps=0, timeout=s.timeout, model_args=((s.arch, flags),))
     run_dir = work / "runs" / key
     cmd = command(cfg, suite, data_args, run_dir, "max-model", wandb_mode)
-    status, error, wall = run_job(cmd, cfg.threads_per_rank, s.timeout, s.budget_gb)
+    status, error, wall = run_job(cmd, cfg.threads_per_rank, s.timeout, None if on_gpu else s.budget_gb)
     metrics: dict[str, Any] = {"wall_seconds": wall, "run_dir": str(run_dir),
                                "command": " ".join(cmd[cmd.index(str(TRAIN)):])}
     if status == "ok":
         try:
             metrics.update(measure(run_dir, 0, s.steps))
+            records = _records(run_dir)
+            metrics["losses"] = [r["train/loss"] for r in records if "train/loss" in r]
+            metrics["peak_mean_bytes"] = records[-1].get("memory/peak_bytes_mean")  # over ranks, whole run
         except (OSError, ValueError, KeyError) as exc:
             status, error = "failed", f"unreadable metrics: {exc}"
     return Probe(strategy, checkpointing, depth, _meta_size(s, depth)[1].params, status, error, metrics)
+
+
+def _on_gpu() -> bool:
+    """Whether probes run on GPUs: the budget is then each rank's device memory, capped by the job itself."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _records(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
 
 
 def run_search(s: Search, out: Path, wandb_mode: str = "disabled", log=print) -> Path:
@@ -177,7 +210,7 @@ def run_search(s: Search, out: Path, wandb_mode: str = "disabled", log=print) ->
     if results.exists():
         results.unlink()
     work = work_dir(out)
-    data_args = _task(s, 1, False).benchmark_data(work, s.batch_size * s.world_size * s.steps, log)
+    data_args = _task(s, 1, False).benchmark_data(work, s.samples or s.batch_size * s.world_size * s.steps, log)
     header = {"search": asdict(s), "hardware": hardware(), "versions": versions()}
     (out / "search.json").write_text(json.dumps(header, indent=2) + "\n", encoding="utf-8")
     for checkpointing in s.checkpointing:
@@ -194,7 +227,10 @@ def run_search(s: Search, out: Path, wandb_mode: str = "disabled", log=print) ->
                     f"({probe.params / 1e6:.0f}M): {probe.status}" + (f" ({probe.error})" if probe.error else ""))
                 return probe.status
 
-            largest, tried = search_largest(fits, 1, s.max_depth, max(start, 1))
+            if s.depths:
+                largest, tried = max([d for d in s.depths if fits(d) == "ok"], default=0), list(s.depths)
+            else:
+                largest, tried = search_largest(fits, 1, s.max_depth, max(start, 1))
             log(f"max-model {strategy}{' +ac' if checkpointing else ''}: largest depth {largest} "
                 f"(predicted {start}; tried {tried})")
     return results
@@ -202,7 +238,7 @@ def run_search(s: Search, out: Path, wandb_mode: str = "disabled", log=print) ->
 
 def summarize(results: Path, s: Search) -> list[dict[str, Any]]:
     """Per (strategy, checkpointing): the largest depth that trained, its size and speed, and the prediction."""
-    probes = [json.loads(ln) for ln in results.read_text().splitlines() if ln.strip()]
+    probes = _probes(results)
     rows: dict[tuple[str, bool], dict[str, Any]] = {}
     for p in probes:
         row = rows.setdefault((p["strategy"], p["checkpointing"]), {
@@ -235,7 +271,9 @@ def write_report(out: Path) -> Path:
              "", f"Command: `python -m benchmarks.max_model --arch {s['arch']} --width {s['width']} --world-size "
              f"{s['world_size']} --budget-gb {s['budget_gb']} --batch-size {s['batch_size']} --precision "
              f"{s['precision']} --steps {s['steps']} --max-depth {s['max_depth']} --strategies {','.join(s['strategies'])} "
-             f"--checkpointing {_checkpointing_flag(s['checkpointing'])}`  ",
+             f"--checkpointing {_checkpointing_flag(s['checkpointing'])} --lr {s.get('lr', Search.lr)}"
+             + (f" --samples {s['samples']}" if s.get("samples") else "")
+             + (f" --depths {','.join(map(str, s['depths']))}" if s.get("depths") else "") + "`  ",
              f"Host: {header['hardware']['cpu']} ({header['hardware']['cores']} cores); git {header['versions']['git']}",
              "", "| strategy | act. ckpt | largest depth | parameters | ÷ DDP | predicted depth | measured ÷ predicted "
              "| samples/s | peak/rank | probes |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -246,9 +284,25 @@ def write_report(out: Path) -> Path:
                      f"{fmt(r['measured_over_predicted'], '{:.2f}')} | {fmt(r['samples_per_sec'], '{:.2f}')} | "
                      f"{fmt(r['peak_memory_bytes'] and r['peak_memory_bytes'] / GIB, '{:.2f} GiB')} | {r['probes']} |")
         lines += [f"  - {f}" for f in r["failed"]]
+    lines += ["", "Every probe (peak: resident memory, the largest rank's and the mean over ranks; loss per step):", "",
+              "| strategy | act. ckpt | depth | parameters | status | predicted need/rank | peak/rank max (mean) "
+              "| samples/s | losses |", "|---|---|---|---|---|---|---|---|---|"]
+    for p in _probes(out / "results.jsonl"):
+        m = p["metrics"]
+        peak = (f"{m['peak_memory_bytes'] / GIB:.2f} ({(m.get('peak_mean_bytes') or 0) / GIB:.2f}) GiB"
+                if m.get("peak_memory_bytes") else "-")
+        losses = " → ".join(f"{v:.3f}" for v in m.get("losses", [])) or (p["error"] or "-")
+        speed = f"{m['samples_per_sec']:.2f}" if m.get("samples_per_sec") else "-"
+        lines.append(f"| {p['strategy']} | {'on' if p['checkpointing'] else 'off'} | {p['depth']} | "
+                     f"{p['params'] / 1e6:.0f}M | {p['status']} | {m['predicted']['need'] / GIB:.2f} GiB | {peak} | "
+                     f"{speed} | {losses} |")
     (out / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     _plot(rows, s, out / "fits.png")
     return out / "report.md"
+
+
+def _probes(results: Path) -> list[dict[str, Any]]:
+    return [json.loads(ln) for ln in results.read_text().splitlines() if ln.strip()]
 
 
 def _checkpointing_flag(settings: list[bool]) -> str:
@@ -287,22 +341,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=d.width, help="its width, fixed during the search")
     p.add_argument("--strategies", default=",".join(d.strategies), help="comma-separated")
     p.add_argument("--world-size", type=int, default=d.world_size)
-    p.add_argument("--budget-gb", type=float, default=d.budget_gb, help="memory per rank (CPU: a per-process cap)")
+    p.add_argument("--budget-gb", type=float, default=d.budget_gb, help="memory per rank (CPU: a per-process cap; GPU: "
+                   "each rank's device memory, --gpu-memory-cap-gb)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="per-rank micro-batch")
     p.add_argument("--steps", type=int, default=d.steps, help="training steps a probe must complete")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=d.precision)
     p.add_argument("--max-depth", type=int, default=d.max_depth)
     p.add_argument("--checkpointing", choices=["off", "on", "both"], default="both",
                    help="search without activation checkpointing, with it, or both (default)")
+    p.add_argument("--lr", type=float, default=d.lr, help="learning rate of the probes (default %(default)s)")
+    p.add_argument("--samples", type=int, default=None,
+                   help="words the probes train on (default: a fresh batch for every step); one global batch makes "
+                        "every step fit the same words, so the loss shows the updates work")
+    p.add_argument("--depths", default="", help="comma-separated depths to probe instead of searching (e.g. 15)")
     p.add_argument("--timeout", type=int, default=d.timeout, help="seconds per probe before it counts as a timeout")
     p.add_argument("--out", type=Path, required=True, help="results directory")
     p.add_argument("--wandb-mode", default="disabled", choices=["offline", "online", "disabled"])
     args = p.parse_args(argv)
     import torch
 
-    if torch.cuda.is_available():
-        raise UserError("max-model enforces --budget-gb as a per-process host-memory cap; on a GPU that does not bound "
-                        "device memory yet, so its answers would be wrong: run it on a CPU host (CUDA_VISIBLE_DEVICES=)")
+    if torch.cuda.is_available() and args.world_size > torch.cuda.device_count():
+        raise UserError(f"--world-size {args.world_size} needs as many GPUs; this host has {torch.cuda.device_count()}")
     if not accepts(args.arch, "depth"):
         raise UserError(f"--arch {args.arch}: its depth cannot be set; use a ViTSTR (vitstr_tiny ... vitstr_large)")
     strategies = tuple(args.strategies.split(","))
@@ -310,11 +369,18 @@ def main(argv: list[str] | None = None) -> int:
         entry = strategy_entry(name)
         if entry.cls.max_world_size == 1 and args.world_size > 1:
             raise UserError(f"--strategies {name} runs in one process; leave it out for --world-size {args.world_size}")
-    if min(args.world_size, args.steps, args.max_depth, args.batch_size) < 1 or args.budget_gb <= 0:
-        raise UserError("--world-size, --steps, --max-depth and --batch-size must be at least 1, --budget-gb positive")
+    try:
+        depths = tuple(int(d) for d in args.depths.split(",") if d.strip())
+    except ValueError:
+        raise UserError(f"--depths {args.depths!r}: give comma-separated whole numbers, e.g. --depths 12,15") from None
+    if min(args.world_size, args.steps, args.max_depth, args.batch_size, *depths, args.samples or 1) < 1 \
+            or args.budget_gb <= 0:
+        raise UserError("--world-size, --steps, --max-depth, --batch-size, --samples and --depths must be at least 1, "
+                        "--budget-gb positive")
     search = Search(args.arch, args.width, strategies, args.world_size, args.budget_gb, args.batch_size, args.steps,
                     args.precision, args.max_depth,
-                    {"off": (False,), "on": (True,), "both": (False, True)}[args.checkpointing], args.timeout)
+                    {"off": (False,), "on": (True,), "both": (False, True)}[args.checkpointing], args.timeout, depths,
+                    args.lr, args.samples)
     run_search(search, args.out, args.wandb_mode)
     print(f"max-model: report {write_report(args.out)}")
     return 0

@@ -188,6 +188,8 @@ class TrainConfig:
                              "step is skipped on every rank; the last good checkpoint is kept)")
     profile_steps: int = opt(0, "profile the last N optimizer steps with torch.profiler (excluded from samples/s): "
                              "rank 0's Chrome trace in the run directory, communication share in metrics.json")
+    gpu_memory_cap_gb: float | None = opt(None, "cap each rank's GPU memory at this many GiB, as if the device were that "
+                                          "small (memory experiments: benchmarks.max_model); GPUs only")
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -198,6 +200,8 @@ class TrainConfig:
             raise UserError(f"--epochs {self.epochs}: use at least 1")
         if self.max_steps is not None and self.max_steps < 1:
             raise UserError(f"--max-steps {self.max_steps}: use at least 1")
+        if self.gpu_memory_cap_gb is not None and self.gpu_memory_cap_gb <= 0:
+            raise UserError(f"--gpu-memory-cap-gb {self.gpu_memory_cap_gb:g}: give a positive number of GiB")
         if self.log_every < 1:
             raise UserError(f"--log-every {self.log_every}: use at least 1")
         if self.max_bad_steps < 1:
@@ -216,6 +220,9 @@ class StrategyConfig:
                                 aliases=("--deepspeed_config", "--deepspeed-config"))
     backend: str | None = opt(None, "process-group backend (default: nccl on GPU, gloo on CPU)",
                               choices=("nccl", "gloo"))
+    nvme_path: str | None = opt(None, "directory for the swap files of NVMe offload (zero3_nvme, or \"nvme_path\": "
+                                "\"auto\" in a DeepSpeed JSON); default OUTPUT_DIR/nvme, removed when the run ends "
+                                "(a directory given here is kept)")
     dist_timeout: float = opt(300.0, "seconds a rank may stop responding before the job ends with a line naming it "
                               "(a stopped, hung or killed process); collectives time out a little later")
 

@@ -22,6 +22,7 @@ from scale_ocr.config import RunConfig
 from scale_ocr.control import StepControl, StopSignal
 from scale_ocr.distributed import DistInfo, destroy_distributed, init_distributed, peek_launch
 from scale_ocr.errors import report_user_errors
+from scale_ocr.memory.budget import cap_device_memory
 from scale_ocr.optim import LRSchedule, build_optimizer_spec, default_warmup, lr_factor
 from scale_ocr.run_dir import claim
 from scale_ocr.run_info import describe_run, run_summary_line, write_run_config
@@ -35,9 +36,10 @@ from scale_ocr.watchdog import Watchdog
 
 def run(cfg: RunConfig, dist: DistInfo, stop: StopSignal, watchdog: Watchdog | None = None) -> dict:
     """Claim the run directory, build every component from its config section and train; returns the summary."""
-    strategy = create_strategy(cfg.strategy, dist, cfg.train, cfg.optim)  # validates the launch first
-    task = create_task(cfg.model)
+    cap_device_memory(dist.device, cfg.train.gpu_memory_cap_gb)  # before anything is allocated
     run_dir = Path(cfg.output.output_dir)
+    strategy = create_strategy(cfg.strategy, dist, cfg.train, cfg.optim, run_dir)  # validates the launch first
+    task = create_task(cfg.model)
     checkpoints = CheckpointManager(cfg.checkpoint, run_dir, dist, task.identity())
     lock, resume_from = claim(run_dir, checkpoints, dist)  # first, so a second job on this directory stops at once
     try:

@@ -27,7 +27,7 @@ from scale_ocr.data.loader import Data
 from scale_ocr.distributed import all_reduce_max, all_reduce_sum
 from scale_ocr.errors import RunStopped, UserError
 from scale_ocr.optim import LRSchedule
-from scale_ocr.precision import autocast_factory
+from scale_ocr.precision import autocast_factory, emulates_gemm, gemm_factory
 from scale_ocr.profiling import StepProfiler
 from scale_ocr.strategies import Strategy
 from scale_ocr.tasks import Task
@@ -107,6 +107,10 @@ class Trainer:
         self.resume_samples = 0  # samples of the current epoch a restored checkpoint already consumed
         self.device = strategy.dist.device
         self.autocast = autocast_factory(cfg.precision, self.device)
+        self.gemm = gemm_factory(cfg.precision, self.device)  # the backward's products, as the forward's
+        if strategy.is_main and emulates_gemm(cfg.precision, self.device):
+            print(f"scale-ocr: this CPU has no {cfg.precision} matrix unit; {cfg.precision} matrix products are computed "
+                  "in fp32 from exactly widened operands and rounded back (torch's fallback is ~300x slower)", flush=True)
         self.global_batch = cfg.batch_size * cfg.grad_accum * strategy.world_size
         self.steps_per_epoch = len(data.train_loader) // cfg.grad_accum
         if self.steps_per_epoch == 0:
@@ -296,7 +300,8 @@ class Trainer:
                 with self.autocast():
                     out = self.model(*batch.inputs)
                 loss = out["loss"].mean()  # DataParallel returns one loss per replica
-                self.strategy.backward(loss)
+                with self.gemm():
+                    self.strategy.backward(loss)
             total += loss.detach().float()
         return total / self.cfg.grad_accum
 
@@ -394,7 +399,7 @@ class Trainer:
     def _state_bytes(self) -> dict[str, int] | None:
         """Model-state bytes by category, the largest over ranks (sharded engines split unevenly)."""
         report = self.strategy.memory_report()
-        fields = ("params", "grads", "optimizer", "other", "host", "model_state")
+        fields = ("params", "grads", "optimizer", "other", "host", "disk", "model_state")
         local = report.as_dict() if report is not None else dict.fromkeys(fields, -1)
         peak = {k: int(all_reduce_max(local[k], self.device)) for k in fields}  # same calls on every rank
         return peak if peak["model_state"] >= 0 else None

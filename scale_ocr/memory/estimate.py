@@ -41,19 +41,53 @@ def model_size(model: nn.Module) -> ModelSize:
     return ModelSize(total, largest)
 
 
-def activation_bytes(model: nn.Module, inputs: tuple[torch.Tensor, ...], precision: str) -> int:
+@dataclass(frozen=True)
+class Activations:
+    """Bytes autograd saves in one training forward, per rank: ``casting`` where autocast multiplies fp32
+    weights (and saves a 16-bit copy of each for the backward), ``sixteen_bit`` where the engine holds or
+    gathers its weights in 16 bits (DeepSpeed bf16/fp16, FSDP's mixed-precision policy). Equal in fp32 runs."""
+
+    casting: int
+    sixteen_bit: int
+
+    def under(self, layout) -> int:
+        """The figure for an engine's :class:`~scale_ocr.memory.model.StateLayout`."""
+        return self.casting if layout.casts_weights else self.sixteen_bit
+
+
+def measure_activations(model: nn.Module, inputs: tuple[torch.Tensor, ...], precision: str) -> Activations:
+    """Both figures of :class:`Activations` for ``model`` (two forwards when the run is 16-bit)."""
+    from scale_ocr.precision import compute_weight_dtype
+
+    casting = activation_bytes(model, inputs, precision)
+    if compute_weight_dtype(precision, model) is None:
+        return Activations(casting, casting)
+    return Activations(casting, activation_bytes(model, inputs, precision, weights_16bit=True))
+
+
+def activation_bytes(model: nn.Module, inputs: tuple[torch.Tensor, ...], precision: str,
+                     weights_16bit: bool = False) -> int:
     """Bytes autograd saves for backward in one training forward of ``inputs`` (a task's dummy batch, per rank).
 
     Counted from the saved tensors themselves (distinct storages), so it is exact on any device and
-    independent of allocator caching.
+    independent of allocator caching. ``weights_16bit``: the forward runs over a 16-bit copy of the weights,
+    as an engine holding them so computes (:func:`scale_ocr.precision.compute_weight_dtype`).
     """
-    from scale_ocr.precision import autocast_factory
+    import copy
 
+    from scale_ocr.precision import autocast_factory, compute_weight_dtype
+
+    dtype = compute_weight_dtype(precision, model) if weights_16bit else None
+    if dtype is not None:
+        model = copy.deepcopy(model).to(dtype)
     storages: dict[int, int] = {}
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        if not isinstance(t, nn.Parameter):  # weights are model state, counted elsewhere
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        # Weights, and views of them (addmm saves a 16-bit weight's transpose), are model state, counted elsewhere.
+        ptr = t.untyped_storage().data_ptr()
+        if not isinstance(t, nn.Parameter) and ptr not in weights:
+            storages[ptr] = t.untyped_storage().nbytes()
         return t
 
     model.train()
@@ -76,9 +110,10 @@ def build_strategy(name: str, world: int, precision: str, ds_config: str | None)
 
 
 def estimate(size: ModelSize, world: int, precision: str, strategies: list[str], ds_config: str | None = None,
-             activations: int | None = None, model: nn.Module | None = None) -> dict[str, Any]:
+             activations: Activations | None = None, model: nn.Module | None = None) -> dict[str, Any]:
     """Per-strategy predictions in bytes (the ``--json`` document); ``model``, when known, lets engines
-    adapt to it as they will at set-up (DeepSpeed keeps fp32 weights for BatchNorm models)."""
+    adapt to it as they will at set-up (DeepSpeed keeps fp32 weights for BatchNorm models). Each row's
+    activations are the figure for its engine's weights (:meth:`Activations.under`)."""
     rows = {}
     for name in strategies:
         strategy, ranks = build_strategy(name, world, precision, ds_config)
@@ -87,14 +122,14 @@ def estimate(size: ModelSize, world: int, precision: str, strategies: list[str],
         layout = strategy.state_layout()
         pred = predict(layout, size.params, ranks)
         row: dict[str, Any] = {**pred.as_dict(), "world_size": ranks, "note": layout.note, "deepspeed": None,
-                               "params_sharded": layout.params_sharded}
+                               "params_sharded": layout.params_sharded, "casts_weights": layout.casts_weights}
         if layout.master_bytes and layout.ideal_stage >= 2 and layout.mixed:  # DeepSpeed ZeRO-2/3, as its estimators assume
             host, dev = deepspeed_estimate(layout.ideal_stage, size.params, size.largest_layer, ranks,
-                                           offload_optimizer="optimizer" in layout.host,
-                                           offload_params="params" in layout.host)
+                                           offload_optimizer="optimizer" in layout.host + layout.disk,
+                                           offload_params="params" in layout.host + layout.disk)
             row["deepspeed"] = {"device": dev, "host": host}
-        row["activations"] = activations
-        row["total"] = pred.model_state + pred.other - pred.host + (activations or 0)
+        row["activations"] = activations.under(layout) if activations else None
+        row["total"] = pred.model_state + pred.other - pred.host - pred.disk + (row["activations"] or 0)
         rows[name] = row
     return {"params": size.params, "largest_layer": size.largest_layer, "world_size": world,
             "precision": precision, "strategies": rows}
@@ -107,13 +142,14 @@ def format_table(doc: dict[str, Any]) -> str:
     lines = [f"{doc['params'] / 1e6:.2f}M parameters (largest layer {doc['largest_layer'] / 1e6:.2f}M), "
              f"world size {doc['world_size']}, {doc['precision']}; GB (2^30 bytes) per rank",
              f"{'strategy':<14}{'params':>8}{'grads':>8}{'optim':>8}{'other':>8}{'state':>8}{'ideal':>8}"
-             f"{'on host':>9}{'activ.':>8}{'device':>8}{'DS est.':>9}"]
+             f"{'on host':>9}{'on disk':>9}{'activ.':>8}{'device':>8}{'DS est.':>9}"]
     for name, r in doc["strategies"].items():
         ds = r["deepspeed"]["device"] if r["deepspeed"] else None
         lines.append(f"{name:<14}{gb(r['params']):>8}{gb(r['grads']):>8}{gb(r['optimizer']):>8}{gb(r['other']):>8}"
-                     f"{gb(r['model_state']):>8}{gb(r['ideal']):>8}{gb(r['host']):>9}{gb(r['activations']):>8}"
+                     f"{gb(r['model_state']):>8}{gb(r['ideal']):>8}{gb(r['host']):>9}{gb(r['disk']):>9}{gb(r['activations']):>8}"
                      f"{gb(r['total']):>8}{gb(ds):>9}")
-    lines.append("state = params+grads+optim at the optimizer step; device = state + other - on host + activations;"
+    lines.append("state = params+grads+optim at the optimizer step; device = state + other - on host - on disk"
+                 " + activations;"
                  " ideal = ZeRO paper; DS est. = DeepSpeed's estimator (device)")
     for name, r in doc["strategies"].items():
         if r["note"]:
@@ -168,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             model = task.build_model()
         size = model_size(model)
         if args.activations:
-            acts = activation_bytes(model, task.dummy_inputs(args.batch_size), args.precision)
+            acts = measure_activations(model, task.dummy_inputs(args.batch_size), args.precision)
     else:
         if args.activations:
             raise UserError("--activations needs --model (it runs one forward)")

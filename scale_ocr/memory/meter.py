@@ -11,6 +11,7 @@ category is not counted again by a later one.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -32,6 +33,8 @@ class StateBytes:
         other: other engine buffers found alongside (reduce buckets, staging buffers).
         host: of all the above, bytes in host memory while the run's device is an accelerator
             (offloaded state); 0 on CPU runs, where there is one memory.
+        disk: bytes of this rank's swap files at the same moment (NVMe offload), not part of the above,
+            which count memory: what left memory altogether.
     """
 
     params: int = 0
@@ -39,6 +42,7 @@ class StateBytes:
     optimizer: int = 0
     other: int = 0
     host: int = 0
+    disk: int = 0
 
     @property
     def model_state(self) -> int:
@@ -94,14 +98,15 @@ class StateMeter:
         optimizer: the torch optimizer that actually steps (DeepSpeed's and OSS's inner one).
         collect: returns category -> tensors, as :func:`count_state` takes them.
         device: the run's device (decides what counts as host memory).
+        disk: returns the bytes of the strategy's swap files (NVMe offload), measured with the tensors.
         samples: optimizer-step calls to measure before the hook removes itself. The tensors an engine holds
             do not change from step to step, so a few steps find the peak, and long runs pay nothing after
             (ZeRO-3 calls the optimizer once per sub-group, so this is a count of calls, not of steps).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, collect: Callable[[], dict[str, Iterable]],
-                 device: torch.device, samples: int = 256) -> None:
-        self.collect, self.device = collect, device
+                 device: torch.device, samples: int = 256, disk: Callable[[], int] | None = None) -> None:
+        self.collect, self.device, self.disk = collect, device, disk
         self.peak: StateBytes | None = None
         self._remaining = samples
         self._handle = optimizer.register_step_pre_hook(self._on_step)
@@ -112,8 +117,12 @@ class StateMeter:
         if any(p not in optimizer.state for g in optimizer.param_groups for p in g["params"]):
             return
         now = count_state(self.collect(), self.device)
+        if self.disk is not None:  # swap files only grow as sub-groups first step: keep their largest size
+            now = dataclasses.replace(now, disk=max(self.disk(), self.peak.disk if self.peak else 0))
         if self.peak is None or now.model_state + now.other >= self.peak.model_state + self.peak.other:
             self.peak = now
+        elif now.disk > self.peak.disk:
+            self.peak = dataclasses.replace(self.peak, disk=now.disk)
         self._remaining -= 1
         if self._remaining <= 0:
             self._handle.remove()

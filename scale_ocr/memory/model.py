@@ -37,6 +37,10 @@ class StateLayout:
         optim_bytes, optim_sharded: Adam's moments.
         buffer_bytes: engine buffers allocated up front whatever the model size (ZeRO-3's reduce bucket).
         host: which parts live in host memory on an accelerator: "", "optimizer" or "optimizer+params".
+        disk: which parts live in swap files (NVMe offload), same names; host memory then holds only
+            the part being used (one optimizer sub-group, the parameters being gathered).
+        gathers_16bit: the engine gathers fp32 weights as 16-bit copies for each unit's compute (FSDP's
+            mixed-precision policy), so, as with ``mixed``, autocast makes and saves no 16-bit copy of them.
         note: what the engine adds beyond the ideal, in one sentence.
     """
 
@@ -53,12 +57,21 @@ class StateLayout:
     optim_sharded: bool = False
     buffer_bytes: int = 0
     host: str = ""
+    disk: str = ""
+    gathers_16bit: bool = False
     note: str = ""
+
+    @property
+    def casts_weights(self) -> bool:
+        """Whether autocast multiplies fp32 weights, saving a 16-bit copy of each for the backward (an activation
+        that scales with the model, not the batch): engines that hold or gather 16-bit weights do not."""
+        return not (self.mixed or self.gathers_16bit)
 
 
 @dataclass(frozen=True)
 class Prediction:
-    """Predicted bytes per rank (``params + grads + optimizer`` is the model state)."""
+    """Predicted bytes per rank (``params + grads + optimizer`` is the model state; ``host`` and ``disk``
+    are the parts of it kept off the device, in host memory and in swap files)."""
 
     params: float
     grads: float
@@ -66,6 +79,7 @@ class Prediction:
     other: float
     host: float
     ideal: float
+    disk: float = 0.0
 
     @property
     def model_state(self) -> float:
@@ -92,13 +106,19 @@ def predict(layout: StateLayout, n: int, world: int) -> Prediction:
     step_elems = shard if layout.step_grad_chunk is None else min(layout.step_grad_chunk, shard)
     grads = per(layout.grad_bytes, layout.grads_sharded) + layout.step_grad_bytes * step_elems
     optimizer = per(layout.master_bytes + layout.optim_bytes, layout.optim_sharded)
-    host = 0.0
+    host = disk = 0.0
     if "optimizer" in layout.host:
         host += optimizer + layout.step_grad_bytes * step_elems
+    if "optimizer" in layout.disk:
+        # Master and moments are swapped per sub-group, and so is the fp32 gradient partition the step
+        # reads: DeepSpeed accumulates it into swap files during backward, the whole shard of it.
+        disk += optimizer + layout.step_grad_bytes * shard
     if "params" in layout.host:
         host += params
+    if "params" in layout.disk:
+        disk += params
     return Prediction(params, grads, optimizer, float(layout.buffer_bytes), host,
-                      ideal_model_state(n, world, layout.ideal_stage, layout.mixed))
+                      ideal_model_state(n, world, layout.ideal_stage, layout.mixed), disk)
 
 
 def deepspeed_estimate(stage: int, n: int, largest_layer: int, world: int, offload_optimizer: bool,

@@ -32,6 +32,8 @@ register_strategy("zero2_offload", DeepSpeed, "DeepSpeed ZeRO-2 with optimizer s
                   preset="zero2_offload")
 register_strategy("zero3_offload", DeepSpeed, "DeepSpeed ZeRO-3 with parameters and optimizer state on CPU",
                   preset="zero3_offload")
+register_strategy("zero3_nvme", DeepSpeed, "DeepSpeed ZeRO-3 with parameters and optimizer state in swap files "
+                  "(ZeRO-Infinity NVMe offload; needs libaio)", preset="zero3_nvme")
 register_strategy("deepspeed", DeepSpeed, "DeepSpeed with the JSON given by --ds-config", preset=None)
 register_strategy("fairscale", Fairscale, "fairscale OSS + ShardedDataParallel: optimizer state and grads sharded")
 

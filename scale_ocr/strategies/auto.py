@@ -41,26 +41,26 @@ def runtime_margin(on_gpu: bool) -> int:
     return int(0.75 * GIB) if on_gpu else 1 * GIB
 
 
-def memory_needs(cfg: RunConfig, world: int) -> tuple[dict[str, int], dict[str, float], int]:
-    """Bytes per rank each candidate needs, fastest first; its model state; the measured activations."""
-    from scale_ocr.memory.estimate import activation_bytes, estimate, model_size
+def memory_needs(cfg: RunConfig, world: int) -> tuple[dict[str, int], dict[str, float], dict[str, int]]:
+    """Bytes per rank each candidate needs, fastest first; its model state; its measured activations."""
+    from scale_ocr.memory.estimate import estimate, measure_activations, model_size
     from scale_ocr.tasks import create_task
 
     task = create_task(cfg.model)
     model = task.build_model()
     size = model_size(model)
-    acts = activation_bytes(model, task.dummy_inputs(cfg.train.batch_size), cfg.train.precision)
+    acts = measure_activations(model, task.dummy_inputs(cfg.train.batch_size), cfg.train.precision)
     on_gpu = torch.cuda.is_available() and cfg.strategy.backend != "gloo"
     order = SINGLE_RANK_ORDER if world == 1 else MULTI_RANK_ORDER
-    doc = estimate(size, world, cfg.train.precision, list(order), model=model)
+    doc = estimate(size, world, cfg.train.precision, list(order), activations=acts, model=model)
     margin = runtime_margin(on_gpu)
-    needs, state = {}, {}
+    needs, state, activations = {}, {}, {}
     for name in order:
         row = doc["strategies"][name]
         gathered = 2 * 4 * size.largest_layer if row["params_sharded"] else 0  # a unit in flight, and the next
-        needs[name] = int(row["model_state"] + row["other"] - row["host"] + acts + gathered + margin)
-        state[name] = row["model_state"]
-    return needs, state, acts
+        needs[name] = int(row["total"] + gathered + margin)
+        state[name], activations[name] = row["model_state"], row["activations"]
+    return needs, state, activations
 
 
 def choose_strategy(cfg: RunConfig, world: int, local_world: int) -> tuple[str, str]:
@@ -73,12 +73,12 @@ def choose_strategy(cfg: RunConfig, world: int, local_world: int) -> tuple[str, 
         best = min(needs, key=needs.get)
         raise UserError(
             f"--strategy auto: nothing fits {capacity / GIB:.1f} GiB per rank ({source}); the smallest, {best}, needs "
-            f"{needs[best] / GIB:.1f} GiB with activations {acts / GIB:.1f} GiB at --batch-size {cfg.train.batch_size}; "
+            f"{needs[best] / GIB:.1f} GiB with activations {acts[best] / GIB:.1f} GiB at --batch-size {cfg.train.batch_size}; "
             "lower the batch size or add ranks")
     pick = fits[0]
     skipped = order[: order.index(pick)]
     why = (f"{pick} is the fastest that fits: needs {needs[pick] / GIB:.2f} of {capacity / GIB:.1f} GiB per rank "
-           f"({source}; model state {state[pick] / GIB:.2f}, activations {acts / GIB:.2f})")
+           f"({source}; model state {state[pick] / GIB:.2f}, activations {acts[pick] / GIB:.2f})")
     if skipped:
         why += f"; {skipped[-1]} would need {needs[skipped[-1]] / GIB:.2f} GiB"
     return pick, why

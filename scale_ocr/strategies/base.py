@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,6 +47,8 @@ class Strategy(ABC):
         dist: this process's place in the job.
         train: batch size, accumulation and precision, which engines such as DeepSpeed must know.
         optim: learning rate, weight decay and clipping.
+        run_dir: the run's output directory, where an engine may keep scratch files (NVMe offload's swap
+            files); None when the strategy is only described (memory estimates).
     """
 
     #: At most this many ranks make sense (1 for single-process strategies such as DataParallel).
@@ -53,8 +56,9 @@ class Strategy(ABC):
     #: Parameters, gradients or optimizer state are split across ranks.
     shards_state: bool = False
 
-    def __init__(self, cfg: StrategyConfig, dist: DistInfo, train: TrainConfig, optim: OptimConfig) -> None:
-        self.cfg, self.dist, self.train, self.optim = cfg, dist, train, optim
+    def __init__(self, cfg: StrategyConfig, dist: DistInfo, train: TrainConfig, optim: OptimConfig,
+                 run_dir: Path | None = None) -> None:
+        self.cfg, self.dist, self.train, self.optim, self.run_dir = cfg, dist, train, optim, run_dir
         self.meter: StateMeter | None = None  # set by setup(): counts model-state bytes at each step
 
     @property

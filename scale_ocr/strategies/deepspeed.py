@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -17,6 +20,7 @@ from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import StepStats, Strategy
 from scale_ocr.strategies.common import broadcast_buffers, init_optimizer_state
 from scale_ocr.strategies.ds_config import keep_fp32_weights, load_ds_config, preset_path, resolve_ds_config
+from scale_ocr.strategies.nvme import check_async_io, nvme_sections, prepare_swap, remove_swap, swap_bytes
 
 
 class DeepSpeed(Strategy):
@@ -42,11 +46,26 @@ class DeepSpeed(Strategy):
             raise UserError("--strategy deepspeed needs --ds-config PATH; or pick a preset such as zero2")
         self.fp32_for_batchnorm = False  # set by configure_for()
         self.raw_config = load_ds_config(self.source)
+        # NVMe offload's "auto" path is the run's own folder (another run's swap files are never touched);
+        # without a run directory (a strategy built to be described) a per-process temporary one.
+        own_swap = (self.run_dir / "nvme" if self.run_dir is not None
+                    else Path(tempfile.gettempdir()) / f"scale-ocr-nvme-{os.getpid()}")
         self.ds_config = resolve_ds_config(
             self.raw_config, source=self.source, micro_batch=self.train.batch_size,
             grad_accum=self.train.grad_accum, world_size=self.world_size, clip_grad=self.optim.clip_grad,
             precision=self.train.precision, lr=self.optim.lr, weight_decay=self.optim.wd,
+            nvme_path=self.cfg.nvme_path, nvme_default=str(own_swap),
         )
+        self.nvme_paths = sorted({Path(s["nvme_path"]) for s in nvme_sections(self.ds_config)})
+        self._own_swap = [own_swap] if self.cfg.nvme_path is None and own_swap in self.nvme_paths else []
+        self._swap_ready = False
+
+    def _prepare_swap(self) -> None:
+        """Before the engine first swaps (zero.Init or initialize): the op loads and this rank's folders are empty."""
+        if self.nvme_paths and not self._swap_ready:
+            check_async_io()
+            prepare_swap(self.nvme_paths, self.rank)
+            self._swap_ready = True
 
     def configure_for(self, model: nn.Module) -> None:
         self.fp32_for_batchnorm = keep_fp32_weights(self.ds_config, self.raw_config, model)
@@ -63,6 +82,7 @@ class DeepSpeed(Strategy):
         import deepspeed
 
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        self._prepare_swap()
         # deepspeed.initialize would wrap our process group later; zero.Init needs it now (its world size).
         deepspeed.init_distributed(dist_backend=self.dist.backend, auto_mpi_discovery=False, dist_init_required=False)
         with deepspeed.zero.Init(config_dict_or_path=self.ds_config):
@@ -74,6 +94,7 @@ class DeepSpeed(Strategy):
         import deepspeed
 
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        self._prepare_swap()
         self.configure_for(model)
         if self.fp32_for_batchnorm and self.is_main:
             print("scale-ocr: DeepSpeed keeps fp32 weights (under autocast) for this BatchNorm model; "
@@ -92,7 +113,8 @@ class DeepSpeed(Strategy):
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise UserError(f"DeepSpeed rejected {self.source}: {first}") from None
         self.zero_stage = self.engine.zero_optimization_stage()
-        self.meter = StateMeter(self._base_optimizer(), self._state_tensors, self.dist.device)
+        disk = (lambda: swap_bytes(self.nvme_paths, self.rank)) if self.nvme_paths else None
+        self.meter = StateMeter(self._base_optimizer(), self._state_tensors, self.dist.device, disk=disk)
         return self.engine, self.optimizer
 
     def _state_tensors(self) -> dict[str, list]:
@@ -115,30 +137,56 @@ class DeepSpeed(Strategy):
         other = [t for v in vars(zero_opt).values() for t in tensors_in(v, 2)] if zero_opt is not base else []
         for bucket in getattr(zero_opt, "ipg_buckets", {}).values():  # reduce buckets, allocated up front
             other += list(tensors_in(getattr(bucket, "buffer", None)))
-        return {"params": [getattr(p, "ds_tensor", p) for p in params], "grads": grads,
-                "optimizer": masters + optimizer_tensors(base), "other": other}
+        # NVMe offload's pinned staging buffers (the parameter and the optimizer swapper's) are "other" whatever
+        # they hold at the moment: the state swapped into them is counted on disk, so categories do not depend
+        # on which sub-group happens to be stepping when the meter samples.
+        staging = []
+        for swapper in {id(s): s for p in params if (s := getattr(p, "nvme_swapper", None)) is not None}.values():
+            staging += list(tensors_in(getattr(swapper, "buffers", None)))
+        manager = getattr(getattr(zero_opt, "optimizer_swapper", None), "swap_buffer_manager", None)
+        staging += list(tensors_in(getattr(manager, "all_buffers", None)))
+        in_staging = {t.untyped_storage().data_ptr() for t in staging}
+
+        def held(tensors: list) -> list:
+            return [t for t in tensors if t is None or t.untyped_storage().data_ptr() not in in_staging]
+
+        return {"params": held([getattr(p, "ds_tensor", p) for p in params]), "grads": held(grads),
+                "optimizer": held(masters + optimizer_tensors(base)), "other": staging + other}
 
     def state_layout(self) -> StateLayout:
         zero = self.ds_config.get("zero_optimization", {})
         stage = int(zero.get("stage", 0))
         mixed = bool(self.ds_config["bf16"]["enabled"] or self.ds_config["fp16"]["enabled"])
         weight = 2 if mixed else 4
-        off_opt = zero.get("offload_optimizer", {}).get("device", "none") in ("cpu", "nvme")
-        off_par = zero.get("offload_param", {}).get("device", "none") in ("cpu", "nvme")
-        host = "optimizer+params" if off_opt and off_par else "optimizer" if off_opt else ""
+        opt_dev = zero.get("offload_optimizer", {}).get("device", "none")
+        par_dev = zero.get("offload_param", {}).get("device", "none")
+        off_opt = opt_dev in ("cpu", "nvme")
+
+        def where(device: str) -> str:  # the parts offloaded to ``device``, as StateLayout names them
+            parts = [name for name, d in (("optimizer", opt_dev), ("params", par_dev)) if d == device]
+            return "+".join(parts)
         # Offloaded ZeRO-1/2 keeps only the fp32 gradient partition (on the host), no 16-bit one.
         grad_bytes = 0 if (off_opt and stage < 3) else weight
         bucket = int(zero.get("reduce_bucket_size", 5e8)) * weight if stage == 3 else 0
+        if par_dev == "nvme":  # pinned staging buffers, whatever the model size (DeepSpeed's defaults: 5 x 1e8)
+            off = zero["offload_param"]
+            bucket += int(off.get("buffer_count", 5)) * int(off.get("buffer_size", 1e8)) * weight
+        if opt_dev == "nvme":  # about a sub-group of fp32 each (its largest, if one parameter is bigger)
+            bucket += int(zero["offload_optimizer"].get("buffer_count", 4)) * int(zero.get("sub_group_size", 1e9)) * 4
         note = ("an fp32 master partition beside the 16-bit weights" if mixed
                 else "clones an fp32 master partition although the weights are fp32")
         note += "; the gradient partition is upcast to fp32 for the step"
         if stage == 3:
             note += (f" one sub-group ({zero.get('sub_group_size', 1e9):.0e} elements) at a time; a reduce bucket "
                      f"of reduce_bucket_size ({zero.get('reduce_bucket_size', 5e8):.0e}) elements is allocated up front")
+        if where("nvme"):
+            note += ("; NVMe offload: swap files hold the offloaded state (parameter partitions under 1 MiB stay "
+                     "in memory), host memory a sub-group and buffer_count x buffer_size staging buffers")
         return StateLayout(ideal_stage=stage, mixed=mixed, param_bytes=weight, params_sharded=stage == 3,
                            grad_bytes=grad_bytes, grads_sharded=True, step_grad_bytes=4,
                            step_grad_chunk=int(zero.get("sub_group_size", 1e9)) if stage == 3 else None,
-                           master_bytes=4, optim_sharded=True, buffer_bytes=bucket, host=host, note=note)
+                           master_bytes=4, optim_sharded=True, buffer_bytes=bucket, host=where("cpu"),
+                           disk=where("nvme"), note=note)
 
     def engine_config(self) -> dict[str, Any]:
         return self.ds_config
@@ -289,3 +337,5 @@ class DeepSpeed(Strategy):
     def teardown(self) -> None:
         if hasattr(self, "engine") and hasattr(self.engine, "destroy"):
             self.engine.destroy()
+        if self._swap_ready:  # the run's own swap files go; a --nvme-path or JSON path is the user's to keep
+            remove_swap(self._own_swap, self.rank)

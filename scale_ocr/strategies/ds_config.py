@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from scale_ocr.errors import UserError
+from scale_ocr.strategies.nvme import nvme_sections
 
 PRESET_DIRS = (
     Path(__file__).resolve().parents[2] / "ds_configs",  # source checkout / editable install
@@ -60,7 +61,8 @@ def _fill(node: dict[str, Any], key: str, value: Any, source: str, flag: str) ->
 
 
 def resolve_ds_config(raw: dict[str, Any], *, source: str, micro_batch: int, grad_accum: int, world_size: int,
-                      clip_grad: float, precision: str, lr: float, weight_decay: float) -> dict[str, Any]:
+                      clip_grad: float, precision: str, lr: float, weight_decay: float,
+                      nvme_path: str | None = None, nvme_default: str | None = None) -> dict[str, Any]:
     """A copy of ``raw`` with every ``"auto"`` filled and the batch arithmetic checked.
 
     fp16/bf16 ``"auto"`` follow ``--precision``: DeepSpeed then holds 16-bit weights with fp32 master
@@ -68,6 +70,9 @@ def resolve_ds_config(raw: dict[str, Any], *, source: str, micro_batch: int, gra
     still clones an fp32 master, so ZeRO-3 would hold 20 bytes per parameter / N instead of 16).
     The trainer's autocast stays on around the forward, so the CTC loss is still computed in fp32.
     Models with BatchNorm are the exception (see :func:`keep_fp32_weights`).
+
+    An NVMe offload section's ``nvme_path`` follows ``--nvme-path`` (``nvme_path``), or when that is not
+    given and the JSON says "auto", ``nvme_default`` (the run's own ``OUTPUT_DIR/nvme``).
     """
     cfg = copy.deepcopy(raw)
     _fill(cfg, "train_micro_batch_size_per_gpu", micro_batch, source, "--batch-size")
@@ -87,6 +92,11 @@ def resolve_ds_config(raw: dict[str, Any], *, source: str, micro_batch: int, gra
         raise UserError(
             f"{source}: remove the \"scheduler\" section; scale-ocr sets the learning rate itself (--sched, --lr)"
         )
+    for section in nvme_sections(cfg):
+        if nvme_path is not None:
+            _fill(section, "nvme_path", nvme_path, source, "--nvme-path")
+        elif section.get("nvme_path", "auto") == "auto" and nvme_default is not None:
+            section["nvme_path"] = nvme_default
     opt = cfg.get("optimizer")
     if isinstance(opt, dict):
         params = opt.setdefault("params", {})

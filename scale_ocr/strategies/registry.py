@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from scale_ocr.config import OptimConfig, StrategyConfig, TrainConfig
@@ -56,7 +57,9 @@ def check_launch(cfg: StrategyConfig, world_size: int, launcher: str) -> Strateg
     return entry
 
 
-def create_strategy(cfg: StrategyConfig, dist: DistInfo, train: TrainConfig, optim: OptimConfig) -> Strategy:
-    """Build the strategy named by ``cfg.strategy`` and check it suits the launch."""
+def create_strategy(cfg: StrategyConfig, dist: DistInfo, train: TrainConfig, optim: OptimConfig,
+                    run_dir: Path | None = None) -> Strategy:
+    """Build the strategy named by ``cfg.strategy`` and check it suits the launch; ``run_dir`` is where it
+    may keep scratch files."""
     entry = check_launch(cfg, dist.world_size, dist.launcher)
-    return entry.cls(cfg, dist, train, optim, **entry.preset)
+    return entry.cls(cfg, dist, train, optim, run_dir=run_dir, **entry.preset)

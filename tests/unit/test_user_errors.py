@@ -111,3 +111,9 @@ def test_dp_under_real_torchrun(tmp_path):
     assert proc.returncode != 0
     assert "scale-ocr: error: --strategy dp runs in one process" in proc.stderr
     assert os.linesep.join(ln for ln in proc.stderr.splitlines() if "scale-ocr: error" in ln).count("\n") == 0
+
+
+def test_gpu_memory_cap_on_a_cpu_rank_says_how_to_cap_a_cpu_process(tmp_path, capsys, out):
+    code, line = _run(capsys, ["--gpu-memory-cap-gb", "4", *out])
+    assert code == 2 and "caps GPU memory" in line and "ulimit -d" in line
+    assert not (tmp_path / "run").exists()  # refused before the run directory is claimed

@@ -1,0 +1,91 @@
+"""NVMe offload (ZeRO-Infinity): where DeepSpeed's swap files go, what they weigh, and removing them.
+
+DeepSpeed writes each rank's offloaded state under ``NVME_PATH/zero_stage_3/{optimizer,<dtype>params}/rankR``
+through its ``async_io`` op, a JIT-built C++ extension linked against libaio. This module checks that op
+before the engine needs it (so a host without libaio ends in one line, not a compiler log), empties this
+rank's swap folders before a run (a crashed run's files are never read back or counted), measures them
+(the bytes that left memory), and removes them afterwards when the directory was the run's own.
+
+``python -m scale_ocr.strategies.nvme`` builds the op ahead of time (``make install`` does, into the
+venv's ``torch_extensions``, where the tests look for it).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from scale_ocr.errors import UserError
+
+INSTALL_HINT = ("install libaio's headers (`apt-get install libaio-dev`, `dnf install libaio-devel`), or run "
+                "`make install` as root, which does; or offload to host memory instead (--strategy zero3_offload)")
+
+
+def nvme_sections(ds_config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``offload_param`` / ``offload_optimizer`` sections of a DeepSpeed config that offload to NVMe."""
+    zero = ds_config.get("zero_optimization", {})
+    sections = (zero.get("offload_param"), zero.get("offload_optimizer"))
+    return [s for s in sections if isinstance(s, dict) and s.get("device") == "nvme"]
+
+
+def swap_folders(paths: list[Path], rank: int) -> list[Path]:
+    """This rank's swap folders under each NVMe path (DeepSpeed's layout; ``rank`` is the global rank)."""
+    return [folder for root in paths for folder in (root / "zero_stage_3").glob(f"*/rank{rank}")]
+
+
+def check_async_io() -> None:
+    """Load DeepSpeed's async_io op (building it the first time), or raise one sentence saying what is missing."""
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    builder = AsyncIOBuilder()
+    if not builder.is_compatible(verbose=False):
+        raise UserError(f"NVMe offload needs DeepSpeed's async_io op, which needs libaio: {INSTALL_HINT}")
+    try:
+        builder.load(verbose=False)
+    except Exception as exc:  # noqa: BLE001 - a failed JIT build raises anything from RuntimeError to OSError
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"DeepSpeed's async_io op (NVMe offload) did not build: {first}; needs a C++ "
+                        f"compiler, ninja and libaio ({INSTALL_HINT})") from None
+
+
+def prepare_swap(paths: list[Path], rank: int) -> None:
+    """Create the NVMe paths and empty this rank's swap folders in them (only DeepSpeed's own files)."""
+    for folder in swap_folders(paths, rank):
+        shutil.rmtree(folder, ignore_errors=True)
+    for root in paths:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"cannot create the NVMe offload directory {root}: {exc.strerror}; "
+                            "pass a writable one with --nvme-path") from None
+
+
+def swap_bytes(paths: list[Path], rank: int) -> int:
+    """Bytes in this rank's swap files now (the state DeepSpeed moved out of memory)."""
+    total = 0
+    for folder in swap_folders(paths, rank):
+        total += sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+    return total
+
+
+def remove_swap(paths: list[Path], rank: int) -> None:
+    """Delete this rank's swap folders, then each directory left empty (another rank may still be writing)."""
+    for folder in swap_folders(paths, rank):
+        shutil.rmtree(folder, ignore_errors=True)
+    for root in paths:
+        for d in [*sorted((root / "zero_stage_3").glob("*"), reverse=True), root / "zero_stage_3", root]:
+            try:
+                d.rmdir()
+            except OSError:
+                pass  # not empty (another rank's files) or already gone
+
+
+if __name__ == "__main__":
+    try:
+        check_async_io()
+    except UserError as exc:
+        print(f"scale-ocr: {exc}", file=sys.stderr)
+        sys.exit(2)
+    print("scale-ocr: DeepSpeed's async_io op is built (NVMe offload available)")
