@@ -23,6 +23,7 @@ from scale_ocr.control import StepControl, StopSignal
 from scale_ocr.distributed import DistInfo, destroy_distributed, init_distributed, peek_launch
 from scale_ocr.errors import report_user_errors
 from scale_ocr.memory.budget import cap_device_memory
+from scale_ocr.memory.host import return_freed_memory
 from scale_ocr.optim import LRSchedule, build_optimizer_spec, default_warmup, lr_factor
 from scale_ocr.run_dir import claim
 from scale_ocr.run_info import describe_run, run_summary_line, write_run_config
@@ -37,6 +38,8 @@ from scale_ocr.watchdog import Watchdog
 def run(cfg: RunConfig, dist: DistInfo, stop: StopSignal, watchdog: Watchdog | None = None) -> dict:
     """Claim the run directory, build every component from its config section and train; returns the summary."""
     cap_device_memory(dist.device, cfg.train.gpu_memory_cap_gb)  # before anything is allocated
+    if dist.device.type == "cpu":
+        return_freed_memory()  # a rank's memory follows its live tensors (scale_ocr/memory/host.py)
     run_dir = Path(cfg.output.output_dir)
     strategy = create_strategy(cfg.strategy, dist, cfg.train, cfg.optim, run_dir)  # validates the launch first
     task = create_task(cfg.model)
