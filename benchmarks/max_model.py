@@ -172,7 +172,8 @@ def run_probe(s: Search, strategy: str, checkpointing: bool, depth: int, data_ar
     cfg = Config(s.arch, strategy, s.world_size, s.batch_size, 0, max(1, (os.cpu_count() or 1) // s.world_size),
                  launcher, s.precision)
     on_gpu = _on_gpu()
-    flags = f"--model-width {s.width} --model-depth {depth} --lr {s.lr}" + (" --activation-checkpointing" if checkpointing else "")
+    flags = (f"--model-width {s.width} --model-depth {depth} --lr {s.lr} --no-save-model"  # gathering it is no probe
+             + (" --activation-checkpointing" if checkpointing else ""))
     flags += f" --gpu-memory-cap-gb {s.budget_gb}" if on_gpu else ""  # on CPU: the runner caps each process
     suite = Suite(models=(s.arch,), batch_size=s.batch_size, steps=s.steps, warmup=0, precision=s.precision,
                   profile_steps=0, timeout=s.timeout, model_args=((s.arch, flags),))

@@ -186,6 +186,10 @@ class TrainConfig:
                      action=argparse.BooleanOptionalAction)
     max_bad_steps: int = opt(5, "stop after this many consecutive steps whose loss or gradient was NaN/inf (each such "
                              "step is skipped on every rank; the last good checkpoint is kept)")
+    save_model: bool = opt(True, "write last_model.pt (and best_model.pt) at each epoch's end; the whole model is "
+                           "gathered on rank 0 in fp32 for it (4 bytes per parameter): memory probes and benchmarks "
+                           "turn it off (--no-save-model); resumable checkpoints are separate (--save-every)",
+                           action=argparse.BooleanOptionalAction)
     profile_steps: int = opt(0, "profile the last N optimizer steps with torch.profiler (excluded from samples/s): "
                              "rank 0's Chrome trace in the run directory, communication share in metrics.json")
     gpu_memory_cap_gb: float | None = opt(None, "cap each rank's GPU memory at this many GiB, as if the device were that "

@@ -339,7 +339,7 @@ class Trainer:
     def end_epoch(self) -> None:
         self.data.train_sampler.skip_global(0)
         if not self.cfg.eval:
-            state = self.strategy.full_state_dict()  # collective: every rank takes part
+            state = self.strategy.full_state_dict() if self.cfg.save_model else None  # collective: every rank
             if state is not None:
                 _save(state, self.run_dir / "last_model.pt")
             return
@@ -348,7 +348,7 @@ class Trainer:
         self.logger.log({f"val/{k}": v for k, v in result.metrics.items()} | {"epoch": self.state.epoch},
                         self.state.step)
         self.logger.log_examples(result.examples, self.state.step)
-        state = self.strategy.full_state_dict()  # collective: every rank takes part
+        state = self.strategy.full_state_dict() if self.cfg.save_model else None  # collective: every rank
         score = self.task.score(result.metrics)
         # A NaN validation loss (diverged weights) is never "best".
         improved = math.isfinite(score[1]) and (self.state.best is None or score > self.state.best)

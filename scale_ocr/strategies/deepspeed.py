@@ -330,12 +330,20 @@ class DeepSpeed(Strategy):
             state = self.engine.module.state_dict()
         if not self.is_main or state is None:
             return None
-        # Consolidated weights are fp32 whatever the engine computes in (bf16/fp16 weights are upcast).
+        # Consolidated weights are fp32 whatever the engine computes in (bf16/fp16 weights are upcast), each
+        # 16-bit tensor dropped as its copy is made: the whole model is held once, not in both dtypes.
         return {bare_name(k): v.detach().cpu().float() if v.is_floating_point() else v.detach().cpu().clone()
-                for k, v in state.items()}
+                for k, v in _drain(state)}
 
     def teardown(self) -> None:
         if hasattr(self, "engine") and hasattr(self.engine, "destroy"):
             self.engine.destroy()
         if self._swap_ready:  # the run's own swap files go; a --nvme-path or JSON path is the user's to keep
             remove_swap(self._own_swap, self.rank)
+
+
+def _drain(state: dict[str, Any]):
+    """``state``'s items, each removed from it as it is handed out."""
+    while state:
+        key = next(iter(state))
+        yield key, state.pop(key)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TRAIN, _env, read_jsonl, read_metrics
+from conftest import REPO, TINY, TRAIN, _env, python_train, read_jsonl, read_metrics
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from scale_ocr.run_dir import RunLock
@@ -187,3 +187,12 @@ def test_watchdog_prints_an_alive_line_on_long_steps(monkeypatch, capsys):
     dog.close()
     err = capsys.readouterr().err
     assert "scale-ocr: alive: step 3/10" in err and "1 of 1 ranks responding" in err
+
+
+def test_no_save_model_trains_without_gathering_the_model(tmp_path):
+    """--no-save-model (memory probes): the run trains and reports, and writes no single-file model."""
+    run_dir = tmp_path / "run"
+    proc = python_train(["vitstr_tiny", "--strategy", "single", *TINY, "--no-save-model", "--output-dir", str(run_dir)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert read_metrics(run_dir)["steps"] == 6
+    assert not (run_dir / "last_model.pt").exists() and not (run_dir / "best_model.pt").exists()
