@@ -72,12 +72,17 @@ def autocast_factory(precision: str, device: torch.device) -> Callable[[], Abstr
     return autocast
 
 
+def has_batchnorm(model: torch.nn.Module) -> bool:
+    """Whether ``model`` has BatchNorm, whose weights and running statistics every engine keeps in fp32."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return any(isinstance(m, _BatchNorm) for m in model.modules())
+
+
 def compute_weight_dtype(precision: str, model: torch.nn.Module) -> torch.dtype | None:
     """The dtype an engine may gather or hold ``model``'s weights in for compute under ``precision``: the 16-bit
     dtype, or None for fp32 runs and for models with BatchNorm, whose weights and statistics stay fp32 under
     autocast (16-bit running statistics drift)."""
-    from torch.nn.modules.batchnorm import _BatchNorm
-
-    if precision not in _DTYPES or any(isinstance(m, _BatchNorm) for m in model.modules()):
+    if precision not in _DTYPES or has_batchnorm(model):
         return None
     return _DTYPES[precision]

@@ -116,9 +116,9 @@ def keep_fp32_weights(cfg: dict[str, Any], raw: dict[str, Any], model) -> bool:
     autocast computes BatchNorm in fp32: the two cannot run together, and bf16 running statistics drift.
     Such models keep fp32 weights with autocast, as under every other engine. Returns True if it did.
     """
-    from torch.nn.modules.batchnorm import _BatchNorm
+    from scale_ocr.precision import has_batchnorm
 
-    if not any(isinstance(m, _BatchNorm) for m in model.modules()):
+    if not has_batchnorm(model):
         return False
     changed = False
     for key in ("fp16", "bf16"):
