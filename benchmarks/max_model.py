@@ -142,15 +142,14 @@ def activation_line(s: Search, checkpointing: bool) -> dict[bool, tuple[float, f
 
 def predicted_need(s: Search, strategy: str, depth: int, acts: dict[bool, tuple[float, float]]) -> dict[str, float]:
     """Bytes a rank needs at ``depth``: the memory model's state + activations + a unit in flight + margin,
-    as ``--strategy auto`` counts them (:func:`scale_ocr.strategies.auto.memory_needs`)."""
+    as ``--strategy auto`` counts them (:func:`scale_ocr.strategies.auto.rank_need`)."""
     from scale_ocr.memory.estimate import estimate
-    from scale_ocr.strategies.auto import runtime_margin
+    from scale_ocr.strategies.auto import rank_need
 
     model, size = _meta_size(s, depth)
     row = estimate(size, s.world_size, s.precision, [strategy], model=model)["strategies"][strategy]
-    gathered = 2 * 4 * size.largest_layer if row["params_sharded"] else 0
     a, b = acts[row["casts_weights"]]
-    need = row["total"] + a + b * depth + gathered + runtime_margin(on_gpu=_on_gpu())
+    need = rank_need(row, size.largest_layer, _on_gpu(), a + b * depth)
     return {"need": need, "model_state": row["model_state"], "params": size.params}
 
 

@@ -41,6 +41,13 @@ def runtime_margin(on_gpu: bool) -> int:
     return int(0.75 * GIB) if on_gpu else 1 * GIB
 
 
+def rank_need(row: dict, largest_layer: int, on_gpu: bool, activations: float = 0.0) -> float:
+    """Bytes a rank needs: an ``estimate`` row's total, ``activations`` not already in it, the gathered largest
+    unit in flight and the next for engines that gather, and the runtime margin."""
+    gathered = 2 * 4 * largest_layer if row["params_sharded"] else 0
+    return row["total"] + activations + gathered + runtime_margin(on_gpu)
+
+
 def memory_needs(cfg: RunConfig, world: int) -> tuple[dict[str, int], dict[str, float], dict[str, int]]:
     """Bytes per rank each candidate needs, fastest first; its model state; its measured activations."""
     from scale_ocr.memory.estimate import estimate, measure_activations, model_size
@@ -53,12 +60,10 @@ def memory_needs(cfg: RunConfig, world: int) -> tuple[dict[str, int], dict[str, 
     on_gpu = torch.cuda.is_available() and cfg.strategy.backend != "gloo"
     order = SINGLE_RANK_ORDER if world == 1 else MULTI_RANK_ORDER
     doc = estimate(size, world, cfg.train.precision, list(order), activations=acts, model=model)
-    margin = runtime_margin(on_gpu)
     needs, state, activations = {}, {}, {}
     for name in order:
         row = doc["strategies"][name]
-        gathered = 2 * 4 * size.largest_layer if row["params_sharded"] else 0  # a unit in flight, and the next
-        needs[name] = int(row["total"] + gathered + margin)
+        needs[name] = int(rank_need(row, size.largest_layer, on_gpu))
         state[name], activations[name] = row["model_state"], row["activations"]
     return needs, state, activations
 
