@@ -55,3 +55,36 @@ def test_malformed_json_names_line(tmp_path):
         load_ds_config(bad)
     with pytest.raises(UserError, match="does not exist"):
         load_ds_config(tmp_path / "none.json")
+
+
+def test_zero3_preset_keeps_a_bounded_part_of_the_model_gathered_from_the_second_step():
+    """DeepSpeed's stage3_max_live_parameters default (1e9) lets the prefetch run to the end of the trace, and a
+    parameter prefetched for its backward is not released after its forward: from step 2 the whole model stayed
+    gathered from forward to backward. The preset bounds it (a real one-rank gloo group; 25M parameters)."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    from scale_ocr.config import ModelConfig, OptimConfig, StrategyConfig, TrainConfig
+    from scale_ocr.distributed import destroy_distributed, init_distributed
+    from scale_ocr.optim import build_optimizer_spec
+    from scale_ocr.strategies import create_strategy
+    from scale_ocr.tasks import create_task
+
+    dist = init_distributed()
+    try:
+        strategy = create_strategy(StrategyConfig(strategy="zero3"), dist, TrainConfig(batch_size=1), OptimConfig())
+        task = create_task(ModelConfig(arch="vitstr_small", model_width=512, model_depth=8))
+        model, _ = strategy.setup(strategy.build_model(task, seed=0), build_optimizer_spec(OptimConfig()))
+        params = [p for p in model.parameters() if not p.ds_persist]
+        total = sum(p.ds_numel for p in params)
+        gathered = []
+        middle = model.module.blocks[4]
+        middle.register_forward_hook(lambda *_: gathered.append(
+            sum(p.ds_numel for p in params if p.ds_status != ZeroParamStatus.NOT_AVAILABLE)))
+        for _ in range(3):
+            strategy.backward(model(*task.dummy_inputs(1))["loss"])
+            strategy.step()
+        assert total > 2.4e7
+        assert max(gathered[1:]) < 0.6 * total, (gathered, total)  # 1e7 elements and the Linear in use
+        strategy.teardown()
+    finally:
+        destroy_distributed()
