@@ -7,21 +7,22 @@ STAMP   := $(VENV)/.installed
 NPROC   ?= 2
 FULL    ?= 0
 
-.PHONY: install aio demo test test-fast lint clean
+.PHONY: install ops demo test test-fast lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev]"
-	@$(MAKE) --no-print-directory aio
+	@$(MAKE) --no-print-directory ops
 	@touch $(STAMP)
 
 install: $(STAMP)
 
-# NVMe offload (--strategy zero3_nvme) runs through DeepSpeed's async_io op, a C++ extension linked against
-# libaio: its headers are installed through apt-get when missing and we are root, then the op is built once
-# into the venv, where the tests look for it (a few minutes the first time). Without libaio every other
-# strategy works and zero3_nvme stops with one line saying what to install.
-aio:
+# DeepSpeed compiles C++ ops the first time a job needs them (about a minute each on 2 cores). They are built
+# here, once, into .venv/torch_extensions, where every scale_ocr launch looks (scale_ocr/extensions.py), so
+# no job waits on a compiler. NVMe offload's async_io op links against libaio: its headers are installed
+# through apt-get when missing and we are root; without them every other strategy works and
+# --strategy zero3_nvme stops with one line saying what to install.
+ops:
 	@if ! $(PY) -c "from deepspeed.ops.op_builder import AsyncIOBuilder as B; raise SystemExit(not B().is_compatible())" \
 			>/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -30,7 +31,7 @@ aio:
 			echo "note: libaio's headers are missing (apt-get install libaio-dev): --strategy zero3_nvme will not run"; \
 		fi; \
 	fi
-	-@TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions $(PY) -m scale_ocr.strategies.nvme 2>&1 | grep "^scale-ocr"
+	-@$(PY) -m scale_ocr.extensions 2>&1 | grep "^scale-ocr"
 
 # A real 2-rank DDP training on synthetic words (CPU + gloo without GPUs), then its metrics.
 # About 6.5 minutes on 2 CPU cores (measured: 37.7% exact match, CER 0.23). A constant learning rate gets the CRNN past CTC's early plateau

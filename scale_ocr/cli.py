@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from scale_ocr.errors import report_user_errors
+from scale_ocr.extensions import use_environment_extensions
 
 USAGE = """usage: scale-ocr COMMAND [ARGS]
 
@@ -281,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, end="")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    use_environment_extensions()  # inherited by every job a command launches (scale_ocr/extensions.py)
     if command not in COMMANDS:
         print(f"scale-ocr: error: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
         return 2

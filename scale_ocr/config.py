@@ -227,6 +227,8 @@ class StrategyConfig:
     nvme_path: str | None = opt(None, "directory for the swap files of NVMe offload (zero3_nvme, or \"nvme_path\": "
                                 "\"auto\" in a DeepSpeed JSON); default OUTPUT_DIR/nvme, removed when the run ends "
                                 "(a directory given here is kept)")
+    threads: int | None = opt(None, "intra-op threads per CPU rank (default: $OMP_NUM_THREADS when you set it, else "
+                              "the host's cores divided by the ranks on it)")
     dist_timeout: float = opt(300.0, "seconds a rank may stop responding before the job ends with a line naming it "
                               "(a stopped, hung or killed process); collectives time out a little later")
 
@@ -234,6 +236,8 @@ class StrategyConfig:
         _require_finite(self, "device_memory_gb", "dist_timeout")
         if self.dist_timeout < 5:
             raise UserError(f"--dist-timeout {self.dist_timeout}: use at least 5 seconds")
+        if self.threads is not None and self.threads < 1:
+            raise UserError(f"--threads {self.threads}: use 1 or more (or leave it out for cores / local ranks)")
         if self.device_memory_gb is not None and self.device_memory_gb <= 0:
             raise UserError(f"--device-memory-gb {self.device_memory_gb}: give the memory per rank in GB, e.g. 80")
 

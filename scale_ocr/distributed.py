@@ -7,6 +7,7 @@ import gc
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -97,7 +98,30 @@ def peek_launch() -> tuple[int, str]:
     return int(os.environ["WORLD_SIZE"]), launcher
 
 
-def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> DistInfo:
+def _torchrun_default_threads(launcher: str) -> bool:
+    """Whether ``OMP_NUM_THREADS`` is torchrun's own default rather than the user's: torchrun sets it to 1 for its
+    workers when its environment lacks it, so its initial environment (the parent's ``/proc/PID/environ``) tells."""
+    if launcher != "torchrun" or os.environ.get("OMP_NUM_THREADS") != "1":
+        return False
+    try:
+        parent = Path(f"/proc/{os.getppid()}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return True  # cannot tell (no procfs): torchrun's 1 is far more often its default than a choice
+    return not any(entry.startswith(b"OMP_NUM_THREADS=") for entry in parent)
+
+
+def rank_threads(requested: int | None, local_world: int, launcher: str) -> tuple[int, str]:
+    """Intra-op threads for a CPU rank and where the number came from: ``--threads``, else an ``OMP_NUM_THREADS``
+    the user set, else this host's cores divided by its local ranks (oversubscribed threads slow every rank)."""
+    if requested:
+        return requested, "--threads"
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0 and not _torchrun_default_threads(launcher):
+        return int(env), "OMP_NUM_THREADS"
+    return max(1, (os.cpu_count() or 1) // local_world), f"{os.cpu_count() or 1} cores / {local_world} local ranks"
+
+
+def init_distributed(backend: str | None = None, timeout_s: float = 300.0, threads: int | None = None) -> DistInfo:
     """Read the launcher's environment, pick device and backend, and start the process group.
 
     A process group is started even for a single plain-python process (on a free loopback port) so
@@ -107,6 +131,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
         backend: nccl or gloo; None picks nccl with GPUs and gloo without.
         timeout_s: ``--dist-timeout``. The backend's own timeout is a minute longer, so the
             :mod:`~scale_ocr.watchdog`, which names the silent rank, speaks first.
+        threads: ``--threads`` for CPU ranks (see :func:`rank_threads`).
     """
     launcher = detect_launcher()
     rank, world, local_rank, local_world = _read_env(launcher)
@@ -123,8 +148,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> Di
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-        # Each local rank gets its share of the cores; oversubscribed threads slow every rank down.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        torch.set_num_threads(rank_threads(threads, local_world, launcher)[0])
     backend = backend or ("nccl" if use_cuda else "gloo")
     round_id = ""
     if not dist.is_initialized():

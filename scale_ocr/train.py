@@ -22,6 +22,7 @@ from scale_ocr.config import RunConfig
 from scale_ocr.control import StepControl, StopSignal
 from scale_ocr.distributed import DistInfo, destroy_distributed, init_distributed, peek_launch
 from scale_ocr.errors import report_user_errors
+from scale_ocr.extensions import use_environment_extensions
 from scale_ocr.memory.budget import cap_device_memory
 from scale_ocr.memory.host import return_freed_memory
 from scale_ocr.optim import LRSchedule, build_optimizer_spec, default_warmup, lr_factor
@@ -91,9 +92,10 @@ def train(cfg: RunConfig, dist: DistInfo, strategy, task: Task, checkpoints: Che
 
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
+    use_environment_extensions()  # DeepSpeed's ops as `make install` built them: no job waits on a compiler
     cfg = resolve_auto(parse_config(argv), *peek_launch())
     check_launch(cfg.strategy, *peek_launch())  # before the rendezvous, which a bad launch could hang
-    dist = init_distributed(cfg.strategy.backend, cfg.strategy.dist_timeout)
+    dist = init_distributed(cfg.strategy.backend, cfg.strategy.dist_timeout, cfg.strategy.threads)
     watchdog = Watchdog(dist.rank, dist.world_size, cfg.strategy.dist_timeout, dist.is_main,
                         dist.round_id).start()
     stop = StopSignal().install()  # SIGTERM/SIGUSR1: finish the step, checkpoint together, exit 75

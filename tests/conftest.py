@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from scale_ocr.distributed import free_port
+from scale_ocr.extensions import use_environment_extensions
 
 REPO = Path(__file__).resolve().parents[1]
+use_environment_extensions()  # DeepSpeed's ops as `make install` built them, in-process and in every job
 TRAIN = REPO / "scale_ocr" / "train.py"
 BIN = Path(sys.executable).parent
 
@@ -35,11 +37,8 @@ def _env() -> dict[str, str]:
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
     env["PYTHONPATH"] = str(REPO)
-    env["OMP_NUM_THREADS"] = "1"
+    env.pop("OMP_NUM_THREADS", None)  # each rank takes cores / local ranks (a user's value would be honoured)
     env.setdefault("WANDB_MODE", "disabled")
-    # DeepSpeed JIT-builds a CPU op into a cache shared by every venv on the host, so two checkouts' test
-    # runs would keep rebuilding it for each other (a minute each time): each venv keeps its own build.
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
     return env
 
 

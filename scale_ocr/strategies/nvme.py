@@ -6,14 +6,12 @@ before the engine needs it (so a host without libaio ends in one line, not a com
 rank's swap folders before a run (a crashed run's files are never read back or counted), measures them
 (the bytes that left memory), and removes them afterwards when the directory was the run's own.
 
-``python -m scale_ocr.strategies.nvme`` builds the op ahead of time (``make install`` does, into the
-venv's ``torch_extensions``, where the tests look for it).
+``make install`` builds the op ahead of time with DeepSpeed's other ops (:mod:`scale_ocr.extensions`).
 """
 
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -81,11 +79,3 @@ def remove_swap(paths: list[Path], rank: int) -> None:
             except OSError:
                 pass  # not empty (another rank's files) or already gone
 
-
-if __name__ == "__main__":
-    try:
-        check_async_io()
-    except UserError as exc:
-        print(f"scale-ocr: {exc}", file=sys.stderr)
-        sys.exit(2)
-    print("scale-ocr: DeepSpeed's async_io op is built (NVMe offload available)")

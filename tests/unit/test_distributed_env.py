@@ -73,3 +73,30 @@ def test_round_store_skips_the_dead_rounds_address(monkeypatch):
     assert id0 == id1 != "deadround"
     store1.set("hello", "from rank 1")
     assert store0.get("hello") == b"from rank 1"
+
+
+def test_rank_threads_honour_the_users_choice_but_not_torchruns_default(monkeypatch):
+    """--threads wins, then an OMP_NUM_THREADS the user set; torchrun's own OMP_NUM_THREADS=1 (set when its
+    environment had none, read back from the launcher's /proc environ) leaves the cores / local ranks default."""
+    import os
+    import subprocess
+    import sys
+
+    cores = os.cpu_count() or 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert d.rank_threads(5, 2, "python") == (5, "--threads")
+    assert d.rank_threads(None, 2, "python") == (3, "OMP_NUM_THREADS")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    launchers = {}
+    for name, env in (("chosen", {"OMP_NUM_THREADS": "1"}), ("default", {})):  # what a torchrun was started with
+        launchers[name] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        monkeypatch.setattr(os, "getppid", lambda: launchers["chosen"].pid)
+        assert d.rank_threads(None, 1, "torchrun") == (1, "OMP_NUM_THREADS")
+        monkeypatch.setattr(os, "getppid", lambda: launchers["default"].pid)
+        assert d.rank_threads(None, 1, "torchrun") == (cores, f"{cores} cores / 1 local ranks")
+    finally:
+        for proc in launchers.values():
+            proc.kill()
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert d.rank_threads(None, 1, "python")[0] == cores

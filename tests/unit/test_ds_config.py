@@ -88,3 +88,25 @@ def test_zero3_preset_keeps_a_bounded_part_of_the_model_gathered_from_the_second
         strategy.teardown()
     finally:
         destroy_distributed()
+
+
+def test_deepspeed_ops_are_found_in_the_environment_unless_the_user_chose_a_folder(monkeypatch, tmp_path):
+    """Every launch looks for DeepSpeed's compiled ops where `make install` built them (the venv's own
+    torch_extensions), not in the home cache other venvs rebuild; a TORCH_EXTENSIONS_DIR you set wins."""
+    import os
+    import sys
+
+    from scale_ocr import extensions
+
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    monkeypatch.setattr(sys, "base_prefix", "/usr")
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    extensions.use_environment_extensions()
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "torch_extensions")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/mine")
+    extensions.use_environment_extensions()
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == "/mine"
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    monkeypatch.setattr(sys, "base_prefix", str(tmp_path))  # no venv: torch's own default
+    extensions.use_environment_extensions()
+    assert "TORCH_EXTENSIONS_DIR" not in os.environ

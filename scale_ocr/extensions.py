@@ -1,0 +1,60 @@
+"""DeepSpeed's compiled ops: built once by the install step into this environment, found there by every launch.
+
+DeepSpeed JIT-compiles C++ ops the first time a job needs them (on CPU hosts: the shared-memory communication
+op at every process-group start, the fused Adam of the ZeRO presets, pinned-memory and async_io for
+offload) into ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``, a cache every venv on the
+host shares: a job waits about a minute on a compiler the first time, and again whenever a venv with another
+torch rebuilt the op there. Every scale_ocr entry point calls :func:`use_environment_extensions`, which points
+an unset ``TORCH_EXTENSIONS_DIR`` at the active venv's own ``torch_extensions`` folder, and ``make install``
+(``python -m scale_ocr.extensions``) builds the ops there, so no job compiles anything.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+VARIABLE = "TORCH_EXTENSIONS_DIR"
+# DeepSpeed's op builders (by accelerator-neutral class name) that scale_ocr's strategies load on a CPU host.
+OPS = ("ShareMemCommBuilder", "FusedAdamBuilder", "PinMemoryBuilder", "AsyncIOBuilder")
+
+
+def environment_extensions_dir() -> Path | None:
+    """``<venv>/torch_extensions`` when running in a writable virtual environment, else None (torch's default)."""
+    if sys.prefix == sys.base_prefix or not os.access(sys.prefix, os.W_OK):
+        return None
+    return Path(sys.prefix) / "torch_extensions"
+
+
+def use_environment_extensions() -> None:
+    """Build and find DeepSpeed's ops in this environment's folder unless the user chose one (inherited by the
+    processes a launcher starts)."""
+    folder = environment_extensions_dir()
+    if folder is not None:
+        os.environ.setdefault(VARIABLE, str(folder))
+
+
+def build_ops() -> list[str]:
+    """Build (or load, when already built) each op this accelerator supports; one line per op."""
+    from deepspeed.accelerator import get_accelerator
+
+    lines = []
+    for class_name in OPS:
+        builder = get_accelerator().create_op_builder(class_name)
+        if builder is None or not builder.is_compatible(verbose=False):
+            lines.append(f"{class_name.removesuffix('Builder')}: not supported here, skipped")
+            continue
+        try:
+            builder.load(verbose=False)
+        except Exception as exc:  # noqa: BLE001 - a failed JIT build raises anything from RuntimeError to OSError
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            lines.append(f"{builder.NAME}: did not build ({first}); a job that needs it will build it then")
+            continue
+        lines.append(f"{builder.NAME}: built")
+    return lines
+
+
+if __name__ == "__main__":
+    use_environment_extensions()
+    print(f"scale-ocr: DeepSpeed ops in {os.environ.get(VARIABLE, 'torch default')}: " + "; ".join(build_ops()))
