@@ -19,7 +19,7 @@ from torch import nn
 from scale_ocr.config import MODEL_SIZE_FIELDS, OptimConfig, StrategyConfig, TrainConfig
 from scale_ocr.distributed import DistInfo
 from scale_ocr.errors import UserError
-from scale_ocr.memory.model import deepspeed_estimate, predict
+from scale_ocr.memory.model import deepspeed_estimate, predict, step_peak
 
 GB = 2**30  # DeepSpeed's estimators print GB as 2**30 bytes; we use the same unit so the numbers compare
 
@@ -129,7 +129,9 @@ def estimate(size: ModelSize, world: int, precision: str, strategies: list[str],
                                            offload_params="params" in layout.host + layout.disk)
             row["deepspeed"] = {"device": dev, "host": host}
         row["activations"] = activations.under(layout) if activations else None
-        row["total"] = pred.model_state + pred.other - pred.host - pred.disk + (row["activations"] or 0)
+        row["resident_state"] = pred.model_state + pred.other - pred.host - pred.disk
+        row["grads_freed"] = layout.grads_freed
+        row["total"] = step_peak(row["resident_state"], pred.grads, row["activations"] or 0, layout.grads_freed)
         rows[name] = row
     return {"params": size.params, "largest_layer": size.largest_layer, "world_size": world,
             "precision": precision, "strategies": rows}

@@ -17,6 +17,7 @@ import torch
 
 from scale_ocr.config import RunConfig
 from scale_ocr.errors import UserError
+from scale_ocr.memory.model import step_peak
 
 #: Fastest first (benchmarks/results, quick preset: ddp > zero1/zero2 > fairscale > fsdp_grad_op > fsdp > zero3).
 MULTI_RANK_ORDER = ("ddp", "zero2", "zero1", "fairscale", "fsdp_grad_op", "fsdp", "zero3", "zero2_offload",
@@ -42,10 +43,11 @@ def runtime_margin(on_gpu: bool) -> int:
 
 
 def rank_need(row: dict, largest_layer: int, on_gpu: bool, activations: float = 0.0) -> float:
-    """Bytes a rank needs: an ``estimate`` row's total, ``activations`` not already in it, the gathered largest
-    unit in flight and the next for engines that gather, and the runtime margin."""
+    """Bytes a rank needs: an ``estimate`` row's step peak with ``activations`` added to any already in it, the
+    gathered largest unit in flight and the next for engines that gather, and the runtime margin."""
     gathered = 2 * 4 * largest_layer if row["params_sharded"] else 0
-    return row["total"] + activations + gathered + runtime_margin(on_gpu)
+    acts = (row["activations"] or 0) + activations
+    return step_peak(row["resident_state"], row["grads"], acts, row["grads_freed"]) + gathered + runtime_margin(on_gpu)
 
 
 def memory_needs(cfg: RunConfig, world: int) -> tuple[dict[str, int], dict[str, float], dict[str, int]]:

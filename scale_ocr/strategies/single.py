@@ -41,7 +41,7 @@ class SingleDevice(Strategy):
         return self.model, self.optimizer
 
     def state_layout(self) -> StateLayout:
-        return StateLayout(ideal_stage=0)
+        return StateLayout(ideal_stage=0, grads_freed=True)
 
     def no_sync(self):
         return contextlib.nullcontext()
@@ -73,5 +73,5 @@ class DataParallel(SingleDevice):
         return nn.DataParallel(model)
 
     def state_layout(self) -> StateLayout:
-        return StateLayout(ideal_stage=0, note="on GPUs, replicas of the weights are re-broadcast to every device "
+        return StateLayout(ideal_stage=0, grads_freed=True, note="on GPUs, replicas of the weights are re-broadcast to every device "
                            "each forward and gradients are summed on the first one, which holds the optimizer")

@@ -194,3 +194,19 @@ def test_freed_tensor_memory_goes_back_to_the_os(mode, retained):
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert retained[0] <= float(out.stdout) < retained[1], out.stdout
+
+
+def test_freed_gradients_and_activations_peak_at_the_larger_of_the_two():
+    """Engines whose gradients are set to None after the step (single, FSDP2) never hold them with all the
+    activations; DDP's bucket-view gradients and DeepSpeed's partitions live across steps and add up."""
+    from scale_ocr.memory.estimate import Activations, ModelSize, estimate
+
+    size = ModelSize(params=10_000_000, largest_layer=1_000_000)
+    for acts in (1e7, 1e9):  # fewer activation bytes than gradient bytes, then more
+        doc = estimate(size, 2, "fp32", ["fsdp", "ddp", "zero3"], activations=Activations(acts, acts))
+        rows = doc["strategies"]
+        fsdp, ddp, zero3 = rows["fsdp"], rows["ddp"], rows["zero3"]
+        assert fsdp["grads_freed"] and not ddp["grads_freed"] and not zero3["grads_freed"]
+        assert fsdp["total"] == pytest.approx(fsdp["resident_state"] - fsdp["grads"] + max(fsdp["grads"], acts))
+        assert ddp["total"] == pytest.approx(ddp["resident_state"] + acts)
+        assert zero3["total"] == pytest.approx(zero3["resident_state"] + acts)
