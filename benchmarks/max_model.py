@@ -246,9 +246,49 @@ def run_search(s: Search, out: Path, wandb_mode: str = "disabled", log=print) ->
     return results
 
 
-def summarize(results: Path, s: Search) -> list[dict[str, Any]]:
+def repredict(out: Path) -> Path:
+    """Every prediction of a finished search, made again with this checkout's memory model (``predictions.json``;
+    the report then shows these and says at which commit), so a corrected model is checked against probes that
+    already ran instead of by running them again."""
+    s = _search(json.loads((out / "search.json").read_text())["search"])
+    doc: dict[str, Any] = {"git": versions()["git"], "largest": {}, "need": {}}
+    for checkpointing in s.checkpointing:
+        acts = activation_line(s, checkpointing)
+        for strategy in s.strategies:
+            doc["largest"][_key(strategy, checkpointing)] = predicted_largest(s, strategy, acts)
+        for p in _probes(out / "results.jsonl"):
+            if p["checkpointing"] == checkpointing:
+                need = predicted_need(s, p["strategy"], p["depth"], acts)["need"]
+                doc["need"][_key(p["strategy"], checkpointing, p["depth"])] = need
+    path = out / "predictions.json"
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def _key(strategy: str, checkpointing: bool, depth: int | None = None) -> str:
+    return f"{strategy}{'+ac' if checkpointing else ''}" + ("" if depth is None else f"@{depth}")
+
+
+def _search(fields: dict[str, Any]) -> Search:
+    return Search(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
+def _load_probes(out: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The probes, with predictions from ``predictions.json`` when :func:`repredict` wrote one; and its commit."""
+    probes = _probes(out / "results.jsonl")
+    path = out / "predictions.json"
+    if not path.exists():
+        return probes, None
+    doc = json.loads(path.read_text())
+    for p in probes:
+        p["metrics"]["predicted"] = {**p["metrics"].get("predicted", {}),
+                                     "need": doc["need"][_key(p["strategy"], p["checkpointing"], p["depth"])],
+                                     "largest_depth": doc["largest"][_key(p["strategy"], p["checkpointing"])]}
+    return probes, doc["git"]
+
+
+def summarize(probes: list[dict[str, Any]], s: Search) -> list[dict[str, Any]]:
     """Per (strategy, checkpointing): the largest depth that trained, its size and speed, and the prediction."""
-    probes = _probes(results)
     rows: dict[tuple[str, bool], dict[str, Any]] = {}
     for p in probes:
         row = rows.setdefault((p["strategy"], p["checkpointing"]), {
@@ -274,8 +314,8 @@ def write_report(out: Path) -> Path:
     """report.md and fits.png from results.jsonl and search.json."""
     header = json.loads((out / "search.json").read_text())
     s = header["search"]
-    rows = summarize(out / "results.jsonl", Search(**{k: tuple(v) if isinstance(v, list) else v
-                                                      for k, v in s.items()}))
+    probes, repredicted = _load_probes(out)
+    rows = summarize(probes, _search(s))
     lines = [f"# Largest model per strategy: {s['arch']} at width {s['width']}, world size {s['world_size']}, "
              f"{s['budget_gb']} GiB per rank, {s['precision']}, batch {s['batch_size']} per rank",
              "", f"Command: `python -m benchmarks.max_model --arch {s['arch']} --width {s['width']} --world-size "
@@ -287,6 +327,9 @@ def write_report(out: Path) -> Path:
              f"Host: {header['hardware']['cpu']} ({header['hardware']['cores']} cores); git {header['versions']['git']}"
              + (f"; probes ran with MALLOC_MMAP_THRESHOLD_={header['malloc_mmap_threshold']}"
                 if header.get("malloc_mmap_threshold") else ""),
+             *([f"Predictions: the memory model at git {repredicted}, made again after the probes ran "
+                "(`python -m benchmarks.max_model --repredict --out DIR`); the probes themselves are unchanged."]
+               if repredicted else []),
              "", "| strategy | act. ckpt | largest depth | parameters | ÷ DDP | predicted depth | measured ÷ predicted "
              "| samples/s | peak/rank | probes |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["checkpointing"], s["strategies"].index(r["strategy"]))):
@@ -299,7 +342,7 @@ def write_report(out: Path) -> Path:
     lines += ["", "Every probe (peak: resident memory, the largest rank's and the mean over ranks; loss per step):", "",
               "| strategy | act. ckpt | depth | parameters | status | predicted need/rank | peak/rank max (mean) "
               "| samples/s | losses |", "|---|---|---|---|---|---|---|---|---|"]
-    for p in _probes(out / "results.jsonl"):
+    for p in probes:
         m = p["metrics"]
         peak = (f"{m['peak_memory_bytes'] / GIB:.2f} ({(m.get('peak_mean_bytes') or 0) / GIB:.2f}) GiB"
                 if m.get("peak_memory_bytes") else "-")
@@ -369,7 +412,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=int, default=d.timeout, help="seconds per probe before it counts as a timeout")
     p.add_argument("--out", type=Path, required=True, help="results directory")
     p.add_argument("--wandb-mode", default="disabled", choices=["offline", "online", "disabled"])
+    p.add_argument("--repredict", action="store_true", help="run no probe: predict a finished search's sizes again "
+                   "with this checkout's memory model and rewrite its report")
     args = p.parse_args(argv)
+    if args.repredict:
+        if not (args.out / "results.jsonl").exists():
+            raise UserError(f"--repredict: {args.out} holds no finished search (results.jsonl); give its --out")
+        repredict(args.out)
+        print(f"max-model: report {write_report(args.out)}")
+        return 0
     import torch
 
     if torch.cuda.is_available() and args.world_size > torch.cuda.device_count():

@@ -68,6 +68,15 @@ def test_report_lists_every_probe_with_its_losses_and_peaks(tmp_path):
     assert "| ddp | off | 15 | 1M | oom | 11.00 GiB | - | - | out of memory on rank 1 |" in report
     assert "| fsdp | off | 15 | 1M | ok | 11.00 GiB | 7.50 (7.25) GiB | 0.05 | 16.500 → 12.250 |" in report
     assert (tmp_path / "fits.png").stat().st_size > 0
+    # --repredict: the same probes against this checkout's memory model, which the report then names
+    from benchmarks.max_model import repredict
+
+    doc = json.loads(repredict(tmp_path).read_text())
+    report = write_report(tmp_path).read_text()
+    assert f"Predictions: the memory model at git {doc['git']}" in report
+    need = doc["need"]["fsdp@15"] / 2**30
+    assert 0 < need < 11 and f"| fsdp | off | 15 | 1M | ok | {need:.2f} GiB |" in report
+    assert f"| {doc['largest']['fsdp']} |" in report
 
 
 def test_depths_must_be_whole_numbers(tmp_path):
