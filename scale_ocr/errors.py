@@ -51,6 +51,11 @@ def is_peer_lost(exc: BaseException) -> bool:
                                    "wait timeout after"))  # the store: peers never arrived
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none), for a one-line report."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def _one_line(exc: BaseException) -> str:
     # A UserError raised inside a DataLoader worker is re-raised in the parent with the worker's
     # traceback folded into the message; its last non-empty line is our own sentence.

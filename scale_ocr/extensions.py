@@ -15,6 +15,8 @@ import os
 import sys
 from pathlib import Path
 
+from scale_ocr.errors import first_line
+
 VARIABLE = "TORCH_EXTENSIONS_DIR"
 # DeepSpeed's op builders (by accelerator-neutral class name) that scale_ocr's strategies load on a CPU host.
 OPS = ("ShareMemCommBuilder", "FusedAdamBuilder", "PinMemoryBuilder", "AsyncIOBuilder")
@@ -48,7 +50,7 @@ def build_ops() -> list[str]:
         try:
             builder.load(verbose=False)
         except Exception as exc:  # noqa: BLE001 - a failed JIT build raises anything from RuntimeError to OSError
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            first = first_line(exc)
             lines.append(f"{builder.NAME}: did not build ({first}); a job that needs it will build it then")
             continue
         lines.append(f"{builder.NAME}: built")

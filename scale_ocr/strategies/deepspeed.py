@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from scale_ocr.errors import UserError
+from scale_ocr.errors import UserError, first_line
 from scale_ocr.memory.meter import StateMeter, optimizer_tensors, tensors_in
 from scale_ocr.memory.model import StateLayout
 from scale_ocr.models.checkpointing import bare_name
@@ -110,7 +110,7 @@ class DeepSpeed(Strategy):
         try:
             self.engine, self.optimizer, _, _ = deepspeed.initialize(**kwargs)
         except (AssertionError, ValueError, TypeError, KeyError) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            first = first_line(exc)
             raise UserError(f"DeepSpeed rejected {self.source}: {first}") from None
         self.zero_stage = self.engine.zero_optimization_stage()
         disk = (lambda: swap_bytes(self.nvme_paths, self.rank)) if self.nvme_paths else None

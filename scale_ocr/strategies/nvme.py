@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from scale_ocr.errors import UserError
+from scale_ocr.errors import UserError, first_line
 
 INSTALL_HINT = ("install libaio's headers (`apt-get install libaio-dev`, `dnf install libaio-devel`), or run "
                 "`make install` as root, which does; or offload to host memory instead (--strategy zero3_offload)")
@@ -43,7 +43,7 @@ def check_async_io() -> None:
     try:
         builder.load(verbose=False)
     except Exception as exc:  # noqa: BLE001 - a failed JIT build raises anything from RuntimeError to OSError
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc)
         raise UserError(f"DeepSpeed's async_io op (NVMe offload) did not build: {first}; needs a C++ "
                         f"compiler, ninja and libaio ({INSTALL_HINT})") from None
 
