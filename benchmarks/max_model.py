@@ -251,12 +251,13 @@ def repredict(out: Path) -> Path:
     the report then shows these and says at which commit), so a corrected model is checked against probes that
     already ran instead of by running them again."""
     s = _search(json.loads((out / "search.json").read_text())["search"])
+    probes = _probes(out / "results.jsonl")
     doc: dict[str, Any] = {"git": versions()["git"], "largest": {}, "need": {}}
     for checkpointing in s.checkpointing:
         acts = activation_line(s, checkpointing)
         for strategy in s.strategies:
             doc["largest"][_key(strategy, checkpointing)] = predicted_largest(s, strategy, acts)
-        for p in _probes(out / "results.jsonl"):
+        for p in probes:
             if p["checkpointing"] == checkpointing:
                 need = predicted_need(s, p["strategy"], p["depth"], acts)["need"]
                 doc["need"][_key(p["strategy"], checkpointing, p["depth"])] = need
