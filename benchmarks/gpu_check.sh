@@ -5,8 +5,8 @@
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR [--wheels DIR] [--steps N]
 #
-# Budget: under 10 minutes on one GPU (each run is ~40 steps of crnn_mobilenet_v3_small; the benchmark
-# at the end, 5 short vitstr_small jobs, is capped at 4 minutes).
+# Budget: under 10 minutes on one GPU (each run is ~40 steps of crnn_mobilenet_v3_small; the benchmark,
+# 5 short vitstr_small jobs, is capped at 4 minutes; the trainer-overhead pairs at 3.5).
 set -uo pipefail
 
 OUT_DIR=${1:?usage: gpu_check.sh OUT_DIR [--wheels DIR] [--steps N]}
@@ -71,4 +71,15 @@ rc=$?
 grep "^bench \[" "$OUT_DIR/bench.log"
 echo "rc=$rc seconds=$(( $(date +%s) - start ))"
 [[ $rc -eq 0 ]] || { status=1; tail -n 30 "$OUT_DIR/bench.log"; }
+
+# The trainer against the textbook loop of each engine (benchmarks/hand_loop.py), one pair each: what the
+# trainer's per-step work costs where host syncs matter most.
+echo "=== overhead"
+start=$(date +%s)
+timeout 210 $PY -m benchmarks.overhead --strategies ddp,fsdp,zero2,zero3 --world-size 1 -b 64 --steps 30 --pairs 1 \
+    --wandb-mode disabled --out "$OUT_DIR/overhead" > "$OUT_DIR/overhead.log" 2>&1
+rc=$?
+grep "^overhead \[" "$OUT_DIR/overhead.log"; grep "^| " "$OUT_DIR/overhead/report.md" 2>/dev/null | head -n 6
+echo "rc=$rc seconds=$(( $(date +%s) - start ))"
+[[ $rc -eq 0 ]] || { status=1; tail -n 30 "$OUT_DIR/overhead.log"; }
 exit $status

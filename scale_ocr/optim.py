@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,15 +43,35 @@ class OptimizerSpec:
     def groups(self, model: nn.Module) -> list[dict[str, Any]]:
         return param_groups(model, self.kwargs.get("weight_decay", 0.0))
 
+    def options(self, params: Iterable[torch.Tensor]) -> dict[str, Any]:
+        """Constructor arguments for ``params``: ``kwargs``, plus ``fused=True`` where torch has a fused kernel for
+        them. Torch's default on CPU is a Python loop over the parameters: measured on one core, an AdamW step over
+        crnn_mobilenet_v3_small's 156 tensors took 11.9 ms that way, 11.2 ms with ``foreach`` and 3.0 ms fused."""
+        kwargs = dict(self.kwargs)
+        if ("fused" in inspect.signature(self.cls).parameters and not {"fused", "foreach"} & kwargs.keys()
+                and fused_supported(params)):
+            kwargs["fused"] = True
+        return kwargs
+
     def build(self, model: nn.Module) -> torch.optim.Optimizer:
-        return self.cls(self.groups(model), **self.kwargs)
+        groups = self.groups(model)
+        return self.cls(groups, **self.options(p for g in groups for p in g["params"]))
+
+
+def fused_supported(params: Iterable[torch.Tensor]) -> bool:
+    """Every parameter is floating point and all are on one device type torch has fused optimizer kernels for."""
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    except ImportError:  # a torch without the helper: keep its default
+        return False
+    params = list(params)
+    devices = {p.device.type for p in params}
+    return (len(devices) == 1 and devices <= set(_get_fused_kernels_supported_devices())
+            and all(p.is_floating_point() for p in params))
 
 
 def build_optimizer_spec(cfg: OptimConfig) -> OptimizerSpec:
-    """The optimizer named by ``cfg.optim`` with the run's learning rate and weight decay.
-
-    ``foreach`` is left to torch's default; ``fused`` is not forced because it is CUDA-only.
-    """
+    """The optimizer named by ``cfg.optim`` with the run's learning rate and weight decay (fused where supported)."""
     return OptimizerSpec(_OPTIMIZERS[cfg.optim], {"lr": cfg.lr, "betas": (0.9, 0.999), "weight_decay": cfg.wd})
 
 

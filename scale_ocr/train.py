@@ -40,7 +40,7 @@ def run(cfg: RunConfig, dist: DistInfo, stop: StopSignal, watchdog: Watchdog | N
     """Claim the run directory, build every component from its config section and train; returns the summary."""
     cap_device_memory(dist.device, cfg.train.gpu_memory_cap_gb)  # before anything is allocated
     if dist.device.type == "cpu":
-        return_freed_memory()  # a rank's memory follows its live tensors (scale_ocr/memory/host.py)
+        return_freed_memory()  # under a memory cap, a rank's memory follows its live tensors (memory/host.py)
     run_dir = Path(cfg.output.output_dir)
     strategy = create_strategy(cfg.strategy, dist, cfg.train, cfg.optim, run_dir)  # validates the launch first
     task = create_task(cfg.model)

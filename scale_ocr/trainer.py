@@ -343,6 +343,7 @@ class Trainer:
             if state is not None:
                 _save(state, self.run_dir / "last_model.pt")
             return
+        self.strategy.sync_buffers()  # every rank evaluates the model rank 0 holds
         result = self.task.evaluate(self.model, self.data.val_loader, self.device, self.autocast)
         self.state.last_eval = result.metrics
         self.logger.log({f"val/{k}": v for k, v in result.metrics.items()} | {"epoch": self.state.epoch},

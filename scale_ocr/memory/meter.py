@@ -99,13 +99,15 @@ class StateMeter:
         collect: returns category -> tensors, as :func:`count_state` takes them.
         device: the run's device (decides what counts as host memory).
         disk: returns the bytes of the strategy's swap files (NVMe offload), measured with the tensors.
-        samples: optimizer-step calls to measure before the hook removes itself. The tensors an engine holds
-            do not change from step to step, so a few steps find the peak, and long runs pay nothing after
-            (ZeRO-3 calls the optimizer once per sub-group, so this is a count of calls, not of steps).
+        samples: optimizer-step calls to measure before the hook removes itself: two steps' worth (ZeRO-3 calls
+            the optimizer once per sub-group, and passes twice their number). The tensors an engine holds do not
+            change from step to step, so the first two steps with optimizer state find the peak, and every later
+            step pays nothing: walking DeepSpeed's partitions at every step cost a 2M-parameter CRNN 2.6% of
+            its training time.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, collect: Callable[[], dict[str, Iterable]],
-                 device: torch.device, samples: int = 256, disk: Callable[[], int] | None = None) -> None:
+                 device: torch.device, samples: int = 2, disk: Callable[[], int] | None = None) -> None:
         self.collect, self.device, self.disk = collect, device, disk
         self.peak: StateBytes | None = None
         self._remaining = samples

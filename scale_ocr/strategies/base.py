@@ -130,6 +130,15 @@ class Strategy(ABC):
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         """Apply a state of the :meth:`checkpoint_state` layout, filled in place by the checkpoint reader."""
 
+    def sync_buffers(self) -> None:  # noqa: B027 - optional hook: one process, or an engine that syncs itself
+        """Give every rank rank 0's buffers (BatchNorm running statistics) before the model is evaluated or saved.
+
+        Engines that do not replicate buffers themselves (FSDP2, DeepSpeed) let each rank update its own copy
+        from its own batches. A training forward never reads them, so only their value when the model is
+        observed matters: syncing then gives every rank the model rank 0 holds, as DDP does, without a
+        collective at every step. A collective: every rank calls it.
+        """
+
     def configure_for(self, model: nn.Module) -> None:  # noqa: B027 - optional hook
         """Adjust engine settings that depend on the model (called by ``setup``, and by memory estimates)."""
 

@@ -63,8 +63,11 @@ class DDP(Strategy):
         # BatchNorm statistics on its own batch; DCP saves one rank's copy of a replicated tensor, not
         # necessarily rank 0's. Giving every rank rank 0's now makes the checkpoint the model rank 0 holds,
         # so a resumed run continues bitwise whichever rank the copy came from.
-        broadcast_buffers(self.module)
+        self.sync_buffers()
         return torch_checkpoint_state(self.module, self.optimizer)
+
+    def sync_buffers(self) -> None:
+        broadcast_buffers(self.module)
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         torch_load_checkpoint_state(self.module, self.optimizer, state)

@@ -114,7 +114,9 @@ class DeepSpeed(Strategy):
             raise UserError(f"DeepSpeed rejected {self.source}: {first}") from None
         self.zero_stage = self.engine.zero_optimization_stage()
         disk = (lambda: swap_bytes(self.nvme_paths, self.rank)) if self.nvme_paths else None
-        self.meter = StateMeter(self._base_optimizer(), self._state_tensors, self.dist.device, disk=disk)
+        calls = len(getattr(self.engine.optimizer, "fp16_groups", ())) if self.zero_stage == 3 else 1  # per sub-group
+        self.meter = StateMeter(self._base_optimizer(), self._state_tensors, self.dist.device, samples=2 * max(1, calls),
+                                disk=disk)
         return self.engine, self.optimizer
 
     def _state_tensors(self) -> dict[str, list]:
@@ -206,7 +208,6 @@ class DeepSpeed(Strategy):
     def step(self) -> StepStats:
         skipped_before = self.engine.skipped_steps
         self.engine.step()
-        broadcast_buffers(self.engine.module)  # as DDP: one set of BatchNorm statistics, rank 0's
         norm = self.engine.get_global_grad_norm()
         fp16 = self.engine.fp16_enabled()
         return StepStats(
@@ -214,6 +215,9 @@ class DeepSpeed(Strategy):
             skipped=self.engine.skipped_steps > skipped_before,
             loss_scale=float(self.optimizer.cur_scale) if fp16 else None,
         )
+
+    def sync_buffers(self) -> None:
+        broadcast_buffers(self.engine.module)  # as DDP: one set of BatchNorm statistics, rank 0's
 
     def _base_optimizer(self):
         """The torch optimizer DeepSpeed steps over its flat fp32 partitions."""
@@ -256,6 +260,7 @@ class DeepSpeed(Strategy):
 
         module = self.engine.module
         model, states = {}, {}
+        self.sync_buffers()
         self._link_optimizer_state()
         step = torch.tensor(self._adam_step())
         for name, p in module.named_parameters():

@@ -26,7 +26,8 @@ class Fairscale(Strategy):
         from fairscale.optim import OSS
 
         self.module = model.to(self.dist.device)
-        self.optimizer = OSS(optimizer.groups(self.module), optim=optimizer.cls, **optimizer.kwargs)
+        groups = optimizer.groups(self.module)
+        self.optimizer = OSS(groups, optim=optimizer.cls, **optimizer.options(p for g in groups for p in g["params"]))
         self.model = ShardedDataParallel(self.module, self.optimizer)
         scaler = None
         if self.train.precision == "fp16":

@@ -128,11 +128,13 @@ class FSDP(Strategy):
         self.stepper.backward(loss)
 
     def step(self) -> StepStats:
-        stats = self.stepper.step()
+        return self.stepper.step()
+
+    def sync_buffers(self) -> None:
         broadcast_buffers(self.model)  # FSDP keeps each rank's BatchNorm statistics; DDP replicates rank 0's
-        return stats
 
     def checkpoint_state(self) -> dict[str, Any]:
+        self.sync_buffers()
         return torch_checkpoint_state(self.model, self.optimizer)
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:

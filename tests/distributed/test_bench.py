@@ -195,3 +195,24 @@ def test_wandb_summary_run_is_written_offline(tmp_path, monkeypatch):
         assert {"results", "throughput_m", "memory_m", "ratio_to_dp_m"} <= logged
     finally:
         shutil.rmtree(work_dir(out), ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_overhead_alternates_trainer_and_hand_written_loop(tmp_path):
+    """benchmarks.overhead: each pair runs the trainer and the textbook loop in turn, the order flipping every
+    pair, and the report's ratio is trainer / hand loop of the same pair."""
+    out = tmp_path / "overhead"
+    proc = run_cmd([sys.executable, "-m", "benchmarks.overhead", "--strategies", "single", "--steps", "8",
+                    "--pairs", "2", "-b", "4", "--wandb-mode", "disabled", "--out", str(out)], timeout=600)
+    try:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        lines = [json.loads(ln) for ln in (out / "results.jsonl").read_text().splitlines()]
+        assert [(ln["side"], ln["pair"]) for ln in lines] == [("trainer", 0), ("hand", 0), ("hand", 1), ("trainer", 1)]
+        assert all(ln["status"] == "ok" and ln["samples_per_sec"] > 0 and ln["warmup"] == 2 for ln in lines)
+        (row,) = json.loads((out / "summary.json").read_text())
+        sps = {(ln["side"], ln["pair"]): ln["samples_per_sec"] for ln in lines}
+        assert row["ratios"] == [pytest.approx(sps["trainer", p] / sps["hand", p]) for p in (0, 1)]
+        assert row["min"] <= row["median"] <= row["max"] and row["pairs"] == 2
+        assert "| single | 1 | " in (out / "report.md").read_text()
+    finally:
+        shutil.rmtree(work_dir(out), ignore_errors=True)

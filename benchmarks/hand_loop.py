@@ -1,0 +1,153 @@
+"""The textbook training loop scale_ocr's trainer is measured against (``python -m benchmarks.overhead``).
+
+    python benchmarks/hand_loop.py --engine single ...
+    torchrun --nproc_per_node 2 benchmarks/hand_loop.py --engine ddp|fsdp|fairscale ...
+    deepspeed --num_gpus 2 benchmarks/hand_loop.py --engine zero2|zero3 ...
+
+Written the way the engines' own tutorials drive them, and deliberately not through scale_ocr: the same
+model (``create_model``) and the same pre-rendered words (a ``--data-cache`` file, read with a plain
+``DataLoader`` and ``DistributedSampler``), then forward, CTC loss (the model's), backward, optimizer step,
+nothing else: no clipping, no schedule, no metering, no logging, no checks. DeepSpeed gets the preset JSON
+scale_ocr ships for the same name, so both sides run the same engine settings. The first ``--warmup``
+steps are not timed, like the trainer's; rank 0 writes samples/s of the rest to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[0] = str(REPO)  # import scale_ocr's model registry from this checkout, not benchmarks/
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.utils.data import DataLoader, Dataset, DistributedSampler  # noqa: E402
+
+ENGINES = ("single", "ddp", "fsdp", "fairscale", "zero2", "zero3")
+
+
+class CachedWords(Dataset):
+    def __init__(self, path: str) -> None:
+        data = torch.load(path, weights_only=True)
+        self.images, self.labels = data["images"], data["labels"]
+        self.index = {c: i + 1 for i, c in enumerate(data["chars"])}  # 0 is CTC's blank
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return self.images[i].float(), torch.tensor([self.index[c] for c in self.labels[i]])
+
+
+def collate(items):
+    images, targets = zip(*items, strict=True)
+    lengths = torch.tensor([len(t) for t in targets])
+    return torch.stack(images), torch.nn.utils.rnn.pad_sequence(targets, batch_first=True), lengths
+
+
+def ds_config(engine: str, batch: int, world: int) -> dict:
+    cfg = json.loads((REPO / "ds_configs" / f"{engine}.json").read_text())
+    cfg.update(train_micro_batch_size_per_gpu=batch, gradient_accumulation_steps=1, train_batch_size=batch * world,
+               gradient_clipping=0.0, fp16={"enabled": False}, bf16={"enabled": False})
+    return cfg
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--engine", choices=ENGINES, required=True)
+    p.add_argument("--arch", default="crnn_mobilenet_v3_small")
+    p.add_argument("--data-cache", required=True)
+    p.add_argument("-b", "--batch-size", type=int, default=32)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--out", required=True)
+    p.add_argument("--local_rank", type=int, default=0)  # the deepspeed launcher's
+    args = p.parse_args()
+
+    from scale_ocr.models import create_model
+
+    cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)))
+    if args.engine != "single":
+        dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+    data = CachedWords(args.data_cache)
+    torch.manual_seed(0)
+    model = create_model(args.arch, num_classes=len(data.index) + 1,
+                         input_size=tuple(data.images.shape[2:])).to(device)
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True)
+    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True, collate_fn=collate)
+
+    if args.engine.startswith("zero"):
+        import deepspeed
+
+        model, optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=args.lr),
+            config=ds_config(args.engine, args.batch_size, world), dist_init_required=False)
+    elif args.engine == "fairscale":
+        from fairscale.nn.data_parallel import ShardedDataParallel
+        from fairscale.optim import OSS
+
+        optimizer = OSS(model.parameters(), optim=torch.optim.AdamW, lr=args.lr)
+        model = ShardedDataParallel(model, optimizer)
+    else:
+        if args.engine == "ddp":
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
+        elif args.engine == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            for block in (model.sharding_units() if hasattr(model, "sharding_units") else model.children()):
+                if any(p.requires_grad for p in block.parameters()):
+                    fully_shard(block)
+            fully_shard(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+
+    model.train()
+    step, epoch, t0 = 0, 0, None
+    while step < args.steps:
+        sampler.set_epoch(epoch)
+        for images, targets, lengths in loader:
+            images, targets, lengths = images.to(device), targets.to(device), lengths.to(device)
+            loss = model(images, targets, lengths)["loss"]
+            if args.engine.startswith("zero"):
+                model.backward(loss)
+                model.step()
+            else:
+                loss.backward()
+                optimizer.step()
+                # fairscale's buckets hold the gradients: its tutorial clears them through the model
+                (model if args.engine == "fairscale" else optimizer).zero_grad()
+            step += 1
+            if step == args.warmup:
+                if cuda:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+            if step == args.steps:
+                break
+        epoch += 1
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    timed = args.steps - args.warmup
+    if rank == 0:
+        Path(args.out).write_text(json.dumps({
+            "samples_per_sec": timed * args.batch_size * world / seconds, "timed_steps": timed, "seconds": seconds,
+            "last_loss": float(loss.detach()), "world_size": world}) + "\n")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""What scale_ocr's trainer costs over a hand-written loop driving the same engine.
+
+    python -m benchmarks.overhead --out benchmarks/results/overhead-HOST-DATE
+    python -m benchmarks.overhead --report DIR     # rebuild report.md from results.jsonl
+
+For each strategy, the same model, batch, precision and pre-rendered words are trained (a) by
+``scale_ocr/train.py`` with its defaults and (b) by :mod:`benchmarks.hand_loop`, the textbook loop of that
+engine (forward, loss, backward, step), each through the strategy's launcher with the same threads per rank.
+The runs alternate (a b, then b a, ...) so drift in the machine's speed falls on both sides; each pair gives a
+ratio a / b of training samples/s (both time the steps after the same warm-up), and the report gives each
+strategy's median ratio and its spread over the pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import socket
+import statistics
+import sys
+from pathlib import Path
+
+from benchmarks.scaling import BIN, REPO, TRAIN, hardware, run_job, versions, work_dir
+
+HAND = REPO / "benchmarks" / "hand_loop.py"
+STRATEGIES = ("single", "ddp", "zero2", "fsdp", "zero3", "fairscale")
+LAUNCHERS = {"single": "python", "zero2": "deepspeed", "zero3": "deepspeed"}  # the rest: torchrun
+TARGET = 0.98  # trainer / hand-written loop, issue 12
+
+
+def launch(strategy: str, world_size: int, script: Path, args: list[str]) -> list[str]:
+    from scale_ocr.distributed import free_port
+
+    launcher = LAUNCHERS.get(strategy, "torchrun")
+    if launcher == "python":
+        return [sys.executable, str(script), *args]
+    if launcher == "deepspeed":
+        return [str(BIN / "deepspeed"), "--num_gpus", str(world_size), "--master_port", str(free_port()),
+                str(script), *args]
+    return [str(BIN / "torchrun"), "--nproc_per_node", str(world_size), "--master_addr", "127.0.0.1",
+            "--master_port", str(free_port()), str(script), *args]
+
+
+def warmup_steps(steps: int) -> int:
+    """The trainer's untimed warm-up (Trainer.warmup_steps), which the hand loop matches."""
+    return min(5, max(0, steps // 4))
+
+
+def trainer_job(a: argparse.Namespace, strategy: str, ws: int, cache: Path, run_dir: Path) -> tuple[list[str], Path]:
+    args = [a.arch, "--strategy", strategy, "-b", str(a.batch_size), "--max-steps", str(a.steps), "--epochs", "1000",
+            "--data-cache", str(cache), "--lr", str(a.lr), "--no-eval", "--no-save-model", "--resume", "none",
+            "--output-dir", str(run_dir), "--wandb-mode", a.wandb_mode, "--run-name", run_dir.name]
+    return launch(strategy, ws, TRAIN, args), run_dir / "metrics.json"
+
+
+def hand_job(a: argparse.Namespace, strategy: str, ws: int, cache: Path, run_dir: Path) -> tuple[list[str], Path]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = run_dir / "hand.json"
+    args = ["--engine", strategy, "--arch", a.arch, "--data-cache", str(cache), "-b", str(a.batch_size),
+            "--steps", str(a.steps), "--warmup", str(warmup_steps(a.steps)), "--lr", str(a.lr), "--out", str(out)]
+    return launch(strategy, ws, HAND, args), out
+
+
+def run(a: argparse.Namespace) -> Path:
+    from scale_ocr.config import ModelConfig
+    from scale_ocr.tasks import create_task
+
+    hw = hardware()
+    cores = hw["cores"] or 1
+    out_dir: Path = a.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = out_dir / "results.jsonl"
+    if results.exists():
+        results.unlink()
+    work = work_dir(out_dir)
+    task = create_task(ModelConfig(arch=a.arch))
+    words = a.batch_size * a.world_size * a.steps
+    cache = Path(task.benchmark_data(work, words, print)[1])
+    ver = versions()
+    for pair in range(a.pairs):
+        for strategy in a.strategies:
+            ws = 1 if strategy == "single" else a.world_size
+            threads = cores if ws == 1 else max(1, cores // ws)
+            sides = [("trainer", trainer_job), ("hand", hand_job)]
+            for side, make in sides if pair % 2 == 0 else sides[::-1]:
+                run_dir = work / "runs" / f"{strategy}-{side}-p{pair}"
+                cmd, metrics = make(a, strategy, ws, cache, run_dir)
+                status, error, wall = run_job(cmd, threads, a.timeout, None)
+                sps = None
+                if status == "ok":
+                    try:
+                        sps = float(json.loads(metrics.read_text())["samples_per_sec"])
+                    except (OSError, ValueError, KeyError) as exc:
+                        status, error = "failed", f"unreadable {metrics.name}: {exc}"
+                line = {"strategy": strategy, "side": side, "pair": pair, "status": status, "error": error,
+                        "samples_per_sec": sps, "wall_seconds": wall, "world_size": ws, "threads_per_rank": threads,
+                        "arch": a.arch, "batch_size": a.batch_size, "steps": a.steps,
+                        "warmup": warmup_steps(a.steps), "precision": "fp32",
+                        "command": " ".join(cmd).replace(f"{REPO}/", ""), "versions": ver, "hardware": hw}
+                with results.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps(line) + "\n")
+                print(f"overhead [{pair + 1}/{a.pairs}] {strategy} {side}: {status}"
+                      + (f" {sps:.1f} samples/s" if sps else f" ({error})") + f" [{wall:.0f} s]", flush=True)
+    (out_dir / "command.txt").write_text(" ".join(["python -m benchmarks.overhead", *sys.argv[1:]]) + "\n")
+    return results
+
+
+def summarize(lines: list[dict]) -> list[dict]:
+    """Per strategy: the ratio trainer / hand of each complete pair, their median and spread."""
+    rows = []
+    for strategy in dict.fromkeys(ln["strategy"] for ln in lines):
+        mine = [ln for ln in lines if ln["strategy"] == strategy]
+        by_pair: dict[int, dict[str, float | None]] = {}
+        for ln in mine:
+            by_pair.setdefault(ln["pair"], {})[ln["side"]] = ln["samples_per_sec"] if ln["status"] == "ok" else None
+        ratios = [p["trainer"] / p["hand"] for p in by_pair.values() if p.get("trainer") and p.get("hand")]
+        trainer = [p["trainer"] for p in by_pair.values() if p.get("trainer")]
+        hand = [p["hand"] for p in by_pair.values() if p.get("hand")]
+        rows.append({
+            "strategy": strategy, "pairs": len(ratios), "ratios": ratios,
+            "median": statistics.median(ratios) if ratios else None,
+            "min": min(ratios) if ratios else None, "max": max(ratios) if ratios else None,
+            "trainer_sps": statistics.median(trainer) if trainer else None,
+            "hand_sps": statistics.median(hand) if hand else None,
+            "failed": [f"{ln['side']} p{ln['pair']}: {ln['status']} {ln['error']}" for ln in mine if ln["status"] != "ok"],
+        })
+    return rows
+
+
+def write_report(out_dir: Path) -> Path:
+    lines = [json.loads(ln) for ln in (out_dir / "results.jsonl").read_text().splitlines() if ln.strip()]
+    rows = summarize(lines)
+    first = lines[0]
+    command = (out_dir / "command.txt").read_text().strip() if (out_dir / "command.txt").is_file() else "?"
+    hw, ver = first["hardware"], first["versions"]
+    md = [f"# Trainer overhead: {first['arch']}, batch {first['batch_size']} per rank, {first['precision']}, "
+          f"{first['steps']} steps ({first['warmup']} untimed)", "",
+          f"Command: `{command}`  ",
+          f"Host: {hw['cpu']} ({hw['cores']} cores), {', '.join(hw['gpus']) or 'no GPU'}; git {ver.get('git')}, "
+          f"torch {ver.get('torch')}, deepspeed {ver.get('deepspeed')}, fairscale {ver.get('fairscale')}", "",
+          "(a) `scale_ocr/train.py` with its defaults (`--no-eval --no-save-model`, W&B offline) against (b) "
+          "`benchmarks/hand_loop.py`, the engine's textbook loop, on the same pre-rendered words; runs alternate a/b. "
+          f"Target: median a / b >= {TARGET}.", "",
+          "| strategy | world size | threads/rank | trainer samples/s | hand loop samples/s | trainer / hand (median) "
+          "| min - max | pairs | meets target |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ln = next(x for x in lines if x["strategy"] == r["strategy"])
+        if r["median"] is None:
+            md.append(f"| {r['strategy']} | {ln['world_size']} | {ln['threads_per_rank']} | - | - | - | - | 0 | no |")
+            continue
+        md.append(f"| {r['strategy']} | {ln['world_size']} | {ln['threads_per_rank']} | {r['trainer_sps']:.1f} | "
+                  f"{r['hand_sps']:.1f} | {r['median']:.3f} | {r['min']:.3f} - {r['max']:.3f} | {r['pairs']} | "
+                  f"{'yes' if r['median'] >= TARGET else 'no'} |")
+    failed = [f"- {r['strategy']} {f}" for r in rows for f in r["failed"]]
+    if failed:
+        md += ["", "Runs that did not finish:", *failed]
+    md += ["", "Every run (samples/s):", "", "| strategy | pair | trainer | hand loop | ratio |", "|---|---|---|---|---|"]
+    for r in rows:
+        for pair in sorted({x["pair"] for x in lines if x["strategy"] == r["strategy"]}):
+            got = {x["side"]: x["samples_per_sec"] for x in lines if x["strategy"] == r["strategy"] and x["pair"] == pair}
+            t, h = got.get("trainer"), got.get("hand")
+            cell = [f"{v:.1f}" if v else "-" for v in (t, h)]
+            md.append(f"| {r['strategy']} | {pair} | {cell[0]} | {cell[1]} | " + (f"{t / h:.3f}" if t and h else "-") + " |")
+    (out_dir / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
+    report = out_dir / "report.md"
+    report.write_text("\n".join(md) + "\n")
+    return report
+
+
+def default_out() -> Path:
+    host = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:40]
+    return REPO / "benchmarks" / "results" / f"overhead-{host}-{dt.date.today():%Y%m%d}"
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", default="crnn_mobilenet_v3_small")
+    p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated, from " + ",".join(STRATEGIES))
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("-b", "--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--steps", type=int, default=40, help="optimizer steps per run, the first min(5, steps/4) untimed")
+    p.add_argument("--pairs", type=int, default=3, help="alternating trainer/hand-loop pairs per strategy")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--timeout", type=int, default=900, help="seconds per run")
+    p.add_argument("--wandb-mode", default="offline", choices=["offline", "disabled"], help="the trainer's")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--report", type=Path, default=None, help="only rebuild DIR/report.md from DIR/results.jsonl")
+    a = p.parse_args(argv)
+    a.strategies = tuple(s for s in a.strategies.split(",") if s)
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    from scale_ocr.errors import UserError
+
+    a = parse(argv)
+    if a.report:
+        print(write_report(a.report))
+        return 0
+    unknown = sorted(set(a.strategies) - set(STRATEGIES))
+    if unknown:
+        raise UserError(f"--strategies: {', '.join(unknown)} has no hand-written loop; choose from {', '.join(STRATEGIES)}")
+    if a.steps < 8 or a.pairs < 1 or a.world_size < 1:
+        raise UserError("--steps must be at least 8 (a few untimed), --pairs and --world-size at least 1")
+    a.out = a.out or default_out()
+    run(a)
+    print(f"overhead: report {write_report(a.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    from scale_ocr.errors import report_user_errors
+
+    sys.exit(report_user_errors(main)())
