@@ -5,8 +5,9 @@
     deepspeed --num_gpus 2 benchmarks/hand_loop.py --engine zero2|zero3 ...
 
 Written the way the engines' own tutorials drive them, and deliberately not through scale_ocr: the same
-model (``create_model``) and the same pre-rendered words (a ``--data-cache`` file, read with a plain
-``DataLoader`` and ``DistributedSampler``), then forward, CTC loss (the model's), backward, optimizer step,
+model (``create_model``) and the same words (a ``--data-cache`` file of pre-rendered ones, or a docTR
+recognition ``--folder`` decoded and resized per sample as docTR's reference scripts do, normalised per
+batch), read with a plain ``DataLoader`` and ``DistributedSampler``, then forward, CTC loss (the model's), backward, optimizer step,
 nothing else: no clipping, no schedule, no metering, no logging, no checks. DeepSpeed gets the preset JSON
 scale_ocr ships for the same name, so both sides run the same engine settings. The first ``--warmup``
 steps are not timed, like the trainer's; rank 0 writes samples/s of the rest to ``--out``.
@@ -44,6 +45,32 @@ class CachedWords(Dataset):
         return self.images[i].float(), torch.tensor([self.index[c] for c in self.labels[i]])
 
 
+class FolderWords(Dataset):
+    """A docTR recognition folder (images/, labels.json), read the way docTR's RecognitionDataset does: decode to a
+    float tensor, resize keeping the aspect ratio, pad with zeros; no augmentation."""
+
+    def __init__(self, root: str, chars: str, size: tuple[int, int]) -> None:
+        self.root, self.size = Path(root), size
+        self.items = sorted(json.loads((self.root / "labels.json").read_text(encoding="utf-8")).items())
+        self.index = {c: i + 1 for i, c in enumerate(chars)}
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+        from torchvision.transforms.v2 import functional as F
+
+        name, word = self.items[i]
+        with Image.open(self.root / "images" / name) as img:
+            x = F.pil_to_tensor(img.convert("RGB")).float() / 255
+        h, w = self.size
+        scale = min(h / x.shape[1], w / x.shape[2])
+        x = F.resize(x, [max(1, round(x.shape[1] * scale)), max(1, round(x.shape[2] * scale))], antialias=True)
+        x = torch.nn.functional.pad(x, (0, w - x.shape[2], 0, h - x.shape[1]))
+        return x, torch.tensor([self.index[c] for c in word])
+
+
 def collate(items):
     images, targets = zip(*items, strict=True)
     lengths = torch.tensor([len(t) for t in targets])
@@ -61,7 +88,12 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--engine", choices=ENGINES, required=True)
     p.add_argument("--arch", default="crnn_mobilenet_v3_small")
-    p.add_argument("--data-cache", required=True)
+    data_arg = p.add_mutually_exclusive_group(required=True)
+    data_arg.add_argument("--data-cache")
+    data_arg.add_argument("--folder", help="a docTR recognition folder")
+    p.add_argument("--chars", help="the vocabulary (with --folder)")
+    p.add_argument("--input-size", default="32x128", help="HxW (with --folder)")
+    p.add_argument("--workers", type=int, default=0)
     p.add_argument("-b", "--batch-size", type=int, default=32)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
@@ -83,12 +115,19 @@ def main() -> None:
         dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
-    data = CachedWords(args.data_cache)
+    size = tuple(int(v) for v in args.input_size.split("x"))
+    if args.folder:
+        data = FolderWords(args.folder, args.chars, size)
+        mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1)
+        std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1)
+    else:
+        data = CachedWords(args.data_cache)
+        size = tuple(data.images.shape[2:])
     torch.manual_seed(0)
-    model = create_model(args.arch, num_classes=len(data.index) + 1,
-                         input_size=tuple(data.images.shape[2:])).to(device)
+    model = create_model(args.arch, num_classes=len(data.index) + 1, input_size=size).to(device)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True)
-    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True, collate_fn=collate)
+    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True, collate_fn=collate,
+                        num_workers=args.workers, persistent_workers=args.workers > 0, pin_memory=cuda)
 
     if args.engine.startswith("zero"):
         import deepspeed
@@ -120,6 +159,8 @@ def main() -> None:
         sampler.set_epoch(epoch)
         for images, targets, lengths in loader:
             images, targets, lengths = images.to(device), targets.to(device), lengths.to(device)
+            if args.folder:
+                images = (images - mean) / std  # docTR's batch_transforms
             loss = model(images, targets, lengths)["loss"]
             if args.engine.startswith("zero"):
                 model.backward(loss)

@@ -1,6 +1,7 @@
 """What scale_ocr's trainer costs over a hand-written loop driving the same engine.
 
     python -m benchmarks.overhead --out benchmarks/results/overhead-HOST-DATE
+    python -m benchmarks.overhead --data folder --strategies ddp -b 8 --out ...   # a docTR folder, decoded per step
     python -m benchmarks.overhead --report DIR     # rebuild report.md from results.jsonl
 
 For each strategy, the same model, batch, precision and pre-rendered words are trained (a) by
@@ -9,6 +10,13 @@ engine (forward, loss, backward, step), each through the strategy's launcher wit
 The runs alternate (a b, then b a, ...) so drift in the machine's speed falls on both sides; each pair gives a
 ratio a / b of training samples/s (both time the steps after the same warm-up), and the report gives each
 strategy's median ratio and its spread over the pairs.
+
+``--data cache`` (default) trains on words rendered once into memory, so only the training step is compared.
+``--data folder`` writes the same words as PNG files into a docTR recognition folder (images/, labels.json),
+which both sides decode and resize at every step with the same batch and ``--workers``: the trainer with
+``--no-augment`` (its augmentations are not docTR's, and comparing recipes is not the point), the hand loop
+the way docTR's reference script reads its RecognitionDataset (PIL decode, aspect-preserving resize, zero pad,
+normalisation per batch).
 """
 
 from __future__ import annotations
@@ -48,17 +56,48 @@ def warmup_steps(steps: int) -> int:
     return min(5, max(0, steps // 4))
 
 
-def trainer_job(a: argparse.Namespace, strategy: str, ws: int, cache: Path, run_dir: Path) -> tuple[list[str], Path]:
+def write_folder(path: Path, n: int, chars: str, seed: int = 0) -> Path:
+    """``n`` synthetic words as PNG files in a docTR recognition folder (written once, then reused)."""
+    from scale_ocr.data.synthetic import SyntheticWords
+
+    if (path / "labels.json").is_file():
+        return path
+    tmp = path.with_name(path.name + ".tmp")
+    (tmp / "images").mkdir(parents=True, exist_ok=True)
+    words = SyntheticWords(chars, n, 3, 8, seed, transform=lambda image: image)
+    labels = {}
+    for i in range(n):
+        image, word = words[i]
+        image.save(tmp / "images" / f"{i:06d}.png")
+        labels[f"{i:06d}.png"] = word
+    (tmp / "labels.json").write_text(json.dumps(labels), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def data_args(a: argparse.Namespace, task, work: Path) -> tuple[list[str], list[str]]:
+    """Train.py's and the hand loop's flags for the same words."""
+    words = a.batch_size * a.world_size * a.steps
+    if a.data == "cache":
+        cache = task.benchmark_data(work, words, print)[1]
+        return ["--data-cache", cache], ["--data-cache", cache]
+    folder = str(write_folder(work / f"folder-{words}", words, task.vocab.chars))
+    h, w = task.input_size
+    return (["--train-path", folder, "--val-path", folder, "--no-augment", "--workers", str(a.workers)],
+            ["--folder", folder, "--chars", task.vocab.chars, "--input-size", f"{h}x{w}", "--workers", str(a.workers)])
+
+
+def trainer_job(a: argparse.Namespace, strategy: str, ws: int, data: list[str], run_dir: Path) -> tuple[list[str], Path]:
     args = [a.arch, "--strategy", strategy, "-b", str(a.batch_size), "--max-steps", str(a.steps), "--epochs", "1000",
-            "--data-cache", str(cache), "--lr", str(a.lr), "--no-eval", "--no-save-model", "--resume", "none",
+            *data, "--lr", str(a.lr), "--no-eval", "--no-save-model", "--resume", "none",
             "--output-dir", str(run_dir), "--wandb-mode", a.wandb_mode, "--run-name", run_dir.name]
     return launch(strategy, ws, TRAIN, args), run_dir / "metrics.json"
 
 
-def hand_job(a: argparse.Namespace, strategy: str, ws: int, cache: Path, run_dir: Path) -> tuple[list[str], Path]:
+def hand_job(a: argparse.Namespace, strategy: str, ws: int, data: list[str], run_dir: Path) -> tuple[list[str], Path]:
     run_dir.mkdir(parents=True, exist_ok=True)
     out = run_dir / "hand.json"
-    args = ["--engine", strategy, "--arch", a.arch, "--data-cache", str(cache), "-b", str(a.batch_size),
+    args = ["--engine", strategy, "--arch", a.arch, *data, "-b", str(a.batch_size),
             "--steps", str(a.steps), "--warmup", str(warmup_steps(a.steps)), "--lr", str(a.lr), "--out", str(out)]
     return launch(strategy, ws, HAND, args), out
 
@@ -76,17 +115,16 @@ def run(a: argparse.Namespace) -> Path:
         results.unlink()
     work = work_dir(out_dir)
     task = create_task(ModelConfig(arch=a.arch))
-    words = a.batch_size * a.world_size * a.steps
-    cache = Path(task.benchmark_data(work, words, print)[1])
+    trainer_data, hand_data = data_args(a, task, work)
     ver = versions()
     for pair in range(a.pairs):
         for strategy in a.strategies:
             ws = 1 if strategy == "single" else a.world_size
             threads = cores if ws == 1 else max(1, cores // ws)
-            sides = [("trainer", trainer_job), ("hand", hand_job)]
-            for side, make in sides if pair % 2 == 0 else sides[::-1]:
+            sides = [("trainer", trainer_job, trainer_data), ("hand", hand_job, hand_data)]
+            for side, make, data in sides if pair % 2 == 0 else sides[::-1]:
                 run_dir = work / "runs" / f"{strategy}-{side}-p{pair}"
-                cmd, metrics = make(a, strategy, ws, cache, run_dir)
+                cmd, metrics = make(a, strategy, ws, data, run_dir)
                 status, error, wall = run_job(cmd, threads, a.timeout, None)
                 sps = None
                 if status == "ok":
@@ -97,7 +135,7 @@ def run(a: argparse.Namespace) -> Path:
                 line = {"strategy": strategy, "side": side, "pair": pair, "status": status, "error": error,
                         "samples_per_sec": sps, "wall_seconds": wall, "world_size": ws, "threads_per_rank": threads,
                         "arch": a.arch, "batch_size": a.batch_size, "steps": a.steps,
-                        "warmup": warmup_steps(a.steps), "precision": "fp32",
+                        "warmup": warmup_steps(a.steps), "precision": "fp32", "data": a.data, "workers": a.workers,
                         "command": " ".join(cmd).replace(f"{REPO}/", ""), "versions": ver, "hardware": hw}
                 with results.open("a", encoding="utf-8") as f:
                     f.write(json.dumps(line) + "\n")
@@ -135,13 +173,15 @@ def write_report(out_dir: Path) -> Path:
     first = lines[0]
     command = (out_dir / "command.txt").read_text().strip() if (out_dir / "command.txt").is_file() else "?"
     hw, ver = first["hardware"], first["versions"]
+    data = ("a docTR folder decoded at every step, " f"{first['workers']} loader workers" if first.get("data") == "folder"
+            else "pre-rendered words in memory")
     md = [f"# Trainer overhead: {first['arch']}, batch {first['batch_size']} per rank, {first['precision']}, "
-          f"{first['steps']} steps ({first['warmup']} untimed)", "",
+          f"{first['steps']} steps ({first['warmup']} untimed), {data}", "",
           f"Command: `{command}`  ",
           f"Host: {hw['cpu']} ({hw['cores']} cores), {', '.join(hw['gpus']) or 'no GPU'}; git {ver.get('git')}, "
           f"torch {ver.get('torch')}, deepspeed {ver.get('deepspeed')}, fairscale {ver.get('fairscale')}", "",
           "(a) `scale_ocr/train.py` with its defaults (`--no-eval --no-save-model`, W&B offline) against (b) "
-          "`benchmarks/hand_loop.py`, the engine's textbook loop, on the same pre-rendered words; runs alternate a/b. "
+          "`benchmarks/hand_loop.py`, the engine's textbook loop, on the same words; runs alternate a/b. "
           f"Target: median a / b >= {TARGET}.", "",
           "| strategy | world size | threads/rank | trainer samples/s | hand loop samples/s | trainer / hand (median) "
           "| min - max | pairs | meets target |",
@@ -184,6 +224,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=40, help="optimizer steps per run, the first min(5, steps/4) untimed")
     p.add_argument("--pairs", type=int, default=3, help="alternating trainer/hand-loop pairs per strategy")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--data", choices=["cache", "folder"], default="cache",
+                   help="pre-rendered words in memory, or a docTR folder of PNG files decoded at every step")
+    p.add_argument("--workers", type=int, default=0, help="loader workers per rank, both sides (--data folder)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run")
     p.add_argument("--wandb-mode", default="offline", choices=["offline", "disabled"], help="the trainer's")
     p.add_argument("--out", type=Path, default=None)
