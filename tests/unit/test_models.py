@@ -153,3 +153,33 @@ def test_activation_checkpointing_needs_a_model_that_names_its_units():
 
     with pytest.raises(UserError, match="--activation-checkpointing: mlp does not say where to checkpoint"):
         apply_activation_checkpointing(torch.nn.Sequential(torch.nn.Linear(2, 2)), "mlp")
+
+
+def test_vitstr_attention_is_multihead_attention_without_saving_slices_of_its_weight():
+    """Same parameters, names and outputs as nn.MultiheadAttention; but its projection saves the whole in_proj
+    weight for the backward, never a slice, which under ZeRO-3 would keep the gathered weight alive."""
+    from scale_ocr.models.recognition.vitstr import SelfAttention
+
+    torch.manual_seed(0)
+    mha, attn = torch.nn.MultiheadAttention(64, 4, batch_first=True), SelfAttention(64, 4)
+    attn.load_state_dict(mha.state_dict(), strict=True)
+    x = torch.randn(2, 10, 64, requires_grad=True)  # as inside a model: the backward needs the weights
+    torch.testing.assert_close(attn(x), mha(x, x, x, need_weights=False)[0])
+
+    def saved_slices(out: torch.Tensor, weight: torch.Tensor) -> int:
+        ptr, seen, stack, n = weight.untyped_storage().data_ptr(), set(), [out.grad_fn], 0
+        while stack:
+            fn = stack.pop()
+            if fn is None or fn in seen:
+                continue
+            seen.add(fn)
+            for name in dir(fn):
+                t = getattr(fn, name, None) if name.startswith("_saved_") else None
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == ptr and t.numel() < weight.numel():
+                    n += 1
+            stack += [f for f, _ in fn.next_functions]
+        return n
+
+    # Distinct query, key and value tensors (DeepSpeed's module hooks make them so): three slices of the weight.
+    assert saved_slices(mha(x, x.view_as(x), x.view_as(x), need_weights=False)[0], mha.in_proj_weight) == 3
+    assert saved_slices(attn(x), attn.in_proj_weight) == 0
