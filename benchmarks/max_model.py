@@ -27,6 +27,7 @@ setting, ÷ DDP's, predicted largest, measured ÷ predicted, samples/s at the la
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -210,18 +211,32 @@ def _records(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
 
 
-def run_search(s: Search, out: Path, wandb_mode: str = "disabled", log=print) -> Path:
-    """Every strategy and checkpointing setting of ``s``; returns results.jsonl."""
+def run_search(s: Search, out: Path, wandb_mode: str = "disabled", log=print, update: bool = False) -> Path:
+    """Every strategy and checkpointing setting of ``s``; returns results.jsonl.
+
+    ``update``: ``out`` holds a finished search with the same settings; only ``s.strategies`` x ``s.checkpointing``
+    are searched again (after a fix that concerns them), their earlier probes replaced and the others kept, and
+    search.json records the commit the update ran at.
+    """
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
-    if results.exists():
-        results.unlink()
     work = work_dir(out)
     data_args = _task(s, 1, False).benchmark_data(work, s.samples or s.batch_size * s.world_size * s.steps, log)
     if not _on_gpu():
         os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(PROBE_MMAP_THRESHOLD))  # inherited by every probe
-    header = {"search": asdict(s), "hardware": hardware(), "versions": versions(),
-              "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_")}
+    ver = versions()
+    if update:
+        header = json.loads((out / "search.json").read_text())
+        redo = {(st, ac) for st in s.strategies for ac in s.checkpointing}
+        kept = [p for p in _probes(results) if (p["strategy"], p["checkpointing"]) not in redo]
+        results.write_text("".join(json.dumps(p) + "\n" for p in kept), encoding="utf-8")
+        header.setdefault("updates", []).append({"strategies": list(s.strategies), "checkpointing": list(s.checkpointing),
+                                                 "git": ver["git"]})
+    else:
+        if results.exists():
+            results.unlink()
+        header = {"search": asdict(s), "hardware": hardware(), "versions": ver,
+                  "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_")}
     (out / "search.json").write_text(json.dumps(header, indent=2) + "\n", encoding="utf-8")
     for checkpointing in s.checkpointing:
         acts = activation_line(s, checkpointing)
@@ -331,6 +346,9 @@ def write_report(out: Path) -> Path:
              *([f"Predictions: the memory model at git {repredicted}, made again after the probes ran "
                 "(`python -m benchmarks.max_model --repredict --out DIR`); the probes themselves are unchanged."]
                if repredicted else []),
+             *[f"Re-measured at git {u['git']} (`--update --strategies {','.join(u['strategies'])} --checkpointing "
+               f"{_checkpointing_flag(u['checkpointing'])}`): those probes replace the first run's."
+               for u in header.get("updates", [])],
              "", "| strategy | act. ckpt | largest depth | parameters | ÷ DDP | predicted depth | measured ÷ predicted "
              "| samples/s | peak/rank | probes |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["checkpointing"], s["strategies"].index(r["strategy"]))):
@@ -415,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wandb-mode", default="disabled", choices=["offline", "online", "disabled"])
     p.add_argument("--repredict", action="store_true", help="run no probe: predict a finished search's sizes again "
                    "with this checkout's memory model and rewrite its report")
+    p.add_argument("--update", action="store_true", help="search only --strategies and --checkpointing of the finished "
+                   "search in --out again (after a fix that concerns them), with its other settings, keeping the rest")
     args = p.parse_args(argv)
     if args.repredict:
         if not (args.out / "results.jsonl").exists():
@@ -441,11 +461,21 @@ def main(argv: list[str] | None = None) -> int:
             or args.budget_gb <= 0:
         raise UserError("--world-size, --steps, --max-depth, --batch-size, --samples and --depths must be at least 1, "
                         "--budget-gb positive")
+    checkpointing = {"off": (False,), "on": (True,), "both": (False, True)}[args.checkpointing]
     search = Search(args.arch, args.width, strategies, args.world_size, args.budget_gb, args.batch_size, args.steps,
-                    args.precision, args.max_depth,
-                    {"off": (False,), "on": (True,), "both": (False, True)}[args.checkpointing], args.timeout, depths,
-                    args.lr, args.samples)
-    run_search(search, args.out, args.wandb_mode)
+                    args.precision, args.max_depth, checkpointing, args.timeout, depths, args.lr, args.samples)
+    if args.update:
+        if not (args.out / "search.json").exists():
+            raise UserError(f"--update: {args.out} holds no finished search (search.json); give its --out")
+        first = _search(json.loads((args.out / "search.json").read_text())["search"])
+        outside = sorted(set(strategies) - set(first.strategies))
+        if outside or not set(checkpointing) <= set(first.checkpointing):
+            raise UserError(f"--update: --strategies {args.strategies} --checkpointing {args.checkpointing} is not part "
+                            f"of the search in {args.out}; update a part of it")
+        search = dataclasses.replace(first, strategies=strategies, checkpointing=checkpointing, timeout=args.timeout)
+    run_search(search, args.out, args.wandb_mode, update=args.update)
+    if args.update and (args.out / "predictions.json").exists():
+        repredict(args.out)  # the re-measured probes need predictions from the model the others have
     print(f"max-model: report {write_report(args.out)}")
     return 0
 

@@ -85,3 +85,29 @@ def test_depths_must_be_whole_numbers(tmp_path):
 
     with pytest.raises(UserError, match="--depths"):
         main(["--depths", "12,x", "--out", str(tmp_path)])
+
+
+def test_update_searches_a_part_again_and_keeps_the_other_probes(tmp_path, monkeypatch):
+    import dataclasses
+    import json
+    import shutil
+
+    import benchmarks.max_model as mm
+    from benchmarks.scaling import work_dir
+
+    s = Search(arch="vitstr_tiny", width=64, strategies=("ddp", "zero3"), budget_gb=9.0, depths=(15,),
+               checkpointing=(False,), samples=4)
+    fits = {"ddp": "ok", "zero3": "oom"}
+    monkeypatch.setattr(mm, "run_probe", lambda s, strategy, ckpt, depth, *_: mm.Probe(
+        strategy, ckpt, depth, 10**6, fits[strategy], None, {}))
+    try:
+        mm.run_search(s, tmp_path)
+        fits["zero3"] = "ok"  # a fix that concerns zero3 only
+        mm.run_search(dataclasses.replace(s, strategies=("zero3",)), tmp_path, update=True)
+    finally:
+        shutil.rmtree(work_dir(tmp_path), ignore_errors=True)
+    probes = [json.loads(ln) for ln in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [(p["strategy"], p["status"]) for p in probes] == [("ddp", "ok"), ("zero3", "ok")]
+    header = json.loads((tmp_path / "search.json").read_text())
+    assert header["search"]["strategies"] == ["ddp", "zero3"] and header["updates"][0]["strategies"] == ["zero3"]
+    assert f"Re-measured at git {header['updates'][0]['git']}" in mm.write_report(tmp_path).read_text()
