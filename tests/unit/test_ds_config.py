@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import torch
 
 from scale_ocr.errors import UserError
 from scale_ocr.strategies.ds_config import load_ds_config, preset_path, resolve_ds_config
@@ -57,7 +58,16 @@ def test_malformed_json_names_line(tmp_path):
         load_ds_config(tmp_path / "none.json")
 
 
-def test_zero3_preset_keeps_a_bounded_part_of_the_model_gathered_from_the_second_step():
+@pytest.fixture
+def restore_linear():
+    """ZeRO-3's model construction replaces torch.nn.functional.linear for good (DeepSpeed says so); later tests in
+    this process get torch's own back."""
+    linear = torch.nn.functional.linear
+    yield
+    torch.nn.functional.linear = linear
+
+
+def test_zero3_preset_keeps_a_bounded_part_of_the_model_gathered_from_the_second_step(restore_linear):
     """DeepSpeed's stage3_max_live_parameters default (1e9) lets the prefetch run to the end of the trace, and a
     parameter prefetched for its backward is not released after its forward: from step 2 the whole model stayed
     gathered from forward to backward. The preset bounds it (a real one-rank gloo group; 25M parameters)."""
