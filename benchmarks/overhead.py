@@ -22,15 +22,12 @@ normalisation per batch).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import re
-import socket
 import statistics
 import sys
 from pathlib import Path
 
-from benchmarks.scaling import BIN, REPO, TRAIN, hardware, run_job, versions, work_dir
+from benchmarks.scaling import REPO, TRAIN, default_out, hardware, launch_command, run_job, versions, work_dir
 
 HAND = REPO / "benchmarks" / "hand_loop.py"
 STRATEGIES = ("single", "ddp", "zero2", "fsdp", "zero3", "fairscale")
@@ -39,16 +36,7 @@ TARGET = 0.98  # trainer / hand-written loop, issue 12
 
 
 def launch(strategy: str, world_size: int, script: Path, args: list[str]) -> list[str]:
-    from scale_ocr.distributed import free_port
-
-    launcher = LAUNCHERS.get(strategy, "torchrun")
-    if launcher == "python":
-        return [sys.executable, str(script), *args]
-    if launcher == "deepspeed":
-        return [str(BIN / "deepspeed"), "--num_gpus", str(world_size), "--master_port", str(free_port()),
-                str(script), *args]
-    return [str(BIN / "torchrun"), "--nproc_per_node", str(world_size), "--master_addr", "127.0.0.1",
-            "--master_port", str(free_port()), str(script), *args]
+    return launch_command(LAUNCHERS.get(strategy, "torchrun"), world_size, script, args)
 
 
 def warmup_steps(steps: int) -> int:
@@ -210,11 +198,6 @@ def write_report(out_dir: Path) -> Path:
     return report
 
 
-def default_out() -> Path:
-    host = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:40]
-    return REPO / "benchmarks" / "results" / f"overhead-{host}-{dt.date.today():%Y%m%d}"
-
-
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", default="crnn_mobilenet_v3_small")
@@ -248,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--strategies: {', '.join(unknown)} has no hand-written loop; choose from {', '.join(STRATEGIES)}")
     if a.steps < 8 or a.pairs < 1 or a.world_size < 1:
         raise UserError("--steps must be at least 8 (a few untimed), --pairs and --world-size at least 1")
-    a.out = a.out or default_out()
+    a.out = a.out or default_out("overhead")  # benchmarks/results/overhead-HOST-DATE
     run(a)
     print(f"overhead: report {write_report(a.out)}")
     return 0

@@ -144,21 +144,26 @@ def plan(suite: Suite, cores: int, gpus: int) -> list[Config]:
     return jobs
 
 
-def command(cfg: Config, suite: Suite, data_args: list[str], run_dir: Path, group: str, wandb_mode: str) -> list[str]:
+def launch_command(launcher: str, world_size: int, script: Path, args: list[str]) -> list[str]:
+    """``script args`` started by ``launcher`` (python, deepspeed or torchrun) with ``world_size`` local ranks."""
     from scale_ocr.distributed import free_port
 
+    if launcher == "python":
+        return [sys.executable, str(script), *args]
+    if launcher == "deepspeed":
+        return [str(BIN / "deepspeed"), "--num_gpus", str(world_size), "--master_port", str(free_port()),
+                str(script), *args]
+    return [str(BIN / "torchrun"), "--nproc_per_node", str(world_size), "--master_addr", "127.0.0.1",
+            "--master_port", str(free_port()), str(script), *args]
+
+
+def command(cfg: Config, suite: Suite, data_args: list[str], run_dir: Path, group: str, wandb_mode: str) -> list[str]:
     args = [cfg.model, "--strategy", cfg.strategy, "--precision", cfg.precision, "-b", str(cfg.batch_size),
             "--max-steps", str(suite.job_steps), "--epochs", "1000", *data_args, *shlex.split(dict(suite.model_args).get(cfg.model, "")), "--no-eval",
             "--profile-steps", str(suite.profile_steps),
             "--log-every", "1", "--sched", "constant", "--workers", "0", "--resume", "none", "--output-dir", str(run_dir),
             "--wandb-mode", wandb_mode, "--wandb-group", group, "--run-name", cfg.key.replace("/", "-")]
-    if cfg.launcher == "python":
-        return [sys.executable, str(TRAIN), *args]
-    if cfg.launcher == "deepspeed":
-        return [str(BIN / "deepspeed"), "--num_gpus", str(cfg.world_size), "--master_port", str(free_port()),
-                str(TRAIN), *args]
-    return [str(BIN / "torchrun"), "--nproc_per_node", str(cfg.world_size), "--master_addr", "127.0.0.1",
-            "--master_port", str(free_port()), str(TRAIN), *args]
+    return launch_command(cfg.launcher, cfg.world_size, TRAIN, args)
 
 
 def classify(returncode: int, output: str) -> tuple[str, str | None]:

@@ -43,19 +43,19 @@ class OptimizerSpec:
     def groups(self, model: nn.Module) -> list[dict[str, Any]]:
         return param_groups(model, self.kwargs.get("weight_decay", 0.0))
 
-    def options(self, params: Iterable[torch.Tensor]) -> dict[str, Any]:
-        """Constructor arguments for ``params``: ``kwargs``, plus ``fused=True`` where torch has a fused kernel for
-        them. Torch's default on CPU is a Python loop over the parameters: measured on one core, an AdamW step over
+    def options(self, groups: list[dict[str, Any]]) -> dict[str, Any]:
+        """Constructor arguments for the parameters of ``groups``: ``kwargs``, plus ``fused=True`` where torch has a
+        fused kernel for them. Torch's default on CPU is a Python loop over the parameters: measured on one core, an AdamW step over
         crnn_mobilenet_v3_small's 156 tensors took 11.9 ms that way, 11.2 ms with ``foreach`` and 3.0 ms fused."""
         kwargs = dict(self.kwargs)
         if ("fused" in inspect.signature(self.cls).parameters and not {"fused", "foreach"} & kwargs.keys()
-                and fused_supported(params)):
+                and fused_supported(p for g in groups for p in g["params"])):
             kwargs["fused"] = True
         return kwargs
 
     def build(self, model: nn.Module) -> torch.optim.Optimizer:
         groups = self.groups(model)
-        return self.cls(groups, **self.options(p for g in groups for p in g["params"]))
+        return self.cls(groups, **self.options(groups))
 
 
 def fused_supported(params: Iterable[torch.Tensor]) -> bool:

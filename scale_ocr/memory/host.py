@@ -34,10 +34,10 @@ def memory_capped() -> bool:
     return any(resource.getrlimit(r)[0] != resource.RLIM_INFINITY for r in (resource.RLIMIT_DATA, resource.RLIMIT_AS))
 
 
-def return_freed_memory(force: bool = False) -> bool:
-    """Fix glibc's mmap threshold at 1 MiB for this process when its memory is capped (or ``force``), unless
-    the user set ``MALLOC_MMAP_THRESHOLD_``; True if it was set here. A no-op (False) on other C libraries."""
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ or not (force or memory_capped()):
+def return_freed_memory() -> bool:
+    """Fix glibc's mmap threshold at 1 MiB for this process when its memory is capped, unless the user set
+    ``MALLOC_MMAP_THRESHOLD_``; True if it was set here. A no-op (False) on other C libraries."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or not memory_capped():
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

@@ -27,7 +27,7 @@ class Fairscale(Strategy):
 
         self.module = model.to(self.dist.device)
         groups = optimizer.groups(self.module)
-        self.optimizer = OSS(groups, optim=optimizer.cls, **optimizer.options(p for g in groups for p in g["params"]))
+        self.optimizer = OSS(groups, optim=optimizer.cls, **optimizer.options(groups))
         self.model = ShardedDataParallel(self.module, self.optimizer)
         scaler = None
         if self.train.precision == "fp16":
