@@ -11,6 +11,11 @@ batch), read with a plain ``DataLoader`` and ``DistributedSampler``, then forwar
 nothing else: no clipping, no schedule, no metering, no logging, no checks. DeepSpeed gets the preset JSON
 scale_ocr ships for the same name, so both sides run the same engine settings. The first ``--warmup``
 steps are not timed, like the trainer's; rank 0 writes samples/s of the rest to ``--out``.
+
+The convergence benchmark (``python -m benchmarks.convergence``) runs it as the bare textbook CRNN recipe:
+``--sched onecycle --lr 3e-3`` (torch's OneCycleLR over the run) and ``--val-folder V --eval-every N``, which
+measures exact match on V every N steps and at the end (greedy CTC decoding, each rank a share of V) and
+appends ``{"step", "time", "exact_match"}`` lines to ``--curve``.
 """
 
 from __future__ import annotations
@@ -77,6 +82,32 @@ def collate(items):
     return torch.stack(images), torch.nn.utils.rnn.pad_sequence(targets, batch_first=True), lengths
 
 
+def greedy_words(logits: torch.Tensor, chars: str) -> list[str]:
+    """Best path: argmax per frame, merge repeats, drop blanks (class 0)."""
+    words = []
+    for seq in logits.argmax(-1).tolist():
+        words.append("".join(chars[i - 1] for i, prev in zip(seq, [0, *seq[:-1]], strict=True) if i and i != prev))
+    return words
+
+
+@torch.no_grad()
+def exact_match(net: torch.nn.Module, data: Dataset, chars: str, labels: list[str], rank: int, world: int,
+                device: torch.device, norm) -> float:
+    """Share ``rank::world`` of ``data`` through ``net`` (the unwrapped model), summed over ranks."""
+    net.eval()
+    mine = list(range(rank, len(data), world))
+    correct = 0
+    for i in range(0, len(mine), 64):
+        images = torch.stack([data[j][0] for j in mine[i:i + 64]]).to(device)
+        preds = greedy_words(net(norm(images))["logits"], chars)
+        correct += sum(p == labels[j] for p, j in zip(preds, mine[i:i + 64], strict=True))
+    net.train()
+    total = torch.tensor([float(correct)], device=device)
+    if dist.is_initialized():
+        dist.all_reduce(total)
+    return float(total) / len(data)
+
+
 def ds_config(engine: str, batch: int, world: int) -> dict:
     cfg = json.loads((REPO / "ds_configs" / f"{engine}.json").read_text())
     cfg.update(train_micro_batch_size_per_gpu=batch, gradient_accumulation_steps=1, train_batch_size=batch * world,
@@ -98,9 +129,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--sched", choices=("constant", "onecycle"), default="constant",
+                   help="onecycle: torch's OneCycleLR (max_lr=--lr) over --steps")
+    p.add_argument("--val-folder", help="a docTR folder to measure exact match on (single and ddp)")
+    p.add_argument("--eval-every", type=int, default=0, help="with --val-folder: steps between measurements")
+    p.add_argument("--curve", help="with --val-folder: append one JSON line per measurement here")
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
     p.add_argument("--local_rank", type=int, default=0)  # the deepspeed launcher's
     args = p.parse_args()
+    if args.val_folder and (args.engine not in ("single", "ddp") or not args.folder or not args.curve):
+        p.error("--val-folder needs --engine single or ddp, --folder and --curve")
 
     from scale_ocr.models import create_model
 
@@ -116,16 +155,20 @@ def main() -> None:
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
     size = tuple(int(v) for v in args.input_size.split("x"))
+    mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1)
     if args.folder:
         data = FolderWords(args.folder, args.chars, size)
-        mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1)
-        std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1)
+        norm = lambda x: (x - mean) / std  # noqa: E731 - docTR's batch_transforms
     else:
         data = CachedWords(args.data_cache)
         size = tuple(data.images.shape[2:])
-    torch.manual_seed(0)
+        norm = lambda x: x  # noqa: E731 - cached words are normalised already
+    val = FolderWords(args.val_folder, args.chars, size) if args.val_folder else None
+    val_labels = [word for _, word in val.items] if val else []
+    torch.manual_seed(args.seed)
     model = create_model(args.arch, num_classes=len(data.index) + 1, input_size=size).to(device)
-    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True)
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True, collate_fn=collate,
                         num_workers=args.workers, persistent_workers=args.workers > 0, pin_memory=cuda)
 
@@ -152,6 +195,15 @@ def main() -> None:
                     fully_shard(block)
             fully_shard(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    sched = (torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=args.steps)
+             if args.sched == "onecycle" else None)
+
+    def measure() -> None:
+        net = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+        em = exact_match(net, val, args.chars, val_labels, rank, world, device, norm)
+        if rank == 0:
+            with open(args.curve, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": step, "time": round(time.time(), 3), "exact_match": em}) + "\n")
 
     model.train()
     step, epoch, t0 = 0, 0, None
@@ -159,8 +211,7 @@ def main() -> None:
         sampler.set_epoch(epoch)
         for images, targets, lengths in loader:
             images, targets, lengths = images.to(device), targets.to(device), lengths.to(device)
-            if args.folder:
-                images = (images - mean) / std  # docTR's batch_transforms
+            images = norm(images)
             loss = model(images, targets, lengths)["loss"]
             if args.engine.startswith("zero"):
                 model.backward(loss)
@@ -170,7 +221,11 @@ def main() -> None:
                 optimizer.step()
                 # fairscale's buckets hold the gradients: its tutorial clears them through the model
                 (model if args.engine == "fairscale" else optimizer).zero_grad()
+            if sched is not None:
+                sched.step()
             step += 1
+            if val is not None and (step == args.steps or (args.eval_every and step % args.eval_every == 0)):
+                measure()
             if step == args.warmup:
                 if cuda:
                     torch.cuda.synchronize()

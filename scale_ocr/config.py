@@ -184,6 +184,8 @@ class TrainConfig:
     log_every: int = opt(10, "log training metrics every N optimizer steps")
     eval: bool = opt(True, "validate at the end of each epoch (benchmarks turn it off to time training alone)",
                      action=argparse.BooleanOptionalAction)
+    eval_every: int = opt(0, "also validate every N optimizer steps within an epoch (val/* metrics at that step, as "
+                          "Lightning's val_check_interval; 0: only at each epoch's end); not timed as training")
     max_bad_steps: int = opt(5, "stop after this many consecutive steps whose loss or gradient was NaN/inf (each such "
                              "step is skipped on every rank; the last good checkpoint is kept)")
     save_model: bool = opt(True, "write last_model.pt (and best_model.pt) at each epoch's end; the whole model is "
@@ -212,6 +214,8 @@ class TrainConfig:
             raise UserError(f"--max-bad-steps {self.max_bad_steps}: use at least 1")
         if self.profile_steps < 0:
             raise UserError(f"--profile-steps {self.profile_steps}: use 0 (off) or more")
+        if self.eval_every < 0:
+            raise UserError(f"--eval-every {self.eval_every}: use 0 (each epoch's end only) or a number of steps")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,12 +7,18 @@ host shares: a job waits about a minute on a compiler the first time, and again 
 torch rebuilt the op there. Every scale_ocr entry point calls :func:`use_environment_extensions`, which points
 an unset ``TORCH_EXTENSIONS_DIR`` at the active venv's own ``torch_extensions`` folder, and ``make install``
 (``python -m scale_ocr.extensions``) builds the ops there, so no job compiles anything.
+
+torch runs whichever ``ninja`` comes first on ``PATH``. Two ninjas with different build-log formats (a
+system 1.11 and the venv's 1.13 that DeepSpeed depends on) each discard the other's log and rebuild every
+op from scratch (async_io: 5 minutes on 2 cores), so the environment's own ``bin`` goes first on ``PATH``,
+as activating the venv would do, and every build and every job uses the same ninja.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 from pathlib import Path
 
 from scale_ocr.errors import first_line
@@ -35,6 +41,10 @@ def use_environment_extensions() -> None:
     folder = environment_extensions_dir()
     if folder is not None:
         os.environ.setdefault(VARIABLE, str(folder))
+    scripts = Path(sysconfig.get_path("scripts"))
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    if (scripts / "ninja").is_file() and (not path or path[0] != str(scripts)):
+        os.environ["PATH"] = os.pathsep.join([str(scripts), *(p for p in path if p != str(scripts))])
 
 
 def build_ops() -> list[str]:

@@ -31,6 +31,7 @@ from scale_ocr.precision import autocast_factory, emulates_gemm, gemm_factory
 from scale_ocr.profiling import StepProfiler
 from scale_ocr.strategies import Strategy
 from scale_ocr.tasks import Task
+from scale_ocr.tasks.base import EvalResult
 from scale_ocr.watchdog import Watchdog
 
 EXIT_DIVERGED = 4  # --max-bad-steps consecutive non-finite steps
@@ -258,6 +259,12 @@ class Trainer:
                 window.start += self._now() - t0  # checkpoint I/O is not step time
             if agreed.stop:
                 self._preempted()
+            if (self.cfg.eval and self.cfg.eval_every and self.state.step % self.cfg.eval_every == 0
+                    and self.state.epoch_step < self.steps_per_epoch and self.state.step < self.total_steps):
+                self._stop_timing()  # validation is not step time; end_epoch validates the epoch's last step
+                t0 = self._now()
+                self.validate()
+                window.start += self._now() - t0
             self._start_timing()
 
     @staticmethod
@@ -336,6 +343,16 @@ class Trainer:
         if self.watchdog is not None:
             self.watchdog.printed()
 
+    def validate(self) -> EvalResult:
+        """Evaluate on the validation set on every rank and log ``val/*`` at this step."""
+        self.strategy.sync_buffers()  # every rank evaluates the model rank 0 holds
+        result = self.task.evaluate(self.model, self.data.val_loader, self.device, self.autocast)
+        self.state.last_eval = result.metrics
+        self.logger.log({f"val/{k}": v for k, v in result.metrics.items()} | {"epoch": self.state.epoch},
+                        self.state.step)
+        self.logger.log_examples(result.examples, self.state.step)
+        return result
+
     def end_epoch(self) -> None:
         self.data.train_sampler.skip_global(0)
         if not self.cfg.eval:
@@ -343,12 +360,7 @@ class Trainer:
             if state is not None:
                 _save(state, self.run_dir / "last_model.pt")
             return
-        self.strategy.sync_buffers()  # every rank evaluates the model rank 0 holds
-        result = self.task.evaluate(self.model, self.data.val_loader, self.device, self.autocast)
-        self.state.last_eval = result.metrics
-        self.logger.log({f"val/{k}": v for k, v in result.metrics.items()} | {"epoch": self.state.epoch},
-                        self.state.step)
-        self.logger.log_examples(result.examples, self.state.step)
+        result = self.validate()
         state = self.strategy.full_state_dict() if self.cfg.save_model else None  # collective: every rank
         score = self.task.score(result.metrics)
         # A NaN validation loss (diverged weights) is never "best".

@@ -105,14 +105,14 @@ CKPT_BASE = ["--train-samples", "64", "--val-samples", "16", "-b", "4", "--log-e
 
 @pytest.fixture(scope="session")
 def saved(tmp_path_factory):
-    """``saved(strategy)``: the step-4 checkpoint of a 2-rank run under that strategy, trained once per session
-    (the resume matrix and the export test share them)."""
+    """``saved(strategy)``: the step-4 checkpoint of a 2-rank run of 6 steps under that strategy, trained once per
+    session (the resume matrix, whose reference curve is ddp's run, and the export test share them)."""
     cache: dict[str, Path] = {}
 
     def get(strategy: str) -> Path:
         if strategy not in cache:
             run_dir = tmp_path_factory.mktemp(f"saved_{strategy}")
-            proc = torchrun_train(["--strategy", strategy, *CKPT_BASE, "--max-steps", "4", "--save-every", "4",
+            proc = torchrun_train(["--strategy", strategy, *CKPT_BASE, "--save-every", "4",
                                    "--output-dir", str(run_dir)])
             assert proc.returncode == 0, proc.stderr[-3000:]
             cache[strategy] = run_dir / "checkpoints" / "step_00000004"

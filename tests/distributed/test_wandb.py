@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import TINY, _env, python_train, read_jsonl, read_metrics, run_cmd, torchrun_train
@@ -20,36 +21,6 @@ def _wandb_env(**extra) -> dict[str, str]:
     env["MY_SERVICE_TOKEN"] = SECRET
     env.update(extra)
     return env
-
-
-@pytest.mark.slow
-def test_two_rank_offline_run_reads_back(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = torchrun_train(["--strategy", "ddp", *TINY, "--output-dir", str(run_dir), "--wandb-group", "g1",
-                           "--wandb-tags", "ci", "cpu"], env=_wandb_env(HOME=str(tmp_path)))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    runs = list((run_dir / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1, runs  # one run per job, not one per rank
-    run = read_offline_run(runs[0])
-    assert run.project == "scale-ocr" and run.group == "g1"
-    assert run.run_id == (run_dir / "wandb_run_id").read_text().strip()
-    cfg = run.config
-    for key in ("model", "data", "optim", "train", "strategy", "world_size", "global_batch", "launcher",
-                "backend", "devices", "versions", "ds_config", "dataset"):
-        assert key in cfg, key
-    assert cfg["world_size"] == 2 and cfg["strategy"]["strategy"] == "ddp" and len(cfg["devices"]) == 2
-    assert cfg["versions"]["torch"] and cfg["launcher"] == "torchrun"
-    steps = [h for h in run.history if "train/loss" in h]
-    assert steps and {"train/lr", "train/grad_norm", "train/samples_per_sec", "train/step_time",
-                      "memory/peak_bytes_max", "memory/peak_bytes_mean"} <= set(steps[0])
-    assert any("val/exact_match" in h for h in run.history)
-    summary = read_metrics(run_dir)
-    for key in ("strategy", "world_size", "steps", "exact_match", "cer", "samples_per_sec", "peak_memory_bytes"):
-        assert run.summary[key] == pytest.approx(summary[key]) if isinstance(summary[key], float) \
-            else run.summary[key] == summary[key]
-    # Secrets in the environment reach neither the run nor our files.
-    for f in [*runs[0].glob("*.wandb"), run_dir / "config.json", run_dir / "metrics.jsonl"]:
-        assert SECRET.encode() not in f.read_bytes(), f
 
 
 @pytest.mark.slow
@@ -90,15 +61,43 @@ def test_unreachable_server_in_online_mode_falls_back_offline(tmp_path):
     assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 6
 
 
+def _check_offline_run(run_dir: Path) -> str:
+    """The job's one offline run, read back: project, group, config, history, summary, no secrets; its id."""
+    runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, runs  # one run per job, not one per rank
+    run = read_offline_run(runs[0])
+    assert run.project == "scale-ocr" and run.group == "g1"
+    assert run.run_id == (run_dir / "wandb_run_id").read_text().strip()
+    cfg = run.config
+    for key in ("model", "data", "optim", "train", "strategy", "world_size", "global_batch", "launcher",
+                "backend", "devices", "versions", "ds_config", "dataset"):
+        assert key in cfg, key
+    assert cfg["world_size"] == 2 and cfg["strategy"]["strategy"] == "ddp" and len(cfg["devices"]) == 2
+    assert cfg["versions"]["torch"] and cfg["launcher"] == "torchrun" and cfg["train"]["max_steps"] == 4
+    steps = [h for h in run.history if "train/loss" in h]
+    assert steps and {"train/lr", "train/grad_norm", "train/samples_per_sec", "train/step_time",
+                      "memory/peak_bytes_max", "memory/peak_bytes_mean"} <= set(steps[0])
+    assert any("val/exact_match" in h for h in run.history)
+    summary = read_metrics(run_dir)
+    for key in ("strategy", "world_size", "steps", "exact_match", "cer", "samples_per_sec", "peak_memory_bytes"):
+        assert run.summary[key] == pytest.approx(summary[key]) if isinstance(summary[key], float) \
+            else run.summary[key] == summary[key]
+    # Secrets in the environment reach neither the run nor our files.
+    for f in [*runs[0].glob("*.wandb"), run_dir / "config.json", run_dir / "metrics.jsonl"]:
+        assert SECRET.encode() not in f.read_bytes(), f
+    return run.run_id
+
+
 @pytest.mark.slow
-def test_resumed_run_appends_to_the_same_wandb_run(tmp_path):
+def test_two_rank_offline_run_reads_back_and_a_resumed_job_appends_to_it(tmp_path):
     run_dir = tmp_path / "run"
     base = ["--strategy", "ddp", "--train-samples", "64", "--val-samples", "16", "-b", "4", "--log-every", "2",
-            "--max-chars", "5", "--epochs", "2", "--save-every", "4", "--output-dir", str(run_dir)]
+            "--max-chars", "5", "--epochs", "2", "--save-every", "4", "--output-dir", str(run_dir),
+            "--wandb-group", "g1", "--wandb-tags", "ci", "cpu"]
     env = _wandb_env(HOME=str(tmp_path))
     first = torchrun_train([*base, "--max-steps", "4"], env=env)
     assert first.returncode == 0, first.stderr[-3000:]
-    run_id = (run_dir / "wandb_run_id").read_text().strip()
+    run_id = _check_offline_run(run_dir)
     second = torchrun_train([*base, "--max-steps", "8", "--resume", "auto"], env=env)
     assert second.returncode == 0, second.stderr[-3000:]
     assert (run_dir / "wandb_run_id").read_text().strip() == run_id

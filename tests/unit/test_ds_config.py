@@ -120,3 +120,21 @@ def test_deepspeed_ops_are_found_in_the_environment_unless_the_user_chose_a_fold
     monkeypatch.setattr(sys, "base_prefix", str(tmp_path))  # no venv: torch's own default
     extensions.use_environment_extensions()
     assert "TORCH_EXTENSIONS_DIR" not in os.environ
+
+
+def test_every_op_build_uses_the_environments_ninja(monkeypatch, tmp_path):
+    """torch runs the first `ninja` on PATH; a system ninja and the venv's write incompatible build logs and
+    each rebuilds every op the other built, so the environment's bin directory goes first."""
+    import os
+    import sysconfig
+
+    from scale_ocr import extensions
+
+    scripts = tmp_path / "bin"
+    scripts.mkdir()
+    (scripts / "ninja").write_text("")
+    monkeypatch.setattr(sysconfig, "get_path", lambda name: str(scripts))
+    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", str(scripts), "/bin"]))
+    extensions.use_environment_extensions()
+    extensions.use_environment_extensions()
+    assert os.environ["PATH"].split(os.pathsep) == [str(scripts), "/usr/bin", "/bin"]

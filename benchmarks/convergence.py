@@ -1,0 +1,243 @@
+"""How fast scale_ocr's default recipe learns, against the bare textbook CRNN loop on the same data.
+
+    python -m benchmarks.convergence --out benchmarks/results/convergence-HOST-DATE
+    python -m benchmarks.convergence --sets real --recipes defaults ...    # a part
+    python -m benchmarks.convergence --report DIR                         # rebuild report.md and the plot
+
+Two word sets, each a docTR recognition folder pair (train, val) written once under benchmarks/.work:
+``synthetic``, the words scale_ocr trains on when given no data (its renderer, seeds and sizes), and ``real``,
+a small set of "real-looking" crops (:mod:`benchmarks.real_words`: other fonts, paper, ink and capture
+damage than anything else here renders). On each, the same model (crnn_mobilenet_v3_small), global batch
+and epochs are trained by two recipes through torchrun:
+
+* ``defaults``: ``scale_ocr/train.py`` with nothing but the data, the epochs and ``--eval-every``: its own
+  learning rate, schedule, warm-up, augmentation, clipping and weight decay;
+* ``bare``: :mod:`benchmarks.hand_loop`, DDP with no augmentation, AdamW at 3e-3 and torch's OneCycleLR.
+
+Both measure exact match on the set's validation folder every ``--eval-every`` steps and at the end. The
+report gives the steps and wall-clock seconds (from the launch, start-up and evaluation included on both
+sides) to reach 50 / 80 / 90 %, and the final and best exact match.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.overhead import write_folder
+from benchmarks.scaling import REPO, TRAIN, default_out, hardware, launch_command, run_job, versions, work_dir
+
+HAND = REPO / "benchmarks" / "hand_loop.py"
+ARCH = "crnn_mobilenet_v3_small"
+SETS = ("synthetic", "real")
+RECIPES = ("defaults", "bare")
+THRESHOLDS = (0.5, 0.8, 0.9)
+BARE = ["--lr", "3e-3", "--sched", "onecycle"]  # the textbook recipe: no augmentation, OneCycle, AdamW 3e-3
+
+
+def folders(a: argparse.Namespace, name: str, work: Path, chars: str) -> tuple[Path, Path]:
+    """The set's (train, val) folders, written once."""
+    from scale_ocr.data.loader import VAL_SEED_OFFSET
+
+    if name == "synthetic":  # the trainer's own synthetic words: seed 0, validation at its offset
+        return (write_folder(work / f"synthetic-train-{a.synthetic_train}", a.synthetic_train, chars, 0),
+                write_folder(work / f"synthetic-val-{a.synthetic_val}", a.synthetic_val, chars, VAL_SEED_OFFSET))
+    from benchmarks import real_words
+
+    root = work / f"real-{a.real_train}-{a.real_val}"
+    return real_words.write(root / "train", a.real_train, 2026), real_words.write(root / "val", a.real_val, 2027)
+
+
+def epochs_for(a: argparse.Namespace, name: str) -> int:
+    return a.synthetic_epochs if name == "synthetic" else a.real_epochs
+
+
+def job(a: argparse.Namespace, recipe: str, train: Path, val: Path, epochs: int, steps: int, run_dir: Path,
+        chars: str) -> tuple[list[str], Path]:
+    """The launch command of one recipe and the file its curve is read from."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if recipe == "defaults":
+        args = [ARCH, "--strategy", "ddp", "--train-path", str(train), "--val-path", str(val), "-b", str(a.batch_size),
+                "--epochs", str(epochs), "--eval-every", str(a.eval_every), "--resume", "none",
+                "--output-dir", str(run_dir), "--run-name", run_dir.name, "--wandb-mode", a.wandb_mode]
+        return launch_command("torchrun", a.world_size, TRAIN, args), run_dir / "metrics.jsonl"
+    curve = run_dir / "curve.jsonl"
+    curve.unlink(missing_ok=True)
+    args = ["--engine", "ddp", "--arch", ARCH, "--folder", str(train), "--chars", chars, "--val-folder", str(val),
+            "-b", str(a.batch_size), "--steps", str(steps), "--warmup", "0", *BARE, "--eval-every", str(a.eval_every),
+            "--curve", str(curve), "--out", str(run_dir / "hand.json")]
+    return launch_command("torchrun", a.world_size, HAND, args), curve
+
+
+def read_curve(path: Path, t0: float) -> list[dict[str, float]]:
+    """``[{step, seconds, exact_match}]`` from the trainer's metrics.jsonl or the hand loop's curve."""
+    points = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        r = json.loads(line)
+        em = r.get("val/exact_match", r.get("exact_match"))
+        if em is not None:
+            points.append({"step": r["step"], "seconds": round(r["time"] - t0, 1), "exact_match": em})
+    return points
+
+
+def reached(curve: list[dict[str, float]], threshold: float) -> dict[str, float] | None:
+    return next((p for p in curve if p["exact_match"] >= threshold), None)
+
+
+def run(a: argparse.Namespace) -> None:
+    from scale_ocr.config import ModelConfig
+    from scale_ocr.tasks import create_task
+
+    out_dir: Path = a.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = work_dir(out_dir)
+    chars = create_task(ModelConfig(arch=ARCH)).vocab.chars
+    hw, ver = hardware(), versions()
+    results = out_dir / "results.jsonl"
+    keep = [r for r in load(out_dir) if (r["set"], r["recipe"]) not in {(s, c) for s in a.sets for c in a.recipes}]
+    results.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
+    threads = max(1, (hw["cores"] or 1) // a.world_size)
+    for name in a.sets:
+        train, val = folders(a, name, work, chars)
+        n_train = len(json.loads((train / "labels.json").read_text(encoding="utf-8")))
+        epochs = epochs_for(a, name)
+        steps = epochs * (n_train // (a.batch_size * a.world_size))
+        for recipe in a.recipes:
+            run_dir = work / "runs" / f"{name}-{recipe}"
+            cmd, curve_file = job(a, recipe, train, val, epochs, steps, run_dir, chars)
+            t0 = time.time()
+            status, error, wall = run_job(cmd, threads, a.timeout, None)
+            curve = read_curve(curve_file, t0) if curve_file.is_file() else []
+            if status == "ok" and (not curve or curve[-1]["step"] != steps):
+                status, error = "failed", f"the curve ends at step {curve[-1]['step'] if curve else None}, not {steps}"
+            line = {"set": name, "recipe": recipe, "status": status, "error": error, "wall_seconds": round(wall, 1),
+                    "epochs": epochs, "steps": steps, "train_words": n_train, "val_words": a.real_val
+                    if name == "real" else a.synthetic_val, "world_size": a.world_size, "threads_per_rank": threads,
+                    "batch_size": a.batch_size, "eval_every": a.eval_every, "arch": ARCH, "curve": curve,
+                    "command": " ".join(cmd).replace(f"{REPO}/", ""), "versions": ver, "hardware": hw}
+            with results.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(line) + "\n")
+            final = f"{curve[-1]['exact_match']:.3f}" if curve else "-"
+            print(f"convergence {name} {recipe}: {status} final exact match {final} [{wall:.0f} s]"
+                  + (f" ({error})" if error else ""), flush=True)
+    (out_dir / "command.txt").write_text(" ".join(["python -m benchmarks.convergence", *sys.argv[1:]]) + "\n")
+
+
+def load(out_dir: Path) -> list[dict[str, Any]]:
+    path = out_dir / "results.jsonl"
+    return [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
+
+
+def _cell(p: dict[str, float] | None) -> str:
+    return f"{p['step']} ({p['seconds']:.0f} s)" if p else "not reached"
+
+
+def verdicts(rows: list[dict[str, Any]]) -> list[str]:
+    """Issue 12's acceptance 3, line by line, where both recipes ran."""
+    by = {(r["set"], r["recipe"]): r for r in rows if r["status"] == "ok"}
+    lines = []
+    if ("synthetic", "defaults") in by and ("synthetic", "bare") in by:
+        d, b = (reached(by[("synthetic", k)]["curve"], 0.9) for k in RECIPES)
+        ok = d is not None and (b is None or d["step"] <= b["step"])
+        lines.append(f"- synthetic: defaults reach 90% at step {d['step'] if d else '-'}, the bare loop at "
+                     f"{b['step'] if b else '-'}: {'PASS' if ok else 'FAIL'} (no more steps than the bare loop)")
+    if ("real", "defaults") in by and ("real", "bare") in by:
+        d, b = (by[("real", k)]["curve"][-1]["exact_match"] for k in RECIPES)
+        lines.append(f"- real-looking: after {by[('real', 'defaults')]['epochs']} epochs, defaults {d:.3f} vs bare "
+                     f"{b:.3f}: {'PASS' if d >= b else 'FAIL'} (at least the bare loop's accuracy)")
+    return lines
+
+
+def plot(rows: list[dict[str, Any]], out_dir: Path) -> str | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = [s for s in SETS if any(r["set"] == s and r["curve"] for r in rows)]
+    if not sets:
+        return None
+    fig, axes = plt.subplots(1, len(sets), figsize=(6 * len(sets), 4), squeeze=False)
+    for ax, name in zip(axes[0], sets, strict=True):
+        for r in rows:
+            if r["set"] == name and r["curve"]:
+                ax.plot([p["step"] for p in r["curve"]], [p["exact_match"] for p in r["curve"]], marker=".",
+                        label=r["recipe"])
+        for t in THRESHOLDS:
+            ax.axhline(t, color="grey", lw=0.5, ls=":")
+        ax.set(title=f"{name} words", xlabel="optimizer step", ylabel="validation exact match", ylim=(0, 1))
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "curves.png", dpi=110)
+    plt.close(fig)
+    return "curves.png"
+
+
+def build_report(out_dir: Path) -> Path:
+    rows = load(out_dir)
+    command = (out_dir / "command.txt").read_text().strip() if (out_dir / "command.txt").is_file() else "?"
+    lines = ["# Convergence: scale_ocr's defaults vs the bare textbook loop", "", f"Command: `{command}`", ""]
+    if rows:
+        r0 = rows[0]
+        lines += [f"{r0['arch']}, DDP on {r0['world_size']} ranks x {r0['threads_per_rank']} thread(s), batch "
+                  f"{r0['batch_size']} per rank, exact match on the validation folder every {r0['eval_every']} steps; "
+                  f"seconds from the launch. Bare loop: {' '.join(BARE)}, AdamW, no augmentation. "
+                  f"{r0['hardware'].get('cpu')}, git {r0['versions'].get('git')}.", ""]
+    lines += ["| set | recipe | epochs (steps) | 50% | 80% | 90% | final | best | wall |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c = r["curve"]
+        cells = [_cell(reached(c, t)) for t in THRESHOLDS] if c else ["-"] * 3
+        final = f"{c[-1]['exact_match']:.3f}" if c else r["status"]
+        best = f"{max(p['exact_match'] for p in c):.3f}" if c else "-"
+        lines.append(f"| {r['set']} ({r['train_words']} words) | {r['recipe']} | {r['epochs']} ({r['steps']}) | "
+                     + " | ".join(cells) + f" | {final} | {best} | {r['wall_seconds']:.0f} s |")
+    lines += ["", *verdicts(rows)]
+    image = plot(rows, out_dir)
+    if image:
+        lines += ["", f"![exact match by step]({image})"]
+    report = out_dir / "report.md"
+    report.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return report
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.convergence", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--report", type=Path, help="rebuild DIR/report.md from DIR/results.jsonl and stop")
+    p.add_argument("--sets", default=",".join(SETS))
+    p.add_argument("--recipes", default=",".join(RECIPES))
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("-b", "--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--eval-every", type=int, default=64)
+    p.add_argument("--synthetic-train", type=int, default=32768, help="the trainer's default --train-samples")
+    p.add_argument("--synthetic-val", type=int, default=512)
+    p.add_argument("--synthetic-epochs", type=int, default=3)
+    p.add_argument("--real-train", type=int, default=4096)
+    p.add_argument("--real-val", type=int, default=512)
+    p.add_argument("--real-epochs", type=int, default=12)
+    p.add_argument("--wandb-mode", default="offline", choices=("offline", "disabled"))
+    p.add_argument("--timeout", type=int, default=7200, help="seconds per training job")
+    a = p.parse_args(argv)
+    a.sets, a.recipes = a.sets.split(","), a.recipes.split(",")
+    for bad in [s for s in a.sets if s not in SETS] + [r for r in a.recipes if r not in RECIPES]:
+        p.error(f"unknown set or recipe {bad!r}: sets {', '.join(SETS)}; recipes {', '.join(RECIPES)}")
+    a.out = a.out or default_out("convergence")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    if a.report:
+        print(build_report(a.report))
+        return 0
+    run(a)
+    print(build_report(a.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
