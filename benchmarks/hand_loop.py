@@ -206,7 +206,8 @@ def main() -> None:
                 f.write(json.dumps({"step": step, "time": round(time.time(), 3), "exact_match": em}) + "\n")
 
     model.train()
-    step, epoch, t0 = 0, 0, None
+    step, epoch = 0, 0
+    t0 = time.perf_counter() if args.warmup == 0 else None
     while step < args.steps:
         sampler.set_epoch(epoch)
         for images, targets, lengths in loader:
