@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu_check.sh OUT_DIR [--wheels DIR] [--steps N]
 #
 # Budget: under 10 minutes on one GPU (each run is ~40 steps of crnn_mobilenet_v3_small; the benchmark,
-# 5 short vitstr_small jobs, is capped at 4 minutes; the trainer-overhead pairs at 3.5).
+# 5 short vitstr_small jobs, is capped at 4 minutes; the trainer-overhead pairs at 3.5, the convergence
+# check at 3.3).
 set -uo pipefail
 
 OUT_DIR=${1:?usage: gpu_check.sh OUT_DIR [--wheels DIR] [--steps N]}
@@ -82,4 +83,16 @@ rc=$?
 grep "^overhead \[" "$OUT_DIR/overhead.log"; grep "^| " "$OUT_DIR/overhead/report.md" 2>/dev/null | head -n 6
 echo "rc=$rc seconds=$(( $(date +%s) - start ))"
 [[ $rc -eq 0 ]] || { status=1; tail -n 30 "$OUT_DIR/overhead.log"; }
+
+# Learning speed on the GPU: the default recipe against the bare textbook loop on 8192 synthetic words
+# (benchmarks/convergence.py), two epochs each, exact match every 32 steps.
+echo "=== convergence"
+start=$(date +%s)
+timeout 200 $PY -m benchmarks.convergence --sets synthetic --world-size 1 -b 64 -j 4 --synthetic-train 8192 \
+    --synthetic-val 256 --synthetic-epochs 2 --eval-every 32 --wandb-mode disabled --timeout 90 \
+    --out "$OUT_DIR/convergence" > "$OUT_DIR/convergence.log" 2>&1
+rc=$?
+grep "^convergence " "$OUT_DIR/convergence.log"; grep "^| " "$OUT_DIR/convergence/report.md" 2>/dev/null
+echo "rc=$rc seconds=$(( $(date +%s) - start ))"
+[[ $rc -eq 0 ]] || { status=1; tail -n 30 "$OUT_DIR/convergence.log"; }
 exit $status

@@ -42,10 +42,12 @@ def _models(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="scale-ocr models", description="List the registered models.")
     parser.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'vitstr_*'")
-    parser.add_argument("--params", action="store_true", help="also each model's task and parameter count at its "
-                        "default input size and vocabulary (built on the meta device: no memory, no time)")
+    parser.add_argument("--params", action="store_true", help="also each model's task, parameter count at its "
+                        "default input size and vocabulary (built on the meta device: no memory, no time) and the "
+                        "learning rate --lr defaults to")
     args = parser.parse_args(argv)
     from scale_ocr.models import list_models
+    from scale_ocr.models.registry import recommended_lr
 
     for name in list_models(args.pattern):
         if not args.params:
@@ -54,7 +56,7 @@ def _models(argv: list[str]) -> int:
         task = create_task(ModelConfig(arch=name))
         with torch.device("meta"):
             params = sum(p.numel() for p in task.build_model().parameters())
-        print(f"{name:<28} {task.name:<12} {params / 1e6:>9.2f}M")
+        print(f"{name:<28} {task.name:<12} {params / 1e6:>9.2f}M  lr {recommended_lr(name):g}")
     return 0
 
 

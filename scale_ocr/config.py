@@ -155,18 +155,27 @@ class DataConfig:
             raise UserError("--data-cache replaces --train-path/--val-path; give one or the other")
 
 
+DEFAULT_LR = 1e-3  # AdamW's peak rate for a model whose builder recommends none (models.registry.recommended_lr)
+
+
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig:
     optim: str = opt("adamw", "optimizer", choices=OPTIMIZERS)
-    lr: float = opt(1e-3, "peak learning rate")
+    lr: float | None = opt(None, "peak learning rate (default: the model's recommended rate, `scale-ocr models` "
+                           "lists it: 3e-3 for the MobileNet CRNNs, 1e-3 for the rest)")
     wd: float = opt(1e-2, "weight decay (not applied to biases and norm layers)", aliases=("--weight-decay",))
     sched: str = opt("cosine", "learning-rate schedule, stepped once per optimizer step", choices=SCHEDULES)
     warmup_steps: int | None = opt(None, "linear warm-up steps (default: 5%% of the run for cosine, 0 otherwise)")
     clip_grad: float = opt(5.0, "clip the global gradient norm to this value; 0 disables clipping")
 
+    @property
+    def peak_lr(self) -> float:
+        """``lr``; unset only outside a RunConfig (which fills in the model's rate): the general default."""
+        return self.lr if self.lr is not None else DEFAULT_LR
+
     def __post_init__(self) -> None:
         _require_finite(self, "lr", "wd", "clip_grad")  # NaN passes every comparison below
-        if self.lr <= 0:
+        if self.lr is not None and self.lr <= 0:
             raise UserError(f"--lr {self.lr}: the learning rate must be positive")
         if self.clip_grad < 0:
             raise UserError(f"--clip-grad {self.clip_grad}: use 0 to disable clipping, or a positive norm")
@@ -315,6 +324,10 @@ class RunConfig:
         if self.data.train_samples is None or self.data.val_samples is None:
             object.__setattr__(self, "data", dataclasses.replace(
                 self.data, train_samples=self.data.train_samples or train, val_samples=self.data.val_samples or val))
+        if self.optim.lr is None:  # the model's recommended peak rate (its builder's default_lr)
+            from scale_ocr.models.registry import recommended_lr
+
+            object.__setattr__(self, "optim", dataclasses.replace(self.optim, lr=recommended_lr(self.model.arch)))
         task.check_config(self)  # e.g. synthetic words that CTC cannot align
 
     def to_dict(self) -> dict[str, Any]:

@@ -72,7 +72,7 @@ def fused_supported(params: Iterable[torch.Tensor]) -> bool:
 
 def build_optimizer_spec(cfg: OptimConfig) -> OptimizerSpec:
     """The optimizer named by ``cfg.optim`` with the run's learning rate and weight decay (fused where supported)."""
-    return OptimizerSpec(_OPTIMIZERS[cfg.optim], {"lr": cfg.lr, "betas": (0.9, 0.999), "weight_decay": cfg.wd})
+    return OptimizerSpec(_OPTIMIZERS[cfg.optim], {"lr": cfg.peak_lr, "betas": (0.9, 0.999), "weight_decay": cfg.wd})
 
 
 def lr_factor(sched: str, total_steps: int, warmup_steps: int) -> Callable[[int], float]:

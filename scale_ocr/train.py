@@ -64,7 +64,7 @@ def train(cfg: RunConfig, dist: DistInfo, strategy, task: Task, checkpoints: Che
     data = task.build_data(cfg.data, cfg.train.batch_size, cfg.train.seed, dist)
     wrapped, optimizer = strategy.setup(model, build_optimizer_spec(cfg.optim))
     total = plan_steps(len(data.train_loader) // cfg.train.grad_accum, cfg.train.epochs, cfg.train.max_steps)
-    schedule = LRSchedule(optimizer, cfg.optim.lr, lr_factor(cfg.optim.sched, total, default_warmup(cfg.optim, total)))
+    schedule = LRSchedule(optimizer, cfg.optim.peak_lr, lr_factor(cfg.optim.sched, total, default_warmup(cfg.optim, total)))
     run_dir = checkpoints.dir.parent
     meta = checkpoints.load(resume_from, strategy, cfg.train.seed) if resume_from else None
     own = meta is not None and resume_from.resolve().is_relative_to(run_dir.resolve())  # trim its metrics.jsonl

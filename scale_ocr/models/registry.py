@@ -34,6 +34,14 @@ def builder(name: str) -> Callable[..., nn.Module]:
     return _MODELS[name]
 
 
+def recommended_lr(name: str) -> float:
+    """The peak learning rate ``--lr`` defaults to for ``name``: its builder's ``default_lr`` (a rate measured to
+    learn fastest with the default recipe and batch), else ``DEFAULT_LR``."""
+    from scale_ocr.config import DEFAULT_LR
+
+    return float(getattr(builder(name), "default_lr", DEFAULT_LR))
+
+
 def create_model(name: str, **kwargs) -> nn.Module:
     """Build a registered model with random weights (nothing is downloaded)."""
     return builder(name)(**kwargs)

@@ -53,7 +53,7 @@ class DeepSpeed(Strategy):
         self.ds_config = resolve_ds_config(
             self.raw_config, source=self.source, micro_batch=self.train.batch_size,
             grad_accum=self.train.grad_accum, world_size=self.world_size, clip_grad=self.optim.clip_grad,
-            precision=self.train.precision, lr=self.optim.lr, weight_decay=self.optim.wd,
+            precision=self.train.precision, lr=self.optim.peak_lr, weight_decay=self.optim.wd,
             nvme_path=self.cfg.nvme_path, nvme_default=str(own_swap),
         )
         self.nvme_paths = sorted({Path(s["nvme_path"]) for s in nvme_sections(self.ds_config)})

@@ -31,7 +31,7 @@ def test_config_file_values_convert_like_flags(tmp_path):
 
 @pytest.mark.parametrize("line,expected", [
     ("lr: abc", "lr = 'abc' is not a number (float)"),
-    ("lr: null", "lr = null is not a number (float)"),
+    ("wd: null", "wd = null is not a number (float)"),  # (lr: null is the model's recommended rate)
     ("batch_size: eight", "batch_size = 'eight' is not a whole number (int)"),
     ("epochs: 2.5", "epochs = 2.5 is not a whole number (int)"),
     ("epochs: true", "epochs = true is not a whole number (int)"),

@@ -46,6 +46,9 @@ def test_report_gives_steps_to_each_threshold_and_the_verdicts(tmp_path):
     assert (tmp_path / "curves.png").is_file()
     rows[1]["curve"][2]["exact_match"] = 0.89  # the bare loop now reaches 90% at step 40, as the defaults do
     assert "PASS" in convergence.verdicts(rows)[0]
+    for r in rows[2:]:  # neither recipe learned the real-looking set: nothing to compare, never a pass
+        r["curve"][-1]["exact_match"] = 0.0
+    assert "INCONCLUSIVE" in convergence.verdicts(rows)[1]
 
 
 def test_curves_are_read_from_the_trainers_metrics_and_the_hand_loops_file(tmp_path):

@@ -89,7 +89,9 @@ def test_rank_threads_honour_the_users_choice_but_not_torchruns_default(monkeypa
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     launchers = {}
     for name, env in (("chosen", {"OMP_NUM_THREADS": "1"}), ("default", {})):  # what a torchrun was started with
-        launchers[name] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+        launchers[name] = subprocess.Popen([sys.executable, "-c", "print(flush=True); import time; time.sleep(60)"],
+                                           env=env, stdout=subprocess.PIPE)
+        launchers[name].stdout.readline()  # exec'd: /proc/PID/environ is its own, no longer this process's copy
     try:
         monkeypatch.setattr(os, "getppid", lambda: launchers["chosen"].pid)
         assert d.rank_threads(None, 1, "torchrun") == (1, "OMP_NUM_THREADS")
