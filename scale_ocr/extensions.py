@@ -43,7 +43,7 @@ def use_environment_extensions() -> None:
         os.environ.setdefault(VARIABLE, str(folder))
     scripts = Path(sysconfig.get_path("scripts"))
     path = os.environ.get("PATH", "").split(os.pathsep)
-    if (scripts / "ninja").is_file() and (not path or path[0] != str(scripts)):
+    if (scripts / "ninja").is_file() and path[0] != str(scripts):  # split always gives at least [""]
         os.environ["PATH"] = os.pathsep.join([str(scripts), *(p for p in path if p != str(scripts))])
 
 
