@@ -35,8 +35,8 @@ LAUNCHERS = {"single": "python", "zero2": "deepspeed", "zero3": "deepspeed"}  # 
 TARGET = 0.98  # trainer / hand-written loop, issue 12
 
 
-def launch(strategy: str, world_size: int, script: Path, args: list[str]) -> list[str]:
-    return launch_command(LAUNCHERS.get(strategy, "torchrun"), world_size, script, args)
+def launch(strategy: str, world_size: int, script: Path, args: list[str], launcher: str | None = None) -> list[str]:
+    return launch_command(launcher or LAUNCHERS.get(strategy, "torchrun"), world_size, script, args)
 
 
 def warmup_steps(steps: int) -> int:
@@ -75,19 +75,34 @@ def data_args(a: argparse.Namespace, task, work: Path) -> tuple[list[str], list[
             ["--folder", folder, "--chars", task.vocab.chars, "--input-size", f"{h}x{w}", "--workers", str(a.workers)])
 
 
-def trainer_job(a: argparse.Namespace, strategy: str, ws: int, data: list[str], run_dir: Path) -> tuple[list[str], Path]:
-    args = [a.arch, "--strategy", strategy, "-b", str(a.batch_size), "--max-steps", str(a.steps), "--epochs", "1000",
+def trainer_job(a: argparse.Namespace, strategy: str, ws: int, data: list[str], run_dir: Path,
+                batch: int | None = None, launcher: str | None = None) -> tuple[list[str], Path]:
+    """Train.py's command (``batch`` per rank, default ``a.batch_size``) and the summary it writes."""
+    args = [a.arch, "--strategy", strategy, "-b", str(batch or a.batch_size), "--max-steps", str(a.steps), "--epochs", "1000",
             *data, "--lr", str(a.lr), "--no-eval", "--no-save-model", "--resume", "none",
             "--output-dir", str(run_dir), "--wandb-mode", a.wandb_mode, "--run-name", run_dir.name]
-    return launch(strategy, ws, TRAIN, args), run_dir / "metrics.json"
+    return launch(strategy, ws, TRAIN, args, launcher), run_dir / "metrics.json"
 
 
-def hand_job(a: argparse.Namespace, strategy: str, ws: int, data: list[str], run_dir: Path) -> tuple[list[str], Path]:
+def hand_job(a: argparse.Namespace, strategy: str, ws: int, data: list[str], run_dir: Path,
+             batch: int | None = None, launcher: str | None = None) -> tuple[list[str], Path]:
     run_dir.mkdir(parents=True, exist_ok=True)
     out = run_dir / "hand.json"
-    args = ["--engine", strategy, "--arch", a.arch, *data, "-b", str(a.batch_size),
+    args = ["--engine", strategy, "--arch", a.arch, *data, "-b", str(batch or a.batch_size),
             "--steps", str(a.steps), "--warmup", str(warmup_steps(a.steps)), "--lr", str(a.lr), "--out", str(out)]
-    return launch(strategy, ws, HAND, args), out
+    return launch(strategy, ws, HAND, args, launcher), out
+
+
+def timed_job(cmd: list[str], metrics: Path, threads: int, timeout: int) -> tuple[str, str | None, float, float | None]:
+    """Run one job: ``(status, error, wall seconds, training samples/s from its summary file)``."""
+    status, error, wall = run_job(cmd, threads, timeout, None)
+    sps = None
+    if status == "ok":
+        try:
+            sps = float(json.loads(metrics.read_text())["samples_per_sec"])
+        except (OSError, ValueError, KeyError) as exc:
+            status, error = "failed", f"unreadable {metrics.name}: {exc}"
+    return status, error, wall, sps
 
 
 def run(a: argparse.Namespace) -> Path:
@@ -113,13 +128,7 @@ def run(a: argparse.Namespace) -> Path:
             for side, make, data in sides if pair % 2 == 0 else sides[::-1]:
                 run_dir = work / "runs" / f"{strategy}-{side}-p{pair}"
                 cmd, metrics = make(a, strategy, ws, data, run_dir)
-                status, error, wall = run_job(cmd, threads, a.timeout, None)
-                sps = None
-                if status == "ok":
-                    try:
-                        sps = float(json.loads(metrics.read_text())["samples_per_sec"])
-                    except (OSError, ValueError, KeyError) as exc:
-                        status, error = "failed", f"unreadable {metrics.name}: {exc}"
+                status, error, wall, sps = timed_job(cmd, metrics, threads, a.timeout)
                 line = {"strategy": strategy, "side": side, "pair": pair, "status": status, "error": error,
                         "samples_per_sec": sps, "wall_seconds": wall, "world_size": ws, "threads_per_rank": threads,
                         "arch": a.arch, "batch_size": a.batch_size, "steps": a.steps,
