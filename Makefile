@@ -1,5 +1,5 @@
 # Two commands do everything on a fresh machine: `make demo` and `make test`.
-# Both create .venv if it is missing and install scale-ocr with the pinned torch/torchvision.
+# Both create .venv if it is missing and install scale-ocr with the pinned torch/torchvision (and the doctr extra).
 
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
@@ -11,7 +11,7 @@ FULL    ?= 0
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev,doctr]"
 	@$(MAKE) --no-print-directory ops
 	@touch $(STAMP)
 

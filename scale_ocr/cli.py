@@ -19,6 +19,7 @@ commands:
   train        train a model (see `scale-ocr train --help`)
   verify       [ARCH] --strategies ddp,fsdp,...: same maths under every strategy, or a non-zero exit
   export       CKPT OUT.safetensors: consolidated fp32 model with its name, vocabulary and input size
+               (--format doctr: OUT.pt, a state dict docTR's own class loads strictly)
   predict      MODEL IMAGE...: one model's predictions (words of word crops, or boxes of pages)
                --det DET --reco RECO PAGE... [--overlay OUT.png | --overlay-dir DIR]: page OCR, one JSON line
                per page with its words in reading order
@@ -46,27 +47,48 @@ def _models(argv: list[str]) -> int:
                         "default input size and vocabulary (built on the meta device: no memory, no time) and the "
                         "learning rate --lr defaults to")
     args = parser.parse_args(argv)
-    from scale_ocr.models import list_models
+    import fnmatch
+    import importlib.util
+
+    from scale_ocr.models import doctr_zoo, list_models
     from scale_ocr.models.registry import recommended_lr
 
-    for name in list_models(args.pattern):
-        if not args.params:
-            print(name)
+    docs = [n for n in doctr_zoo.names() if fnmatch.fnmatch(n, args.pattern)]
+    have_doctr = importlib.util.find_spec("doctr") is not None
+    for name in list_models(args.pattern) + docs:
+        if not args.params or (name in docs and not have_doctr):
+            print(name + ("" if have_doctr or name not in docs else f"  (needs {doctr_zoo.INSTALL_HINT})"))
             continue
         task = create_task(ModelConfig(arch=name))
         with torch.device("meta"):
             params = sum(p.numel() for p in task.build_model().parameters())
-        print(f"{name:<28} {task.name:<12} {params / 1e6:>9.2f}M  lr {recommended_lr(name):g}")
+        print(f"{name:<30} {task.name:<18} {params / 1e6:>9.2f}M  lr {recommended_lr(name):g}")
     return 0
 
 
 def _export(argv: list[str]) -> int:
-    from scale_ocr.export import export
+    import argparse
 
-    if len(argv) != 2:
-        print("usage: scale-ocr export CHECKPOINT OUT.safetensors", file=sys.stderr)
-        return 2
-    print(f"scale-ocr: wrote {export(argv[0], argv[1])}")
+    from scale_ocr.export import FORMATS, export
+
+    parser = argparse.ArgumentParser(prog="scale-ocr export", description="Write a checkpoint's model as one file.")
+    parser.add_argument("src", metavar="CHECKPOINT", help="checkpoint folder, run directory, export or best_model.pt")
+    parser.add_argument("out", metavar="OUT", help="OUT.safetensors, or with --format doctr OUT.pt (and OUT.json)")
+    parser.add_argument("--format", choices=FORMATS, default="safetensors",
+                        help="safetensors: scale-ocr's, with the model's identity (default); doctr: a plain state "
+                        "dict for docTR's own class of the architecture (strict), and OUT.json with its build "
+                        "arguments")
+    args = parser.parse_args(argv)
+    out = export(args.src, args.out, args.format)
+    if args.format == "doctr":
+        import json
+
+        info = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
+        print(f"scale-ocr: wrote {out} and {out.with_suffix('.json')}: load it with "
+              f"doctr.models.{info['doctr_arch']}(pretrained=False, vocab=<the vocab in the .json>)"
+              ".load_state_dict(torch.load(OUT, weights_only=True))")
+    else:
+        print(f"scale-ocr: wrote {out}")
     return 0
 
 

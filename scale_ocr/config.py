@@ -57,7 +57,9 @@ class ModelConfig:
         None, "input height x width, e.g. 32x128 (a single number H means Hx4H); default: the task's, 32x128 "
         "for recognition, 512x512 for detection", metavar="HxW"
     )
-    vocab: str = opt("latin", "vocabulary: a name (latin, digits, ascii_letters, english, french) or the characters")
+    vocab: str | None = opt(None, "vocabulary: a name or the characters; names are scale_ocr's (latin, digits, "
+                            "ascii_letters, english, french) and, for doctr: models, docTR's VOCABS; default: latin, "
+                            "or a doctr: model's own vocabulary")
     vocab_file: str | None = opt(None, "read the vocabulary's characters from this UTF-8 text file")
     model_width: int | None = opt(None, "transformer width of a scalable model (vitstr_*); default: the model's "
                                   "(tiny 192, small 384, base 768, large 1024)", metavar="DIM")
@@ -102,10 +104,18 @@ class ModelConfig:
         """The model-size overrides given, as the registry builder's keywords."""
         return {kw: getattr(self, name) for name, kw in MODEL_SIZE_FIELDS.items() if getattr(self, name) is not None}
 
+    init_from: str | None = opt(None, "start from the weights of this state dict file (a .pt of torch tensors, e.g. "
+                                "a docTR model's, or a scale-ocr export), checked against the architecture; read "
+                                "as tensors only, nothing in it runs", metavar="PATH")
+
     @property
     def charset(self) -> str:
-        """The resolved characters of the vocabulary (CTC blank excluded)."""
-        return resolve_vocab(self.vocab, self.vocab_file)
+        """The resolved characters of the vocabulary (CTC blank excluded): names as the model's registry entry
+        defines them (docTR's models: docTR's ``VOCABS``), its own vocabulary when none is given."""
+        from scale_ocr.models.registry import model_vocabs
+
+        names, default = model_vocabs(self.arch)
+        return resolve_vocab(self.vocab or default, self.vocab_file, names)
 
 
 @dataclass(frozen=True, kw_only=True)

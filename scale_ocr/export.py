@@ -169,9 +169,20 @@ def save_export(model: nn.Module, task: Task, out: str | Path) -> Path:
     return out
 
 
-def export(src: str | Path, out: str | Path) -> Path:
-    """Write ``src``'s model as consolidated fp32 safetensors with its metadata."""
+FORMATS = ("safetensors", "doctr")
+
+
+def export(src: str | Path, out: str | Path, fmt: str = "safetensors") -> Path:
+    """Write ``src``'s model as consolidated fp32 safetensors with its metadata, or (``doctr``) as the plain state
+    dict docTR's own class of the architecture loads with ``strict=True``, with ``OUT.json`` beside it saying how
+    to build that class (architecture, vocabulary, input shape, normalisation)."""
+    if fmt not in FORMATS:
+        raise UserError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
     loaded = load_any(src)
+    if fmt == "doctr":
+        from scale_ocr.models.weights_io import save_doctr
+
+        return save_doctr(loaded.model, loaded.arch, loaded.task.doctr_info(), out)[0]
     return save_export(loaded.model, loaded.task, out)
 
 

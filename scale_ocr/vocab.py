@@ -20,8 +20,9 @@ VOCABS: dict[str, str] = {
 }
 
 
-def resolve_vocab(vocab: str, vocab_file: str | None = None) -> str:
-    """Return the characters of a vocabulary given by name, by its characters, or by a file.
+def resolve_vocab(vocab: str, vocab_file: str | None = None, names: dict[str, str] | None = None) -> str:
+    """Return the characters of a vocabulary given by name (in ``names``, default :data:`VOCABS`), by its
+    characters, or by a file.
 
     Duplicates are dropped (first occurrence kept) so that encoding is a bijection.
     """
@@ -31,7 +32,7 @@ def resolve_vocab(vocab: str, vocab_file: str | None = None) -> str:
             raise UserError(f"--vocab-file {vocab_file} does not exist; pass a UTF-8 text file of characters")
         chars = path.read_text(encoding="utf-8").replace("\n", "").replace("\r", "")
     else:
-        chars = VOCABS.get(vocab, vocab)
+        chars = (VOCABS if names is None else names).get(vocab, vocab)
     chars = "".join(dict.fromkeys(chars))
     if not chars:
         raise UserError("the vocabulary is empty; pass --vocab NAME or --vocab-file FILE")

@@ -19,12 +19,13 @@ from scale_ocr.vocab import Vocab
 
 
 def build_cache(path: str | Path, n: int, input_size: tuple[int, int], chars: str, min_chars: int = 3,
-                max_chars: int = 8, seed: int = 0) -> Path:
-    """Render ``n`` words into ``path`` (written atomically); returns the path."""
+                max_chars: int = 8, seed: int = 0, transform=None) -> Path:
+    """Render ``n`` words into ``path`` (written atomically) through ``transform`` (default: scale_ocr's
+    validation transform); returns the path."""
     from scale_ocr.data.synthetic import SyntheticWords
     from scale_ocr.data.transforms import build_transform
 
-    words = SyntheticWords(chars, n, min_chars, max_chars, seed, build_transform(input_size, train=False))
+    words = SyntheticWords(chars, n, min_chars, max_chars, seed, transform or build_transform(input_size, train=False))
     images = torch.empty(n, 3, *input_size, dtype=torch.float16)
     labels = []
     for i in range(n):

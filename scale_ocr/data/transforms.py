@@ -19,8 +19,9 @@ class ResizePad:
     what the recognizer learns from.
     """
 
-    def __init__(self, size: tuple[int, int]) -> None:
+    def __init__(self, size: tuple[int, int], fill: int | None = None) -> None:
         self.h, self.w = size
+        self.fill = fill  # a grey level for the padding (docTR's models: 0, as docTR pads); None: the border colour
 
     def __call__(self, img: Image.Image) -> Image.Image:
         w, h = img.size
@@ -29,7 +30,7 @@ class ResizePad:
         img = img.resize((nw, nh), Image.BILINEAR)
         if (nw, nh) == (self.w, self.h):
             return img
-        fill = img.getpixel((nw - 1, nh - 1))
+        fill = img.getpixel((nw - 1, nh - 1)) if self.fill is None else (self.fill,) * len(img.getbands())
         return ImageOps.expand(img, border=(0, 0, self.w - nw, self.h - nh), fill=fill)
 
 
@@ -45,15 +46,17 @@ class GaussianNoise:
         return (x + torch.randn_like(x) * self.std).clamp_(0, 1)
 
 
-def build_transform(input_size: tuple[int, int], train: bool, augment: bool = True) -> T.Compose:
-    """PIL image -> normalised float tensor (3, H, W); augmentations only when training."""
+def build_transform(input_size: tuple[int, int], train: bool, augment: bool = True,
+                    mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD, fill: int | None = None) -> T.Compose:
+    """PIL image -> float tensor (3, H, W) normalised by ``mean``/``std``; augmentations only when training;
+    ``fill`` pads as :class:`ResizePad` does."""
     ops: list = []
     if train and augment:
         ops += [
             T.RandomApply([T.RandomPerspective(distortion_scale=0.15, p=1.0, fill=255)], p=0.25),
             T.RandomApply([T.RandomRotation(2, expand=False, fill=255)], p=0.2),
         ]
-    ops += [ResizePad(input_size), T.PILToTensor(), T.ToDtype(torch.float32, scale=True)]
+    ops += [ResizePad(input_size, fill), T.PILToTensor(), T.ToDtype(torch.float32, scale=True)]
     if train and augment:
         ops += [
             T.RandomApply([T.GaussianBlur(3, sigma=(0.1, 1.0))], p=0.2),
@@ -61,14 +64,14 @@ def build_transform(input_size: tuple[int, int], train: bool, augment: bool = Tr
             GaussianNoise(),
             T.RandomApply([T.Lambda(lambda x: 1.0 - x)], p=0.1),  # colour inversion
         ]
-    ops.append(T.Normalize(MEAN, STD))
+    ops.append(T.Normalize(mean, std))
     return T.Compose(ops)
 
 
-def denormalize(x: torch.Tensor) -> torch.Tensor:
+def denormalize(x: torch.Tensor, mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD) -> torch.Tensor:
     """Inverse of the normalisation, for showing images."""
-    mean = torch.tensor(MEAN, device=x.device).view(3, 1, 1)
-    std = torch.tensor(STD, device=x.device).view(3, 1, 1)
+    mean = torch.tensor(mean, device=x.device).view(3, 1, 1)
+    std = torch.tensor(std, device=x.device).view(3, 1, 1)
     return (x * std + mean).clamp(0, 1)
 
 

@@ -39,7 +39,9 @@ def has_init_rule(model: nn.Module) -> bool:
 def meta_model_with_rule(task) -> nn.Module | None:
     """``task``'s model built on the meta device (no memory, no initialisation work) when it has a
     per-parameter init rule, so it can be materialised anywhere and filled by :func:`init_weights`; None when
-    it has not, and must be built whole from the global RNG."""
+    it has not, and must be built whole from the global RNG (or from the weights ``--init-from`` names)."""
+    if getattr(task.cfg, "init_from", None):
+        return None
     with torch.device("meta"):
         model = task.build_model()
     return model if has_init_rule(model) else None

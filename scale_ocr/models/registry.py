@@ -23,14 +23,24 @@ def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
 
 
 def list_models(pattern: str = "*") -> list[str]:
-    """Registered model names matching a shell-style pattern, sorted."""
-    return sorted(n for n in _MODELS if fnmatch.fnmatch(n, pattern))
+    """scale_ocr's own registered model names matching a shell-style pattern, sorted (docTR's ``doctr:`` models:
+    :func:`scale_ocr.models.doctr_zoo.names`)."""
+    return sorted(n for n in _MODELS if fnmatch.fnmatch(n, pattern) and ":" not in n)
 
 
 def builder(name: str) -> Callable[..., nn.Module]:
-    """The registered builder of ``name`` (its attributes, such as ``task``, describe the model)."""
+    """The registered builder of ``name`` (its attributes, such as ``task``, describe the model).
+
+    ``doctr:<arch>`` names docTR's own model of that name (:mod:`scale_ocr.models.doctr_zoo`, the optional extra),
+    registered the first time it is asked for.
+    """
+    from scale_ocr.models import doctr_zoo
+
+    if name not in _MODELS and name.startswith(doctr_zoo.PREFIX):
+        _MODELS[name] = doctr_zoo.doctr_builder(name)
     if name not in _MODELS:
-        raise UserError(f"unknown model {name!r}; choose one of: {', '.join(list_models())}")
+        raise UserError(f"unknown model {name!r}; choose one of: {', '.join(list_models())}, or docTR's "
+                        f"{', '.join(doctr_zoo.names())} (with {doctr_zoo.INSTALL_HINT})")
     return _MODELS[name]
 
 
@@ -40,6 +50,16 @@ def recommended_lr(name: str) -> float:
     from scale_ocr.config import DEFAULT_LR
 
     return float(getattr(builder(name), "default_lr", DEFAULT_LR))
+
+
+def model_vocabs(name: str) -> tuple[dict[str, str], str]:
+    """The vocabulary names ``--vocab`` may use for ``name`` and the one it defaults to: the builder's ``vocabs()``
+    and ``default_vocab()`` (docTR's models: docTR's VOCABS and the model's own), else scale_ocr's and latin."""
+    from scale_ocr.vocab import VOCABS
+
+    b = builder(name)
+    return (b.vocabs() if hasattr(b, "vocabs") else VOCABS,
+            b.default_vocab() if hasattr(b, "default_vocab") else "latin")
 
 
 def create_model(name: str, **kwargs) -> nn.Module:

@@ -78,14 +78,22 @@ class Strategy(ABC):
 
         A model with a per-parameter rule (``init_param``) is initialised from ``(seed, name)``
         (:mod:`scale_ocr.models.init`), which a sharding engine can reproduce shard by shard; others from
-        the global RNG seeded with ``seed``.
+        the global RNG seeded with ``seed``; with ``--init-from``, every model is built whole and then set from
+        the file (the engines shard it afterwards).
         """
         from scale_ocr.models.init import init_weights, meta_model_with_rule
 
         model = meta_model_with_rule(task)
         if model is None:
             torch.manual_seed(seed)
-            return task.build_model()
+            model = task.build_model()
+            if task.cfg.init_from:  # --init-from: every rank reads the same file into the whole model
+                from scale_ocr.models.weights_io import load_initial_weights
+
+                n = load_initial_weights(model, task.cfg.init_from, task.arch)
+                if self.is_main:
+                    print(f"scale-ocr: initial weights: {n} tensors from {task.cfg.init_from}", flush=True)
+            return model
         init_weights(model.to_empty(device="cpu"), seed)  # each weight initialised once, by its rule
         return model
 

@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from scale_ocr.config import DataConfig, ModelConfig
+from scale_ocr.data.transforms import MEAN, STD
 from scale_ocr.distributed import DistInfo, all_reduce_sum
 from scale_ocr.errors import UserError
 from scale_ocr.metrics import TextMetric
@@ -72,6 +73,12 @@ class RecognitionTask(Task):
     default_samples = (32768, 512)
     metric_names = ("exact_match", "ci_match", "cer")
     percent_metrics = frozenset({"exact_match", "ci_match"})
+    # How crops become inputs: scale_ocr's models pad with the crop's border colour and normalise with ImageNet's
+    # statistics (the torchvision backbones' convention); docTR's pad black and use their own.
+    mean: tuple[float, ...] = MEAN
+    std: tuple[float, ...] = STD
+    pad_fill: int | None = None
+    cache_tag = ""  # tells apart benchmark caches of differently prepared images
 
     def __init__(self, model_cfg: ModelConfig) -> None:
         super().__init__(model_cfg)
@@ -118,21 +125,54 @@ class RecognitionTask(Task):
         from scale_ocr.data.cache import build_cache
 
         h, w = self.input_size
-        cache = work / f"words-{samples}-{h}x{w}.pt"
+        cache = work / f"words-{samples}-{h}x{w}{self.cache_tag}.pt"
         if not cache.is_file():
             log(f"bench: rendering {samples} words into {cache}")
-            build_cache(cache, samples, self.input_size, self.vocab.chars)
+            build_cache(cache, samples, self.input_size, self.vocab.chars, transform=self.transform(train=False))
         return ["--data-cache", str(cache)]
+
+    def transform(self, train: bool, augment: bool = True):
+        """PIL crop -> the model's input tensor (augmented when training)."""
+        from scale_ocr.data.transforms import build_transform
+
+        return build_transform(self.input_size, train=train, augment=augment, mean=self.mean, std=self.std,
+                               fill=self.pad_fill)
+
+    def show(self, image: torch.Tensor):
+        """A normalised input tensor as an (H, W, 3) uint8 array, for the W&B table."""
+        from scale_ocr.data.transforms import denormalize
+
+        return (denormalize(image.float().cpu(), self.mean, self.std).permute(1, 2, 0) * 255).round().byte().numpy()
+
+    def doctr_info(self) -> dict[str, Any]:
+        """What docTR's class must be built with to hold this model's weights, and how to feed it."""
+        return {"vocab": self.vocab.chars, "input_shape": [3, *self.input_size], "mean": list(self.mean),
+                "std": list(self.std),
+                "padding": "black" if self.pad_fill == 0 else "the crop's border colour (docTR pads black)"}
+
+    def decode(self, logits: torch.Tensor) -> list[tuple[str, float]]:
+        """The model's output -> ``(word, confidence)`` per item (greedy CTC decoding)."""
+        from scale_ocr.models.recognition.ctc import ctc_greedy_decode
+
+        words, confs = ctc_greedy_decode(logits, self.vocab)
+        return list(zip(words, confs, strict=True))
+
+    def eval_batch(self, model: nn.Module, batch: WordBatch, autocast) -> tuple[float, torch.Tensor]:
+        """The summed loss of the batch's valid items and the logits of all of them."""
+        from scale_ocr.models.recognition.ctc import ctc_loss
+
+        with autocast():
+            logits = model(batch.images)["logits"]
+        losses = ctc_loss(logits, batch.targets, batch.target_lengths, reduction="none")
+        return float(losses[batch.valid.to(losses.device)].sum()), logits
 
     def build_data(self, cfg: DataConfig, batch_size: int, seed: int, dist: DistInfo):
         from scale_ocr.data.files import ScanReport
         from scale_ocr.data.loader import VAL_SEED_OFFSET, build_loaders, labels_digest
         from scale_ocr.data.recognition import RecognitionFolder
         from scale_ocr.data.synthetic import SyntheticWords
-        from scale_ocr.data.transforms import build_transform
-
-        train_tf = build_transform(self.input_size, train=True, augment=cfg.augment)
-        val_tf = build_transform(self.input_size, train=False)
+        train_tf = self.transform(train=True, augment=cfg.augment)
+        val_tf = self.transform(train=False)
         report = ScanReport()
         if cfg.data_cache:
             from scale_ocr.data.cache import TensorWords
@@ -161,25 +201,18 @@ class RecognitionTask(Task):
     def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device,
                  autocast: Callable[[], AbstractContextManager]) -> EvalResult:
         """Loss, exact match, case-insensitive match and CER; padding items are masked out of every sum."""
-        from scale_ocr.data.transforms import denormalize
-        from scale_ocr.models.recognition.ctc import ctc_greedy_decode, ctc_loss
-
         model.eval()
         metric = TextMetric()
         loss_sum, examples = 0.0, []
         for batch in loader:
             batch = batch.to(device)
-            with autocast():
-                logits = model(batch.images)["logits"]
-            losses = ctc_loss(logits, batch.targets, batch.target_lengths, reduction="none")
-            valid = batch.valid.to(losses.device)
-            loss_sum += float(losses[valid].sum())
-            preds, _ = ctc_greedy_decode(logits, self.vocab)
+            batch_loss, logits = self.eval_batch(model, batch, autocast)
+            loss_sum += batch_loss
+            preds = [word for word, _ in self.decode(logits)]
             keep = [i for i, v in enumerate(batch.valid.tolist()) if v]
             metric.update([preds[i] for i in keep], [batch.words[i] for i in keep])
             for i in keep[: max(0, NUM_EXAMPLES - len(examples))]:
-                image = (denormalize(batch.images[i].float().cpu()).permute(1, 2, 0) * 255).round().byte().numpy()
-                examples.append({"image": image, "target": batch.words[i], "prediction": preds[i],
+                examples.append({"image": self.show(batch.images[i]), "target": batch.words[i], "prediction": preds[i],
                                  "correct": preds[i] == batch.words[i]})
         model.train()
         sums = all_reduce_sum([loss_sum, *metric.sums()], device)
@@ -199,16 +232,11 @@ class RecognitionTask(Task):
 
     def recognize(self, model: nn.Module, crops: list, batch_size: int = 64) -> list[tuple[str, float]]:
         """Words and confidences for PIL crops (page OCR feeds the detector's crops here)."""
-        from scale_ocr.data.transforms import build_transform
-        from scale_ocr.models.recognition.ctc import ctc_greedy_decode
-
-        tf = build_transform(self.input_size, train=False)
+        tf = self.transform(train=False)
         out: list[tuple[str, float]] = []
         with torch.no_grad():
             for i in range(0, len(crops), batch_size):
-                logits = model(torch.stack([tf(c) for c in crops[i:i + batch_size]]))["logits"]
-                words, confs = ctc_greedy_decode(logits, self.vocab)
-                out += list(zip(words, confs, strict=True))
+                out += self.decode(model(torch.stack([tf(c) for c in crops[i:i + batch_size]]))["logits"])
         return out
 
 

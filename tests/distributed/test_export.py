@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import sys
+import json
 
 import pytest
-from conftest import make_folder, run_cmd
+from conftest import make_folder
 
+from scale_ocr.cli import main as cli_main
 from scale_ocr.errors import UserError
 from scale_ocr.export import load_any, predict
 
 
 @pytest.mark.slow
-def test_export_then_predict_matches_live_model(tmp_path, saved):
+def test_export_then_predict_matches_live_model(tmp_path, saved, capsys):
     run_dir = saved("zero3").parents[1]  # 2 ranks under ZeRO-3, shared with the resume matrix
     out = tmp_path / "model.safetensors"
-    proc = run_cmd([sys.executable, "-m", "scale_ocr", "export", str(run_dir), str(out)])
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert cli_main(["export", str(run_dir), str(out)]) == 0  # the CLI, in this process
 
     folder = make_folder(tmp_path / "imgs", {f"{i}.png": w for i, w in enumerate(["abc", "word", "42", "XyZ"])})
     images = sorted(str(p) for p in (folder / "images").iterdir())
@@ -30,10 +30,23 @@ def test_export_then_predict_matches_live_model(tmp_path, saved):
     assert [r["word"] for r in from_export] == [r["word"] for r in from_live]
     assert [r["confidence"] for r in from_export] == pytest.approx([r["confidence"] for r in from_live], abs=1e-6)
 
-    proc = run_cmd([sys.executable, "-m", "scale_ocr", "predict", str(out), *images])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = proc.stdout.strip().splitlines()
+    capsys.readouterr()
+    assert cli_main(["predict", str(out), *images]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 4 and lines[0].split("\t")[0] == images[0]
+
+    # scale_ocr's CRNN is docTR's: --format doctr gives docTR's class the same logits (its blank last, not first)
+    import doctr.models
+    import torch
+
+    assert cli_main(["export", str(run_dir), str(tmp_path / "reco.pt"), "--format", "doctr"]) == 0
+    info = json.loads((tmp_path / "reco.json").read_text(encoding="utf-8"))
+    theirs = doctr.models.crnn_mobilenet_v3_small(pretrained=False, pretrained_backbone=False, vocab=info["vocab"])
+    theirs.load_state_dict(torch.load(tmp_path / "reco.pt", weights_only=True), strict=True)
+    x = torch.randn(2, 3, 32, 128)
+    with torch.no_grad():
+        a, b = live.model(x)["logits"], theirs.eval()(x, return_model_output=True)["out_map"]
+    torch.testing.assert_close(torch.cat([a[..., 1:], a[..., :1]], -1), b, rtol=0, atol=1e-5)
 
 
 def test_truncated_export_is_one_clear_error(tmp_path):

@@ -33,6 +33,16 @@ def rectify_strides(features: nn.Module, keep_square: int = 2) -> None:
                 module.kernel_size, module.stride, module.padding = (2, 1), (2, 1), 0
 
 
+DOCTR_NAMES = {"backbone.": "feat_extractor.", "rnn.": "decoder.", "head.": "linear."}  # ours -> docTR's
+
+
+def _prefix(key: str, names: dict[str, str]) -> str:
+    found = next((p for p in names if key.startswith(p)), None)
+    if found is None:
+        raise KeyError(key)
+    return found
+
+
 class CRNN(nn.Module):
     """CRNN recognizer.
 
@@ -51,6 +61,27 @@ class CRNN(nn.Module):
         self.rnn = nn.LSTM(feat_channels * feat_height, rnn_units, num_layers=2, bidirectional=True,
                            batch_first=True)
         self.head = nn.Linear(2 * rnn_units, num_classes)
+
+    doctr_arch: str | None = None  # docTR's name for the same architecture (set by the builders below)
+
+    def to_doctr_state_dict(self, state: dict[str, torch.Tensor]) -> tuple[str, dict[str, torch.Tensor]]:
+        """``state`` in docTR's CRNN layout: the same layers under docTR's names, the CTC blank last (docTR's
+        class ``len(vocab)``) instead of first. Checked: identical logits up to that permutation."""
+        out = {}
+        for k, v in state.items():
+            prefix = _prefix(k, DOCTR_NAMES)
+            k = DOCTR_NAMES[prefix] + k[len(prefix):]
+            out[k] = torch.cat([v[1:], v[:1]]) if prefix == "head." else v
+        return self.doctr_arch, out
+
+    def from_doctr_state_dict(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The inverse of :meth:`to_doctr_state_dict`: docTR's CRNN weights in this model's layout."""
+        back = {v: k for k, v in DOCTR_NAMES.items()}
+        out = {}
+        for k, v in state.items():
+            prefix = _prefix(k, back)
+            out[back[prefix] + k[len(prefix):]] = torch.cat([v[-1:], v[:-1]]) if prefix == "linear." else v
+        return out
 
     def sharding_units(self) -> list[nn.Module]:
         """Sub-modules that FSDP shards one by one (each backbone stage, the RNN, the head)."""
@@ -82,24 +113,29 @@ def _probe(backbone: nn.Module, input_size: tuple[int, int]) -> tuple[int, int]:
     return out.shape[1], out.shape[2]
 
 
-def _crnn(features: nn.Module, num_classes: int, input_size: tuple[int, int], rnn_units: int) -> CRNN:
+def _crnn(features: nn.Module, num_classes: int, input_size: tuple[int, int], rnn_units: int,
+          doctr_arch: str) -> CRNN:
     rectify_strides(features)
     channels, height = _probe(features, input_size)
-    return CRNN(features, channels, height, num_classes, rnn_units)
+    model = CRNN(features, channels, height, num_classes, rnn_units)
+    model.doctr_arch = doctr_arch
+    return model
 
 
 @register_model
 def crnn_mobilenet_v3_small(num_classes: int = 95, input_size: tuple[int, int] = (32, 128),
                             rnn_units: int = 128) -> CRNN:
     """CRNN on a MobileNetV3-Small backbone (about 2.2M parameters with the default vocabulary)."""
-    return _crnn(tvm.mobilenet_v3_small(weights=None).features, num_classes, input_size, rnn_units)
+    return _crnn(tvm.mobilenet_v3_small(weights=None).features, num_classes, input_size, rnn_units,
+                 "crnn_mobilenet_v3_small")
 
 
 @register_model
 def crnn_mobilenet_v3_large(num_classes: int = 95, input_size: tuple[int, int] = (32, 128),
                             rnn_units: int = 128) -> CRNN:
     """CRNN on a MobileNetV3-Large backbone."""
-    return _crnn(tvm.mobilenet_v3_large(weights=None).features, num_classes, input_size, rnn_units)
+    return _crnn(tvm.mobilenet_v3_large(weights=None).features, num_classes, input_size, rnn_units,
+                 "crnn_mobilenet_v3_large")
 
 
 # CTC's blank plateau: at AdamW 1e-3 a MobileNet CRNN predicts only blanks for hundreds of steps; at 3e-3 it
@@ -111,4 +147,4 @@ crnn_mobilenet_v3_small.default_lr = crnn_mobilenet_v3_large.default_lr = 3e-3
 @register_model
 def crnn_vgg16_bn(num_classes: int = 95, input_size: tuple[int, int] = (32, 128), rnn_units: int = 128) -> CRNN:
     """CRNN on a VGG16-BN backbone, docTR's default recognizer."""
-    return _crnn(tvm.vgg16_bn(weights=None).features, num_classes, input_size, rnn_units)
+    return _crnn(tvm.vgg16_bn(weights=None).features, num_classes, input_size, rnn_units, "crnn_vgg16_bn")

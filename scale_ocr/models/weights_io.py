@@ -1,0 +1,119 @@
+"""Weights in and out in other layouts: ``--init-from`` a state dict file, ``export --format doctr``.
+
+A model that has a docTR twin says so with two methods (a capability, never a name):
+``to_doctr_state_dict(state) -> (doctr_arch, state)`` and ``from_doctr_state_dict(state) -> state``. docTR's own
+models (``doctr:``) are docTR's classes, so their state dict already is docTR's; scale_ocr's CRNNs are docTR's
+CRNNs under other key names with the CTC blank first instead of last (:mod:`scale_ocr.models.recognition.crnn`).
+
+Files are read as tensors only (``torch.load(weights_only=True)`` or safetensors): nothing in them runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from scale_ocr.errors import UserError
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """A flat ``{name: tensor}`` from a ``.pt``/``.pth`` (tensors only) or ``.safetensors`` file, else one line."""
+    from scale_ocr.safe_dcp import load_tensors
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"--init-from {p} does not exist; pass a state dict file (.pt of tensors or .safetensors)")
+    try:
+        if p.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(p))
+        else:
+            state = load_tensors(p)  # a refused global (a crafted pickle) is already one line
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - truncated or foreign files raise several types
+        raise UserError(f"--init-from {p} cannot be read ({type(exc).__name__}); it is truncated or not a torch "
+                        "state dict") from None
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):  # {"model": state_dict, ...} bundles
+        state = state["model"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError(f"--init-from {p} is not a state dict (a mapping of names to tensors)")
+    return state
+
+
+def mismatch(model: nn.Module, state: dict[str, torch.Tensor]) -> str | None:
+    """What keeps ``state`` from loading into ``model`` strictly, in a few words; None when it loads."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    extra = [k for k in state if k not in own]
+    shapes = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    if not (missing or extra or shapes):
+        return None
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} of the model's tensors missing (e.g. {missing[0]})")
+    if extra:
+        parts.append(f"{len(extra)} unknown (e.g. {extra[0]})")
+    if shapes:
+        k = shapes[0]
+        parts.append(f"{len(shapes)} of another shape (e.g. {k}: file {list(state[k].shape)}, model "
+                     f"{list(own[k].shape)})")
+    return ", ".join(parts)
+
+
+def load_initial_weights(model: nn.Module, path: str | Path, arch: str) -> int:
+    """Set every tensor of the whole (unsharded) ``model`` from the file at ``path``, in the model's own layout or,
+    for a model with a docTR twin, in docTR's; returns the count. Anything short of an exact match is one line."""
+    state = read_state_dict(path)
+    problem = mismatch(model, state)
+    if problem and hasattr(model, "from_doctr_state_dict"):
+        try:
+            translated = model.from_doctr_state_dict(state)
+        except (KeyError, ValueError, IndexError):
+            translated = None
+        if translated is not None and mismatch(model, translated) is None:
+            state, problem = translated, None
+    if problem:
+        raise UserError(f"--init-from {path} does not fit {arch}: {problem}; pass weights of this architecture "
+                        "with the same vocabulary size and input size")
+    with torch.no_grad():
+        model.load_state_dict(state, strict=True)
+    return len(state)
+
+
+def doctr_state_dict(model: nn.Module, arch: str) -> tuple[str, dict[str, torch.Tensor]]:
+    """``(docTR architecture, state dict in docTR's layout)`` of a bare model, fp32, or one line when it has no
+    docTR twin."""
+    from scale_ocr.models import doctr_zoo
+
+    state = {k: v.detach().float().contiguous() if v.is_floating_point() else v.detach().contiguous()
+             for k, v in model.state_dict().items()}
+    if arch.startswith(doctr_zoo.PREFIX):
+        return arch[len(doctr_zoo.PREFIX):], state
+    if hasattr(model, "to_doctr_state_dict"):
+        return model.to_doctr_state_dict(state)
+    raise UserError(f"{arch} has no docTR counterpart to export to (scale_ocr's CRNNs and docTR's own doctr: models "
+                    "have); export it as .safetensors (the default format)")
+
+
+def save_doctr(model: nn.Module, arch: str, info: dict[str, Any], out: str | Path) -> tuple[Path, str]:
+    """Write ``model`` as a plain state dict docTR's class loads with ``strict=True``, and beside it ``OUT.json``
+    with what that class must be built with (``info``: vocabulary, input shape, normalisation)."""
+    import json
+    import os
+
+    doctr_arch, state = doctr_state_dict(model, arch)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    torch.save(state, tmp)
+    tmp.replace(out)  # atomic: a reader sees the old file or the new one, never half of one
+    sidecar, tmp = out.with_suffix(".json"), out.with_name(f".{out.stem}.json.tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"doctr_arch": doctr_arch, **info}, ensure_ascii=False, indent=1) + "\n",
+                   encoding="utf-8")
+    tmp.replace(sidecar)
+    return out, doctr_arch

@@ -1,0 +1,86 @@
+"""docTR's models in the registry (``doctr:``), and weights in and out in docTR's layout."""
+
+from __future__ import annotations
+
+import sys
+
+import doctr.models as doctr_models
+import pytest
+import torch
+from doctr.datasets import VOCABS
+
+from scale_ocr.config import ModelConfig
+from scale_ocr.errors import UserError
+from scale_ocr.models import builder, create_model
+from scale_ocr.models.weights_io import doctr_state_dict, load_initial_weights
+from scale_ocr.tasks import create_task, task_from_identity
+from scale_ocr.tasks.recognition import Collate
+
+
+@pytest.mark.parametrize("arch", ["crnn_mobilenet_v3_small", "parseq"])
+def test_a_doctr_model_is_doctrs_class_with_doctrs_loss_vocabulary_and_decoding(arch):
+    task = create_task(ModelConfig(arch=f"doctr:{arch}"))
+    assert task.name == "doctr_recognition" and task.vocab.chars == VOCABS["french"]  # docTR's default vocabulary
+    torch.manual_seed(0)
+    model = task.build_model()
+    theirs = getattr(doctr_models, arch)(pretrained=False, pretrained_backbone=False)
+    theirs.load_state_dict(model.state_dict(), strict=True)  # docTR's state dict, key for key
+    assert isinstance(model, type(theirs))
+    words = ["Été", "42€", "docTR"]
+    batch = Collate(task.vocab)([(torch.rand(3, 32, 128), w, True) for w in words])
+    model.eval(), theirs.eval()
+    with torch.no_grad():
+        ours = model(*batch.inputs)
+        ref = theirs(batch.images, target=words, return_model_output=True, return_preds=True)
+        bare = model(batch.images)
+    assert ours["loss"] == pytest.approx(float(ref["loss"]), rel=1e-6)  # docTR's own loss on the same words
+    assert [w for w, _ in task.decode(ours["logits"])] == [w for w, _ in ref["preds"]]
+    assert "loss" not in bare and bare["logits"].shape[0] == 3
+    # --vocab names are docTR's for docTR's models (its "latin" differs from scale_ocr's)
+    assert create_task(ModelConfig(arch=f"doctr:{arch}", vocab="latin")).vocab.chars == VOCABS["latin"]
+    again = task_from_identity(task.identity())
+    assert again.vocab.chars == task.vocab.chars and again.name == task.name
+
+
+def test_scale_ocrs_crnn_is_doctrs_crnn_in_another_layout(tmp_path):
+    task = create_task(ModelConfig(arch="crnn_mobilenet_v3_small", vocab=VOCABS["french"]))
+    torch.manual_seed(0)
+    ours = task.build_model().eval()
+    arch, state = doctr_state_dict(ours, task.arch)
+    theirs = getattr(doctr_models, arch)(pretrained=False, pretrained_backbone=False).eval()
+    theirs.load_state_dict(state, strict=True)
+    x = torch.randn(2, 3, 32, 128)
+    with torch.no_grad():
+        a, b = ours(x)["logits"], theirs(x, return_model_output=True)["out_map"]
+    torch.testing.assert_close(torch.cat([a[..., 1:], a[..., :1]], -1), b, rtol=0, atol=1e-5)  # blank: first vs last
+
+    torch.save(theirs.state_dict(), tmp_path / "doctr.pt")  # and back: --init-from a docTR file
+    torch.manual_seed(1)
+    fresh = task.build_model()
+    assert load_initial_weights(fresh, tmp_path / "doctr.pt", task.arch) == len(state)
+    for k, v in ours.state_dict().items():
+        assert torch.equal(fresh.state_dict()[k], v), k
+
+
+def test_init_from_refuses_weights_of_another_shape_and_files_that_are_not_state_dicts(tmp_path):
+    model = create_model("crnn_mobilenet_v3_small", num_classes=11)
+    torch.save(create_model("crnn_mobilenet_v3_small", num_classes=12).state_dict(), tmp_path / "other.pt")
+    with pytest.raises(UserError, match=r"does not fit crnn_mobilenet_v3_small: 2 of another shape \(e.g. head.weight"):
+        load_initial_weights(model, tmp_path / "other.pt", "crnn_mobilenet_v3_small")
+    torch.save([1, 2], tmp_path / "list.pt")
+    with pytest.raises(UserError, match="is not a state dict"):
+        load_initial_weights(model, tmp_path / "list.pt", "crnn_mobilenet_v3_small")
+    with pytest.raises(UserError, match="does not exist"):
+        load_initial_weights(model, tmp_path / "missing.pt", "crnn_mobilenet_v3_small")
+
+
+def test_without_the_extra_a_doctr_name_says_how_to_install_it(monkeypatch):
+    from scale_ocr.models import registry
+
+    monkeypatch.setattr(registry, "_MODELS", {k: v for k, v in registry._MODELS.items() if ":" not in k})
+    monkeypatch.setitem(sys.modules, "doctr", None)  # import doctr -> ImportError
+    monkeypatch.setitem(sys.modules, "doctr.models", None)
+    with pytest.raises(UserError, match=r"pip install 'scale-ocr\[doctr\]'"):
+        builder("doctr:vitstr_small")
+    with pytest.raises(UserError, match="unknown docTR model 'doctr:nope'; choose one of: doctr:crnn_vgg16_bn"):
+        builder("doctr:nope")
