@@ -198,21 +198,44 @@ def test_wandb_summary_run_is_written_offline(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_overhead_alternates_trainer_and_hand_written_loop(tmp_path):
-    """benchmarks.overhead: each pair runs the trainer and the textbook loop in turn, the order flipping every
-    pair, and the report's ratio is trainer / hand loop of the same pair."""
+def test_overhead_runs_the_trainer_and_the_hand_written_loop(tmp_path):
+    """benchmarks.overhead, for real: one pair, the trainer then the textbook loop, and the report's ratio is
+    trainer / hand loop (the alternation over pairs is tested with a stub below)."""
     out = tmp_path / "overhead"
     proc = run_cmd([sys.executable, "-m", "benchmarks.overhead", "--strategies", "single", "--steps", "8",
-                    "--pairs", "2", "-b", "4", "--wandb-mode", "disabled", "--out", str(out)], timeout=600)
+                    "--pairs", "1", "-b", "4", "--wandb-mode", "disabled", "--out", str(out)], timeout=600)
     try:
         assert proc.returncode == 0, proc.stderr[-3000:]
         lines = [json.loads(ln) for ln in (out / "results.jsonl").read_text().splitlines()]
-        assert [(ln["side"], ln["pair"]) for ln in lines] == [("trainer", 0), ("hand", 0), ("hand", 1), ("trainer", 1)]
+        assert [(ln["side"], ln["pair"]) for ln in lines] == [("trainer", 0), ("hand", 0)]
         assert all(ln["status"] == "ok" and ln["samples_per_sec"] > 0 and ln["warmup"] == 2 for ln in lines)
         (row,) = json.loads((out / "summary.json").read_text())
-        sps = {(ln["side"], ln["pair"]): ln["samples_per_sec"] for ln in lines}
-        assert row["ratios"] == [pytest.approx(sps["trainer", p] / sps["hand", p]) for p in (0, 1)]
-        assert row["min"] <= row["median"] <= row["max"] and row["pairs"] == 2
+        assert row["ratios"] == [pytest.approx(lines[0]["samples_per_sec"] / lines[1]["samples_per_sec"])]
+        assert row["min"] == row["median"] == row["max"] and row["pairs"] == 1
         assert "| single | 1 | " in (out / "report.md").read_text()
     finally:
         shutil.rmtree(work_dir(out), ignore_errors=True)
+
+
+def test_overhead_alternates_the_order_every_pair(tmp_path, monkeypatch):
+    """Pairs run a b, b a, a b: drift in the machine's speed falls on both sides; each ratio pairs one pair's runs."""
+    from benchmarks import overhead
+
+    ran = []
+
+    def fake(cmd, metrics, threads, timeout):
+        side = "hand" if any("hand_loop" in c for c in cmd) else "trainer"
+        ran.append(side)
+        return "ok", None, 1.0, 100.0 + len(ran)
+
+    monkeypatch.setattr(overhead, "timed_job", fake)
+    monkeypatch.setattr(overhead, "data_args", lambda a, task, work: (["--data-cache", "x"], ["--data-cache", "x"]))
+    out = tmp_path / "alternation"
+    a = overhead.parse(["--strategies", "ddp", "--pairs", "3", "--out", str(out)])
+    try:
+        overhead.run(a)
+    finally:
+        shutil.rmtree(work_dir(out), ignore_errors=True)
+    assert ran == ["trainer", "hand", "hand", "trainer", "trainer", "hand"]
+    (row,) = overhead.summarize([json.loads(ln) for ln in (out / "results.jsonl").read_text().splitlines()])
+    assert row["ratios"] == [pytest.approx(101 / 102), pytest.approx(104 / 103), pytest.approx(105 / 106)]
