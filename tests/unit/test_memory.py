@@ -184,10 +184,11 @@ print((rss().rss - base) / 2**20)
 """
 
 
-@pytest.mark.parametrize(("mode", "retained"), [("uncapped", (256, 1024)), ("capped", (0, 64))])
+@pytest.mark.parametrize(("mode", "retained"), [("uncapped", (256, 1024)), ("capped", (float("-inf"), 64))])
 def test_freed_tensor_memory_goes_back_to_the_os_under_a_memory_cap(mode, retained):
     # glibc's default keeps the 504 MiB freed in the heap's middle; the fixed 1 MiB threshold a capped
-    # process gets unmaps each block.
+    # process gets unmaps each block. RSS can end below the baseline (the kernel reclaims other pages of the
+    # process meanwhile: -6.6 MiB seen in a full suite run), which is still memory given back: no lower bound.
     import subprocess
     import sys
 
