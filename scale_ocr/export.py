@@ -157,8 +157,9 @@ def save_export(model: nn.Module, task: Task, out: str | Path) -> Path:
     """Write ``model`` as consolidated fp32 safetensors with ``task``'s identity as metadata (``scale-ocr/2``)."""
     from safetensors.torch import save_file
 
-    tensors = {k: v.detach().float().contiguous() if v.is_floating_point() else v.contiguous()
-               for k, v in model.state_dict().items()}
+    from scale_ocr.models.weights_io import fp32_state_dict
+
+    tensors = fp32_state_dict(model)
     identity = task.identity()
     # Each identity field also as its own string entry, for readers that do not parse JSON.
     meta = {**{k: v if isinstance(v, str) else json.dumps(v) for k, v in identity.items()},

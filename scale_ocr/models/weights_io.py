@@ -85,13 +85,18 @@ def load_initial_weights(model: nn.Module, path: str | Path, arch: str) -> int:
     return len(state)
 
 
+def fp32_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s state dict as contiguous tensors, floating-point ones in fp32 (what every export writes)."""
+    return {k: v.detach().float().contiguous() if v.is_floating_point() else v.detach().contiguous()
+            for k, v in model.state_dict().items()}
+
+
 def doctr_state_dict(model: nn.Module, arch: str) -> tuple[str, dict[str, torch.Tensor]]:
     """``(docTR architecture, state dict in docTR's layout)`` of a bare model, fp32, or one line when it has no
     docTR twin."""
     from scale_ocr.models import doctr_zoo
 
-    state = {k: v.detach().float().contiguous() if v.is_floating_point() else v.detach().contiguous()
-             for k, v in model.state_dict().items()}
+    state = fp32_state_dict(model)
     if arch.startswith(doctr_zoo.PREFIX):
         return arch[len(doctr_zoo.PREFIX):], state
     if hasattr(model, "to_doctr_state_dict"):
