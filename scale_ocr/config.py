@@ -146,8 +146,11 @@ class DataConfig:
         "error", "what to do with a bad labelled sample: stop with an error, or skip it and report the count",
         choices=BAD_SAMPLE_POLICIES,
     )
-    augment: bool = opt(True, "train-time augmentations (blur, noise, inversion, perspective)",
-                        action=argparse.BooleanOptionalAction)
+    augment: bool | None = opt(
+        None, "train-time augmentations (perspective, rotation, blur, colour jitter, noise, inversion); default: the "
+        "task's: off for word recognition (they cost 10 points of exact match within a 3-epoch budget: "
+        "benchmarks/results/convergence-*; turn them on for many epochs over a small real set), on for detection",
+        action=argparse.BooleanOptionalAction)
     data_cache: str | None = opt(None, "train and validate on a pre-rendered image cache held in memory (no "
                                  "augmentation; `python -m scale_ocr.data.cache` builds one; benchmarks use it)")
 
@@ -331,9 +334,11 @@ class RunConfig:
 
         task = task_class(self.model.arch)
         train, val = task.default_samples  # defaults that depend on the task, resolved once here
-        if self.data.train_samples is None or self.data.val_samples is None:
+        if self.data.train_samples is None or self.data.val_samples is None or self.data.augment is None:
+            augment = task.default_augment if self.data.augment is None else self.data.augment
             object.__setattr__(self, "data", dataclasses.replace(
-                self.data, train_samples=self.data.train_samples or train, val_samples=self.data.val_samples or val))
+                self.data, train_samples=self.data.train_samples or train, val_samples=self.data.val_samples or val,
+                augment=augment))
         if self.optim.lr is None:  # the model's recommended peak rate (its builder's default_lr)
             from scale_ocr.models.registry import recommended_lr
 

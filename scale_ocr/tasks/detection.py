@@ -78,6 +78,7 @@ class DetectionTask(Task):
     name = "detection"
     default_input_size = (512, 512)
     default_samples = (2048, 64)
+    default_augment = True  # page geometry and photometry: what a detector must not depend on
     metric_names = ("hmean", "recall", "precision", "mean_iou")
     percent_metrics = frozenset({"hmean", "recall", "precision"})
 
