@@ -60,8 +60,12 @@ def _models(argv: list[str]) -> int:
             print(name + ("" if have_doctr or name not in docs else f"  (needs {doctr_zoo.INSTALL_HINT})"))
             continue
         task = create_task(ModelConfig(arch=name))
-        with torch.device("meta"):
-            params = sum(p.numel() for p in task.build_model().parameters())
+        try:
+            with torch.device("meta"):  # counted without allocating
+                model = task.build_model()
+        except RuntimeError:  # a constructor that reads a tensor's value (docTR's VIPTR): built for real
+            model = task.build_model()
+        params = sum(p.numel() for p in model.parameters())
         print(f"{name:<30} {task.name:<18} {params / 1e6:>9.2f}M  lr {recommended_lr(name):g}")
     return 0
 
@@ -85,7 +89,8 @@ def _export(argv: list[str]) -> int:
 
         info = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
         print(f"scale-ocr: wrote {out} and {out.with_suffix('.json')}: load it with "
-              f"doctr.models.{info['doctr_arch']}(pretrained=False, vocab=<the vocab in the .json>)"
+              f"doctr.models.{info['doctr_arch']}(pretrained=False"
+              f"{', vocab=<the vocab in the .json>' if 'vocab' in info else ''})"
               ".load_state_dict(torch.load(OUT, weights_only=True))")
     else:
         print(f"scale-ocr: wrote {out}")

@@ -164,8 +164,9 @@ class DetCompose:
     polygons float32 ``(N, 4, 2)`` in the output tensor's pixels, words filtered alongside.
     """
 
-    def __init__(self, ops: Sequence) -> None:
+    def __init__(self, ops: Sequence, mean: Sequence[float] = MEAN, std: Sequence[float] = STD) -> None:
         self.ops = list(ops)
+        self.mean, self.std = list(mean), list(std)
 
     def __call__(self, img: Image.Image, polygons, words: Sequence[str] = ()):
         polygons = np.asarray(polygons, dtype=np.float32).reshape(-1, 4, 2)
@@ -174,17 +175,19 @@ class DetCompose:
             img = img.convert("RGB")
         for op in self.ops:
             img, polygons, words = op(img, polygons, words)
-        x = TF.normalize(TF.to_dtype(TF.pil_to_tensor(img), torch.float32, scale=True), MEAN, STD)
+        x = TF.normalize(TF.to_dtype(TF.pil_to_tensor(img), torch.float32, scale=True), self.mean, self.std)
         return x, polygons.astype(np.float32), words
 
 
-def build_det_transform(input_size: tuple[int, int], train: bool, augment: bool = True) -> DetCompose:
+def build_det_transform(input_size: tuple[int, int], train: bool, augment: bool = True,
+                        mean: Sequence[float] = MEAN, std: Sequence[float] = STD) -> DetCompose:
     """Page (PIL) + polygons -> model input; crop, rotation and colour jitter only when training.
 
     Args:
         input_size: the model's ``(H, W)`` in pixels, e.g. ``(512, 512)``.
         train: augment (with ``augment``); evaluation only resizes and pads.
         augment: False trains on resized pages only.
+        mean, std: the normalisation of the model's input.
     """
     ops: list = []
     if train and augment:
@@ -192,4 +195,4 @@ def build_det_transform(input_size: tuple[int, int], train: bool, augment: bool 
         ops += [RandomCrop(), ResizePage(input_size, pad=False), RandomRotate(),
                 ImageOnly(T.ColorJitter(brightness=0.2, contrast=0.2, saturation=0.2, hue=0.02))]
     ops.append(ResizePage(input_size))
-    return DetCompose(ops)
+    return DetCompose(ops, mean, std)

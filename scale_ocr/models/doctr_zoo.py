@@ -12,6 +12,15 @@ state, so its ``state_dict`` is docTR's key for key and loads into docTR's own c
 * ``model(images)`` -> ``{"logits"}``, docTR's ``out_map``, which docTR's post-processor of the architecture
   (:func:`postprocessor`) turns into words and confidences.
 
+docTR's detectors (DBNet, LinkNet, FAST) are adapted the same way:
+
+* ``model(images, polygons, counts)`` -> ``{"probs", "loss"}``: ``polygons`` is the batch's word polygons
+  padded to one tensor ``(B, N, 4, 2)`` of relative coordinates, ``counts`` how many of each page's are real
+  (a tensor layout, so DataParallel scatters pages and their words together); they become the per-page
+  ``[{"words": (n, 4, 2) float32}]`` that docTR's ``forward`` builds its targets and loss from;
+* ``model(images)`` -> ``{"probs"}``, docTR's ``out_map`` (sigmoid probabilities), which docTR's
+  post-processor of the architecture (:func:`det_postprocessor`) turns into boxes.
+
 docTR is imported only when a ``doctr:`` model is asked for: its import costs seconds, and without the extra
 the rest of scale_ocr works and a ``doctr:`` name is one line saying what to install.
 """
@@ -22,6 +31,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -37,11 +47,20 @@ RECOGNIZERS: dict[str, str] = {
 }
 POSTPROCESSORS = {"crnn": "CTCPostProcessor", "vitstr": "ViTSTRPostProcessor", "parseq": "PARSeqPostProcessor",
                   "master": "MASTERPostProcessor", "sar": "SARPostProcessor", "viptr": "VIPTRPostProcessor"}
+# docTR's detection architectures (doctr.models.detection), their module and their post-processor.
+DETECTORS: dict[str, str] = {
+    **{a: "differentiable_binarization" for a in ("db_resnet34", "db_resnet50", "db_mobilenet_v3_large")},
+    **{a: "linknet" for a in ("linknet_resnet18", "linknet_resnet34", "linknet_resnet50")},
+    **{a: "fast" for a in ("fast_tiny", "fast_small", "fast_base")},
+}
+DET_POSTPROCESSORS = {"differentiable_binarization": "DBPostProcessor", "linknet": "LinkNetPostProcessor",
+                      "fast": "FASTPostProcessor"}
+CLASS_NAME = "words"  # docTR's one detection class (doctr.utils.CLASS_NAME)
 
 
 def names() -> list[str]:
     """Every ``doctr:`` model name (known without importing docTR)."""
-    return [PREFIX + arch for arch in RECOGNIZERS]
+    return [PREFIX + arch for arch in (*RECOGNIZERS, *DETECTORS)]
 
 
 def _doctr():
@@ -59,21 +78,39 @@ def vocabs() -> dict[str, str]:
     return dict(_doctr().datasets.VOCABS)
 
 
-def default_cfg(arch: str) -> dict[str, Any]:
-    """docTR's configuration of ``arch``: its vocabulary, input shape and normalisation."""
+def _module(arch: str):
+    """docTR's PyTorch module of ``arch``."""
     from importlib import import_module
 
     _doctr()
-    return import_module(f"doctr.models.recognition.{RECOGNIZERS[arch]}.pytorch").default_cfgs[arch]
+    if arch in DETECTORS:
+        return import_module(f"doctr.models.detection.{DETECTORS[arch]}.pytorch")
+    return import_module(f"doctr.models.recognition.{RECOGNIZERS[arch]}.pytorch")
+
+
+def default_cfg(arch: str) -> dict[str, Any]:
+    """docTR's configuration of ``arch``: its input shape and normalisation (and a recognizer's vocabulary)."""
+    return _module(arch).default_cfgs[arch]
+
+
+def det_postprocessor(arch: str) -> Callable[[np.ndarray], list[list[np.ndarray]]]:
+    """docTR's post-processor of detector ``arch`` with its model's default thresholds, for straight pages:
+    ``(B, H, W, 1)`` probabilities -> per page ``[(n, 5) boxes]`` (relative xmin, ymin, xmax, ymax, score)."""
+    import inspect
+    from importlib import import_module
+
+    family = DETECTORS[arch]
+    model_cls = {"differentiable_binarization": "DBNet", "linknet": "LinkNet", "fast": "FAST"}[family]
+    defaults = inspect.signature(getattr(_module(arch), model_cls).__init__).parameters  # the model's thresholds
+    base = import_module(f"doctr.models.detection.{family}.base")
+    return getattr(base, DET_POSTPROCESSORS[family])(
+        bin_thresh=defaults["bin_thresh"].default, box_thresh=defaults["box_thresh"].default,
+        assume_straight_pages=True)
 
 
 def postprocessor(arch: str, vocab: str) -> Callable[[torch.Tensor], list[tuple[str, float]]]:
     """docTR's post-processor of ``arch``: logits (``out_map``) -> ``[(word, confidence)]``."""
-    from importlib import import_module
-
-    family = RECOGNIZERS[arch]
-    _doctr()
-    return getattr(import_module(f"doctr.models.recognition.{family}.pytorch"), POSTPROCESSORS[family])(vocab=vocab)
+    return getattr(_module(arch), POSTPROCESSORS[RECOGNIZERS[arch]])(vocab=vocab)
 
 
 @functools.cache
@@ -93,12 +130,51 @@ def _adapted(cls: type) -> type:
                                        "__doc__": f"docTR's {cls.__name__}, called as a scale_ocr model."})
 
 
+@functools.cache
+def _adapted_detector(cls: type) -> type:
+    """Detector ``cls`` with scale_ocr's ``forward`` (padded polygon tensors in, probabilities and loss out)."""
+
+    def forward(self, images: torch.Tensor, polygons: torch.Tensor | None = None,
+                counts: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        target = None
+        if polygons is not None and counts is not None:
+            boxes = polygons.detach().float().clamp(0, 1).cpu().numpy()  # docTR refuses coordinates outside [0, 1]
+            target = [{CLASS_NAME: boxes[i, :n]} for i, n in enumerate(counts.tolist())]
+        # Without targets docTR's forward also post-processes the pages into boxes ("preds"); they are dropped:
+        # the task post-processes, as DataParallel gathers tensors only.
+        out = cls.forward(self, images, target=target, return_model_output=True)
+        return {"probs": out["out_map"], **({"loss": out["loss"]} if "loss" in out else {})}
+
+    return type(cls.__name__, (cls,), {"forward": forward, "__module__": __name__,
+                                       "__doc__": f"docTR's {cls.__name__}, called as a scale_ocr model."})
+
+
+def _detector_builder(name: str, arch: str) -> Callable[..., nn.Module]:
+    def build(input_size: tuple[int, int]) -> nn.Module:
+        from doctr.models import detection
+
+        from scale_ocr.models.detection.dbnet import check_input_size
+
+        check_input_size(*input_size)  # docTR's FPNs need multiples of 32 as scale_ocr's DBNet does
+        model = getattr(detection, arch)(pretrained=False, pretrained_backbone=False)
+        model.__class__ = _adapted_detector(type(model))
+        return model
+
+    build.__name__ = name
+    build.task = "doctr_detection"
+    build.doctr_arch = arch
+    return build
+
+
 def doctr_builder(name: str) -> Callable[..., nn.Module]:
-    """The registry builder of ``doctr:<arch>``: ``builder(num_classes, input_size, vocab)`` -> docTR's model."""
+    """The registry builder of ``doctr:<arch>``: a recognizer's ``builder(num_classes, input_size, vocab)`` or a
+    detector's ``builder(input_size)`` -> docTR's model."""
     arch = name[len(PREFIX):]
-    if arch not in RECOGNIZERS:
+    if arch not in RECOGNIZERS and arch not in DETECTORS:
         raise UserError(f"unknown docTR model {name!r}; choose one of: {', '.join(names())}")
     _doctr()
+    if arch in DETECTORS:
+        return _detector_builder(name, arch)
 
     def build(num_classes: int, input_size: tuple[int, int], vocab: str) -> nn.Module:
         from doctr.models import recognition

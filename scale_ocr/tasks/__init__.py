@@ -46,6 +46,7 @@ def _load() -> None:
     # Task modules register themselves on import; imported here, lazily, so that `scale_ocr.tasks`
     # itself stays cheap and free of cycles with the models and data packages.
     import scale_ocr.tasks.detection  # noqa: F401
+    import scale_ocr.tasks.doctr_detection  # noqa: F401
     import scale_ocr.tasks.doctr_recognition  # noqa: F401
     import scale_ocr.tasks.recognition  # noqa: F401
 

@@ -35,7 +35,8 @@ class PostProcess:
 
 @dataclass
 class PageBatch:
-    """Images and DB target maps for the model; ground-truth boxes (input pixels) and mask for metrics."""
+    """Images and the model's training targets (the task's: DB maps, or padded polygons); ground-truth boxes
+    (input pixels) and mask for metrics."""
 
     images: torch.Tensor
     maps: dict[str, torch.Tensor]
@@ -45,8 +46,9 @@ class PageBatch:
 
     @property
     def inputs(self) -> tuple[torch.Tensor, ...]:
-        """The model's positional arguments (tensors only, so DataParallel can scatter them)."""
-        return (self.images, *(self.maps[k] for k in TARGET_KEYS))
+        """The model's positional arguments, images then targets in order (tensors only, batch first, so
+        DataParallel can scatter them)."""
+        return (self.images, *self.maps.values())
 
     def to(self, device: torch.device) -> PageBatch:
         nb = device.type == "cuda"
@@ -58,17 +60,26 @@ class PageBatch:
         return len(self.polygons)
 
 
+def db_maps(polygons: list[np.ndarray], h: int, w: int) -> dict[str, torch.Tensor]:
+    """scale_ocr's DBNet targets of a batch: the four (B, H, W) maps of :data:`TARGET_KEYS`."""
+    from scale_ocr.models.detection.targets import build_targets
+
+    maps = [build_targets(p, h, w) for p in polygons]
+    return {k: torch.from_numpy(np.stack([m[k] for m in maps])) for k in TARGET_KEYS}
+
+
 class PageCollate:
-    """Stacks pages and builds their DB targets (in the loader's workers when there are any)."""
+    """Stacks pages and builds their training targets with ``targets(polygons, h, w)`` (in the loader's workers
+    when there are any)."""
+
+    def __init__(self, targets: Callable[[list[np.ndarray], int, int], dict[str, torch.Tensor]] = db_maps) -> None:
+        self.targets = targets
 
     def __call__(self, items) -> PageBatch:
-        from scale_ocr.models.detection.targets import build_targets
-
         images, polygons, words, valid = zip(*items, strict=True)
         h, w = images[0].shape[-2:]
-        maps = [build_targets(p, h, w) for p in polygons]
-        stacked = {k: torch.from_numpy(np.stack([m[k] for m in maps])) for k in TARGET_KEYS}
-        return PageBatch(torch.stack(images), stacked, list(polygons), [list(x) for x in words], torch.tensor(valid))
+        return PageBatch(torch.stack(images), self.targets(list(polygons), h, w), list(polygons),
+                         [list(x) for x in words], torch.tensor(valid))
 
 
 @register_task
@@ -83,9 +94,12 @@ class DetectionTask(Task):
     percent_metrics = frozenset({"hmean", "recall", "precision"})
 
     def __init__(self, model_cfg: ModelConfig) -> None:
+        from scale_ocr.data.transforms import MEAN, STD
+
         super().__init__(model_cfg)
         self.post = PostProcess()
         self.charset = model_cfg.charset  # what synthetic pages write
+        self.mean, self.std = MEAN, STD  # the pages' normalisation
 
     @classmethod
     def check_config(cls, cfg) -> None:
@@ -116,14 +130,13 @@ class DetectionTask(Task):
         return ["--train-samples", str(samples), "--val-samples", "8"]
 
     def build_data(self, cfg: DataConfig, batch_size: int, seed: int, dist: DistInfo):
-        from scale_ocr.data.det_transforms import build_det_transform
         from scale_ocr.data.detection import DetectionFolder
         from scale_ocr.data.files import ScanReport
         from scale_ocr.data.loader import VAL_SEED_OFFSET, build_loaders, labels_digest
         from scale_ocr.data.synthetic_pages import SyntheticPages
 
-        train_tf = build_det_transform(self.input_size, train=True, augment=cfg.augment)
-        val_tf = build_det_transform(self.input_size, train=False)
+        train_tf = self.transform(train=True, augment=cfg.augment)
+        val_tf = self.transform(train=False)
         report = ScanReport()
         if cfg.train_path:
             train_ds = DetectionFolder(cfg.train_path, cfg.on_bad_sample, train_tf)
@@ -137,8 +150,30 @@ class DetectionTask(Task):
         else:
             val_ds = SyntheticPages(cfg.val_samples, seed + VAL_SEED_OFFSET, self.input_size, self.charset, val_tf)
         digest = labels_digest(cfg.train_path) if cfg.train_path else None
-        return build_loaders(train_ds, val_ds, PageCollate(), cfg, batch_size, seed, dist, dict(report.skipped),
+        return build_loaders(train_ds, val_ds, PageCollate(self.targets), cfg, batch_size, seed, dist, dict(report.skipped),
                              digest)
+
+    targets = staticmethod(db_maps)  # a batch's training targets, the model's arguments after the images
+
+    def transform(self, train: bool, augment: bool = True):
+        """Page (PIL) + polygons -> the model's input tensor, polygons and words (augmented when training)."""
+        from scale_ocr.data.det_transforms import build_det_transform
+
+        return build_det_transform(self.input_size, train=train, augment=augment, mean=self.mean, std=self.std)
+
+    def doctr_info(self) -> dict[str, Any]:
+        """What docTR's class is built with to hold this model's weights, and how to feed it."""
+        return {"input_shape": [3, *self.input_size], "mean": list(self.mean), "std": list(self.std)}
+
+    def probabilities(self, out: dict[str, torch.Tensor]) -> np.ndarray:
+        """The model's output -> the (B, H, W) text probability maps."""
+        return torch.sigmoid(out["logits"].float())[:, 0].cpu().numpy()
+
+    def eval_batch(self, model: nn.Module, batch: PageBatch, autocast) -> tuple[float, np.ndarray]:
+        """The summed loss of the batch's valid pages and the probability maps of all of them."""
+        with autocast():
+            out = model(*batch.inputs)
+        return float(out["losses"][batch.valid.to(out["losses"].device)].sum()), self.probabilities(out)
 
     def boxes(self, prob: np.ndarray) -> list:
         """Boxes (relative coordinates) of one (H, W) probability map."""
@@ -158,11 +193,8 @@ class DetectionTask(Task):
         loss_sum, pages, examples = 0.0, 0, []
         for batch in loader:
             batch = batch.to(device)
-            with autocast():
-                out = model(*batch.inputs)
-            valid = batch.valid.to(out["losses"].device)
-            loss_sum += float(out["losses"][valid].sum())
-            probs = torch.sigmoid(out["logits"].float())[:, 0].cpu().numpy()
+            batch_loss, probs = self.eval_batch(model, batch, autocast)
+            loss_sum += batch_loss
             h, w = probs.shape[-2:]
             for i in (i for i, v in enumerate(batch.valid.tolist()) if v):
                 pred = _polygons(self.boxes(probs[i]))
@@ -191,12 +223,12 @@ class DetectionTask(Task):
 
         h, w = input_size or self.input_size
         check_input_size(h, w, "--det-size")
-        tf = build_det_transform((h, w), train=False)
+        tf = build_det_transform((h, w), train=False, mean=self.mean, std=self.std)
         out = []
         for i in range(0, len(pages), batch_size):
             chunk = pages[i:i + batch_size]
             images = torch.stack([tf(page, np.zeros((0, 4, 2)))[0] for page in chunk])
-            probs = torch.sigmoid(model(images)["logits"].float())[:, 0].numpy()
+            probs = self.probabilities(model(images))
             for page, prob in zip(chunk, probs, strict=True):
                 scale = min(h / page.height, w / page.width)  # ResizePage's fit; padding is bottom/right
                 out.append([(b.polygon * np.float64([w, h]) / scale, b.score) for b in self.boxes(prob)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import doctr.models as doctr_models
+import numpy as np
 import pytest
 import torch
 from doctr.datasets import VOCABS
@@ -84,3 +85,33 @@ def test_without_the_extra_a_doctr_name_says_how_to_install_it(monkeypatch):
         builder("doctr:vitstr_small")
     with pytest.raises(UserError, match="unknown docTR model 'doctr:nope'; choose one of: doctr:crnn_vgg16_bn"):
         builder("doctr:nope")
+
+
+@pytest.mark.parametrize("arch", ["db_mobilenet_v3_large", "fast_tiny"])
+def test_a_doctr_detector_is_doctrs_class_with_doctrs_targets_loss_and_boxes(arch):
+    from scale_ocr.tasks.detection import PageCollate
+
+    task = create_task(ModelConfig(arch=f"doctr:{arch}", input_size=(128, 128)))
+    assert task.name == "doctr_detection" and task.mean == (0.798, 0.785, 0.772)  # docTR's normalisation
+    torch.manual_seed(0)
+    model = task.build_model().eval()
+    theirs = getattr(doctr_models, arch)(pretrained=False, pretrained_backbone=False).eval()
+    theirs.load_state_dict(model.state_dict(), strict=True)
+    assert isinstance(model, type(theirs))
+    # Pages with 2, 0 and 1 words (input pixels): the padded layout carries each page's own polygons.
+    words = [np.float32([[[8, 8], [60, 8], [60, 24], [8, 24]], [[20, 70], [120, 64], [122, 90], [22, 96]]]),
+             np.zeros((0, 4, 2), np.float32), np.float32([[[30, 40], [90, 40], [90, 60], [30, 60]]])]
+    batch = PageCollate(task.targets)([(torch.randn(3, 128, 128), w, [], True) for w in words])
+    assert batch.maps["polygons"].shape == (3, 2, 4, 2) and batch.maps["counts"].tolist() == [2, 0, 1]
+    with torch.no_grad():
+        ours = model(*batch.inputs)
+        target = [{"words": w / np.float32(128)} for w in words]
+        ref = theirs(batch.images, target=target, return_model_output=True, return_preds=True)
+        bare = model(batch.images)
+    assert float(ours["loss"]) == pytest.approx(float(ref["loss"]), rel=1e-6)  # docTR's own targets and loss
+    torch.testing.assert_close(ours["probs"], ref["out_map"], rtol=0, atol=0)
+    assert set(bare) == {"probs"}
+    probs = task.probabilities(bare)
+    for i in range(3):  # docTR's post-processor's boxes, as scale_ocr's Box corners
+        boxes = np.float64([[*b.polygon[0], *b.polygon[2], b.score] for b in task.boxes(probs[i])]).reshape(-1, 5)
+        np.testing.assert_allclose(boxes, ref["preds"][i]["words"][:, :5], atol=1e-6)
