@@ -3,7 +3,8 @@
 A model that has a docTR twin says so with two methods (a capability, never a name):
 ``to_doctr_state_dict(state) -> (doctr_arch, state)`` and ``from_doctr_state_dict(state) -> state``. docTR's own
 models (``doctr:``) are docTR's classes, so their state dict already is docTR's; scale_ocr's CRNNs are docTR's
-CRNNs under other key names with the CTC blank first instead of last (:mod:`scale_ocr.models.recognition.crnn`).
+CRNNs under other key names with the CTC blank first instead of last (:mod:`scale_ocr.models.recognition.crnn`),
+and its DBNets docTR's DBNets under other key names (:mod:`scale_ocr.models.detection.dbnet`).
 
 Files are read as tensors only (``torch.load(weights_only=True)`` or safetensors): nothing in them runs.
 """
@@ -17,6 +18,23 @@ import torch
 from torch import nn
 
 from scale_ocr.errors import UserError
+
+
+def key_prefix(key: str, names: dict[str, str]) -> str:
+    """The prefix of ``names`` that ``key`` starts with (a KeyError when none does)."""
+    found = next((p for p in names if key.startswith(p)), None)
+    if found is None:
+        raise KeyError(key)
+    return found
+
+
+def rename_prefixes(state: dict[str, torch.Tensor], names: dict[str, str]) -> dict[str, torch.Tensor]:
+    """``state`` with each key's prefix replaced by its value in ``names`` (every key must have one)."""
+    out = {}
+    for k, v in state.items():
+        prefix = key_prefix(k, names)
+        out[names[prefix] + k[len(prefix):]] = v
+    return out
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -101,8 +119,8 @@ def doctr_state_dict(model: nn.Module, arch: str) -> tuple[str, dict[str, torch.
         return arch[len(doctr_zoo.PREFIX):], state
     if hasattr(model, "to_doctr_state_dict"):
         return model.to_doctr_state_dict(state)
-    raise UserError(f"{arch} has no docTR counterpart to export to (scale_ocr's CRNNs and docTR's own doctr: models "
-                    "have); export it as .safetensors (the default format)")
+    raise UserError(f"{arch} has no docTR counterpart to export to (scale_ocr's CRNNs and DBNets and docTR's own "
+                    "doctr: models have; scale_ocr's ViTSTRs are CTC models, docTR's decode tokens); export it as .safetensors (the default format)")
 
 
 def save_doctr(model: nn.Module, arch: str, info: dict[str, Any], out: str | Path) -> tuple[Path, str]:

@@ -93,7 +93,7 @@ def test_doctr_detector_trained_under_fsdp_goes_back_to_doctrs_ocr_predictor(zer
     det_info = json.load(open(det_out.with_suffix(".json")))
     det = getattr(doctr_models, det_info["doctr_arch"])(pretrained=False, pretrained_backbone=False)
     det.load_state_dict(torch.load(det_out, weights_only=True), strict=True)
-    det.cfg = {**det.cfg, "input_shape": tuple(det_info["input_shape"])}  # the size it was trained at
+    det.cfg = {**det.cfg, **{k: tuple(det_info[k]) for k in ("input_shape", "mean", "std")}}  # as it trained
     predictor = doctr_models.ocr_predictor(det_arch=det.eval(), reco_arch=reco.eval())
 
     page = SyntheticPages(1, 7, (128, 128), "abcdefghij")[0][0]  # a 128x128 page: no resize on either side

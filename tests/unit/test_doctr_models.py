@@ -63,6 +63,25 @@ def test_scale_ocrs_crnn_is_doctrs_crnn_in_another_layout(tmp_path):
         assert torch.equal(fresh.state_dict()[k], v), k
 
 
+def test_scale_ocrs_dbnets_are_doctrs_dbnets_in_another_layout(tmp_path):
+    for arch in ("db_mobilenet_v3_large", "db_resnet50"):
+        torch.manual_seed(0)
+        ours = create_model(arch, input_size=(128, 128)).eval()
+        doctr_arch, state = doctr_state_dict(ours, arch)
+        theirs = getattr(doctr_models, doctr_arch)(pretrained=False, pretrained_backbone=False).eval()
+        theirs.load_state_dict(state, strict=True)
+        x = torch.randn(2, 3, 128, 128)
+        with torch.no_grad():
+            torch.testing.assert_close(torch.sigmoid(ours(x)["logits"]), theirs(x, return_model_output=True)["out_map"],
+                                       rtol=0, atol=1e-6)
+        torch.save(theirs.state_dict(), tmp_path / "doctr.pt")  # and back: --init-from docTR's DBNet file
+        fresh = create_model(arch, input_size=(128, 128))
+        assert load_initial_weights(fresh, tmp_path / "doctr.pt", arch) == len(state)
+        assert all(torch.equal(fresh.state_dict()[k], v) for k, v in ours.state_dict().items())
+    with pytest.raises(UserError, match="vitstr_tiny has no docTR counterpart"):
+        doctr_state_dict(create_model("vitstr_tiny"), "vitstr_tiny")
+
+
 def test_init_from_refuses_weights_of_another_shape_and_files_that_are_not_state_dicts(tmp_path):
     model = create_model("crnn_mobilenet_v3_small", num_classes=11)
     torch.save(create_model("crnn_mobilenet_v3_small", num_classes=12).state_dict(), tmp_path / "other.pt")

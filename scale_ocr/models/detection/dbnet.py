@@ -18,6 +18,7 @@ from torchvision import models as tvm
 from scale_ocr.errors import UserError
 from scale_ocr.models.detection.loss import db_loss
 from scale_ocr.models.registry import register_model
+from scale_ocr.models.weights_io import rename_prefixes
 
 STRIDE = 32  # the deepest feature level; every FPN level must divide the input exactly
 # features[0:4] ends at index 3 (stride 4), [4:7] at 6 (stride 8), [7:13] at 12 (stride 16), [13:17] at 16
@@ -42,6 +43,9 @@ def _conv_bn_relu(c_in: int, c_out: int, kernel: int) -> nn.Sequential:
 class FPN(nn.Module):
     """Feature pyramid: 1x1 laterals, top-down upsample + add, a 3x3 conv per level, concat at stride 4.
 
+    docTR's ``FeaturePyramidNetwork`` computation exactly (bilinear, corner-aligned upsampling), so that a DBNet
+    here and docTR's DBNet of the same backbone give the same maps from the same weights.
+
     Args:
         in_channels: channels of each backbone level, shallowest first.
         out_channels: width of the laterals and of the fused output (each level gives a quarter).
@@ -58,10 +62,10 @@ class FPN(nn.Module):
     def forward(self, feats: Sequence[torch.Tensor]) -> torch.Tensor:
         lat = [conv(f) for conv, f in zip(self.lateral, feats, strict=True)]
         for i in range(len(lat) - 2, -1, -1):  # top-down: coarse semantics flow into finer levels
-            lat[i] = lat[i] + F.interpolate(lat[i + 1], size=lat[i].shape[-2:], mode="nearest")
+            lat[i] = lat[i] + F.interpolate(lat[i + 1], size=lat[i].shape[-2:], mode="bilinear", align_corners=True)
         size = lat[0].shape[-2:]
         outs = [conv(x) for conv, x in zip(self.smooth, lat, strict=True)]
-        outs = [outs[0]] + [F.interpolate(x, size=size, mode="bilinear", align_corners=False) for x in outs[1:]]
+        outs = [outs[0]] + [F.interpolate(x, size=size, mode="bilinear", align_corners=True) for x in outs[1:]]
         return torch.cat(outs, dim=1)
 
 
@@ -81,8 +85,11 @@ class DBNet(nn.Module):
     Args:
         stages: four backbone stages applied in turn, ending at strides 4, 8, 16 and 32.
         stage_channels: output channels of each stage.
-        fpn_channels: FPN width (docTR: 128 for MobileNetV3, 256 for ResNet-50).
+        fpn_channels: FPN width (docTR's: 256 for both backbones).
     """
+
+    doctr_arch: str | None = None  # docTR's name for the same architecture (set by the builders below)
+    doctr_names: dict[str, str] = {}  # key prefixes, ours -> docTR's
 
     def __init__(self, stages: Sequence[nn.Module], stage_channels: Sequence[int], fpn_channels: int) -> None:
         super().__init__()
@@ -90,6 +97,14 @@ class DBNet(nn.Module):
         self.neck = FPN(stage_channels, fpn_channels)
         self.prob_head = _head(fpn_channels)
         self.thresh_head = _head(fpn_channels)
+
+    def to_doctr_state_dict(self, state: dict[str, torch.Tensor]) -> tuple[str, dict[str, torch.Tensor]]:
+        """``state`` in docTR's DBNet layout: the same layers under docTR's names (checked: identical maps)."""
+        return self.doctr_arch, rename_prefixes(state, self.doctr_names)
+
+    def from_doctr_state_dict(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The inverse of :meth:`to_doctr_state_dict`: docTR's DBNet weights in this model's layout."""
+        return rename_prefixes(state, {v: k for k, v in self.doctr_names.items()})
 
     def sharding_units(self) -> list[nn.Module]:
         """Sub-modules that FSDP shards one by one (each backbone stage, the neck, each head)."""
@@ -141,7 +156,11 @@ def db_mobilenet_v3_large(input_size: tuple[int, int] = (512, 512), **_) -> DBNe
     check_input_size(*input_size)
     features = tvm.mobilenet_v3_large(weights=None).features
     stages = [features[a:b] for a, b in MOBILENET_V3_LARGE_STAGES]
-    return DBNet(stages, (24, 40, 112, 960), fpn_channels=128)
+    model = DBNet(stages, (24, 40, 112, 960), fpn_channels=256)
+    # docTR's feature extractor is the whole `features` Sequential; a slice of it keeps the layers' indices.
+    return _doctr_twin(model, "db_mobilenet_v3_large", {
+        f"stages.{s}.{j}.": f"feat_extractor.{j}." for s, (a, b) in enumerate(MOBILENET_V3_LARGE_STAGES)
+        for j in range(a, b)})
 
 
 @register_model
@@ -152,4 +171,16 @@ def db_resnet50(input_size: tuple[int, int] = (512, 512), **_) -> DBNet:
     r = tvm.resnet50(weights=None)
     # The stem joins layer1 (stride 4); avgpool and fc are dropped, so no parameter goes unused under DDP.
     stages = [nn.Sequential(r.conv1, r.bn1, r.relu, r.maxpool, r.layer1), r.layer2, r.layer3, r.layer4]
-    return DBNet(stages, (256, 512, 1024, 2048), fpn_channels=256)
+    model = DBNet(stages, (256, 512, 1024, 2048), fpn_channels=256)
+    return _doctr_twin(model, "db_resnet50", {
+        "stages.0.0.": "feat_extractor.conv1.", "stages.0.1.": "feat_extractor.bn1.",
+        "stages.0.4.": "feat_extractor.layer1.", "stages.1.": "feat_extractor.layer2.",
+        "stages.2.": "feat_extractor.layer3.", "stages.3.": "feat_extractor.layer4."})
+
+
+def _doctr_twin(model: DBNet, arch: str, backbone_names: dict[str, str]) -> DBNet:
+    """``model`` marked as docTR's ``arch``: its backbone's key prefixes map as given, the rest by name."""
+    model.doctr_arch = arch
+    model.doctr_names = {**backbone_names, "neck.lateral.": "fpn.in_branches.", "neck.smooth.": "fpn.out_branches.",
+                         "prob_head.": "prob_head.", "thresh_head.": "thresh_head."}
+    return model

@@ -14,6 +14,7 @@ from torchvision import models as tvm
 
 from scale_ocr.models.recognition.ctc import ctc_loss
 from scale_ocr.models.registry import register_model
+from scale_ocr.models.weights_io import key_prefix
 
 
 def rectify_strides(features: nn.Module, keep_square: int = 2) -> None:
@@ -34,13 +35,6 @@ def rectify_strides(features: nn.Module, keep_square: int = 2) -> None:
 
 
 DOCTR_NAMES = {"backbone.": "feat_extractor.", "rnn.": "decoder.", "head.": "linear."}  # ours -> docTR's
-
-
-def _prefix(key: str, names: dict[str, str]) -> str:
-    found = next((p for p in names if key.startswith(p)), None)
-    if found is None:
-        raise KeyError(key)
-    return found
 
 
 class CRNN(nn.Module):
@@ -69,7 +63,7 @@ class CRNN(nn.Module):
         class ``len(vocab)``) instead of first. Checked: identical logits up to that permutation."""
         out = {}
         for k, v in state.items():
-            prefix = _prefix(k, DOCTR_NAMES)
+            prefix = key_prefix(k, DOCTR_NAMES)
             k = DOCTR_NAMES[prefix] + k[len(prefix):]
             out[k] = torch.cat([v[1:], v[:1]]) if prefix == "head." else v
         return self.doctr_arch, out
@@ -79,7 +73,7 @@ class CRNN(nn.Module):
         back = {v: k for k, v in DOCTR_NAMES.items()}
         out = {}
         for k, v in state.items():
-            prefix = _prefix(k, back)
+            prefix = key_prefix(k, back)
             out[back[prefix] + k[len(prefix):]] = torch.cat([v[-1:], v[:-1]]) if prefix == "linear." else v
         return out
 
