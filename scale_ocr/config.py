@@ -177,7 +177,10 @@ class OptimConfig:
     lr: float | None = opt(None, "peak learning rate (default: the model's recommended rate, `scale-ocr models` "
                            "lists it: 3e-3 for the MobileNet CRNNs, 1e-3 for the rest)")
     wd: float = opt(1e-2, "weight decay (not applied to biases and norm layers)", aliases=("--weight-decay",))
-    sched: str = opt("cosine", "learning-rate schedule, stepped once per optimizer step", choices=SCHEDULES)
+    sched: str | None = opt(
+        None, "learning-rate schedule, stepped once per optimizer step; default: the task's: onecycle for word "
+        "recognition (torch's OneCycleLR shape: 30%% rise from lr/25, cosine anneal; measured against cosine: "
+        "benchmarks/results/convergence-*), cosine for detection", choices=SCHEDULES)
     warmup_steps: int | None = opt(None, "linear warm-up steps (default: 5%% of the run for cosine, 0 otherwise)")
     clip_grad: float = opt(5.0, "clip the global gradient norm to this value; 0 disables clipping")
 
@@ -343,6 +346,8 @@ class RunConfig:
             from scale_ocr.models.registry import recommended_lr
 
             object.__setattr__(self, "optim", dataclasses.replace(self.optim, lr=recommended_lr(self.model.arch)))
+        if self.optim.sched is None:
+            object.__setattr__(self, "optim", dataclasses.replace(self.optim, sched=task.default_sched))
         task.check_config(self)  # e.g. synthetic words that CTC cannot align
 
     def to_dict(self) -> dict[str, Any]:
