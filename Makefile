@@ -35,7 +35,7 @@ ops:
 
 # A real 2-rank DDP training on synthetic words (CPU + gloo without GPUs), then its metrics.
 # About 6.5 minutes on 2 CPU cores (measured: 37.7% exact match, CER 0.23). A constant learning rate gets the CRNN past CTC's early plateau
-# within the demo's 960 steps; the default cosine schedule suits the full 2560-step run (>= 90%). The rate is
+# within the demo's 960 steps; a decaying schedule (then: cosine; now OneCycle by default) suits the full 2560-step run (>= 90%). The rate is
 # pinned at the 1e-3 those numbers were measured with (the CRNN's default is now 3e-3: re-measure, then unpin).
 # Those numbers were also measured with the augmentation recognition no longer applies by default (--augment).
 demo: $(STAMP)
