@@ -202,7 +202,7 @@ class DetectionTask(Task):
                 metric.update(pred, gt)
                 pages += 1
                 if len(examples) < NUM_EXAMPLES:
-                    examples.append(_example(batch.images[i], pred, gt))
+                    examples.append(_example(batch.images[i], pred, gt, self.mean, self.std))
         model.train()
         sums = all_reduce_sum([loss_sum, pages, *metric.sums()], device)
         rates = LocalizationMetric.rates(sums[2:])
@@ -251,12 +251,13 @@ def _polygons(boxes: list) -> np.ndarray:
     return np.array([b.polygon for b in boxes], dtype=np.float64).reshape(-1, 4, 2)
 
 
-def _example(image: torch.Tensor, pred: np.ndarray, gt: np.ndarray) -> dict[str, Any]:
+def _example(image: torch.Tensor, pred: np.ndarray, gt: np.ndarray, mean: tuple[float, ...],
+             std: tuple[float, ...]) -> dict[str, Any]:
     """A W&B table row: the page with true (green) and predicted (red) boxes drawn on it."""
     from scale_ocr.data.transforms import denormalize
     from scale_ocr.detection.draw import draw_polygons
 
-    page = (denormalize(image.float().cpu()).permute(1, 2, 0) * 255).round().byte().numpy()
+    page = (denormalize(image.float().cpu(), mean, std).permute(1, 2, 0) * 255).round().byte().numpy()
     size = np.float64([page.shape[1], page.shape[0]])
     page = draw_polygons(page, gt * size, (0, 200, 0))
     page = draw_polygons(page, pred * size, (230, 0, 0))
