@@ -113,6 +113,12 @@ def postprocessor(arch: str, vocab: str) -> Callable[[torch.Tensor], list[tuple[
     return getattr(_module(arch), POSTPROCESSORS[RECOGNIZERS[arch]])(vocab=vocab)
 
 
+def _with_forward(cls: type, forward: Callable) -> type:
+    """A subclass of docTR's ``cls`` that only replaces ``forward`` (no state of its own: docTR's state dict)."""
+    return type(cls.__name__, (cls,), {"forward": forward, "__module__": __name__,
+                                       "__doc__": f"docTR's {cls.__name__}, called as a scale_ocr model."})
+
+
 @functools.cache
 def _adapted(cls: type) -> type:
     """``cls`` with scale_ocr's ``forward``: a subclass without state of its own (docTR's state dict, unchanged)."""
@@ -126,8 +132,7 @@ def _adapted(cls: type) -> type:
         out = cls.forward(self, images, target=words, return_model_output=True)
         return {"logits": out["out_map"], **({"loss": out["loss"]} if "loss" in out else {})}
 
-    return type(cls.__name__, (cls,), {"forward": forward, "__module__": __name__,
-                                       "__doc__": f"docTR's {cls.__name__}, called as a scale_ocr model."})
+    return _with_forward(cls, forward)
 
 
 @functools.cache
@@ -138,15 +143,14 @@ def _adapted_detector(cls: type) -> type:
                 counts: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         target = None
         if polygons is not None and counts is not None:
-            boxes = polygons.detach().float().clamp(0, 1).cpu().numpy()  # docTR refuses coordinates outside [0, 1]
+            boxes = polygons.detach().float().clamp(0, 1).cpu().numpy()  # docTR refuses coordinates outside 0..1
             target = [{CLASS_NAME: boxes[i, :n]} for i, n in enumerate(counts.tolist())]
         # Without targets docTR's forward also post-processes the pages into boxes ("preds"); they are dropped:
         # the task post-processes, as DataParallel gathers tensors only.
         out = cls.forward(self, images, target=target, return_model_output=True)
         return {"probs": out["out_map"], **({"loss": out["loss"]} if "loss" in out else {})}
 
-    return type(cls.__name__, (cls,), {"forward": forward, "__module__": __name__,
-                                       "__doc__": f"docTR's {cls.__name__}, called as a scale_ocr model."})
+    return _with_forward(cls, forward)
 
 
 def _detector_builder(name: str, arch: str) -> Callable[..., nn.Module]:
