@@ -178,6 +178,10 @@ def main() -> None:
         model, optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=args.lr),
             config=ds_config(args.engine, args.batch_size, world), dist_init_required=False)
+        from scale_ocr.strategies.deepspeed import unlink_shm_buffer
+
+        dist.barrier()  # every rank has mapped every rank's /dev/shm file: the names can go
+        unlink_shm_buffer(rank)
     elif args.engine == "fairscale":
         from fairscale.nn.data_parallel import ShardedDataParallel
         from fairscale.optim import OSS

@@ -33,6 +33,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _shm_buffers() -> set[str]:
+    shm = Path("/dev/shm")
+    return {p.name for p in shm.glob("deepspeed_allreduce_buffer_*")} if shm.is_dir() else set()
+
+
+@pytest.fixture(autouse=True)
+def leaves_shm_as_found():
+    """Every job, finished or killed, leaves /dev/shm as it found it (DeepSpeed's CPU all-reduce files)."""
+    before = _shm_buffers()
+    yield
+    left = sorted(_shm_buffers() - before)
+    assert not left, f"DeepSpeed shared-memory files left behind: {left}"
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("RANK", None)

@@ -59,6 +59,7 @@ class DeepSpeed(Strategy):
         self.nvme_paths = sorted({Path(s["nvme_path"]) for s in nvme_sections(self.ds_config)})
         self._own_swap = [own_swap] if self.cfg.nvme_path is None and own_swap in self.nvme_paths else []
         self._swap_ready = False
+        self._shm_unlinked = False
 
     def _prepare_swap(self) -> None:
         """Before the engine first swaps (zero.Init or initialize): the op loads and this rank's folders are empty."""
@@ -66,6 +67,26 @@ class DeepSpeed(Strategy):
             check_async_io()
             prepare_swap(self.nvme_paths, self.rank)
             self._swap_ready = True
+
+    def _init_comm(self) -> None:
+        """DeepSpeed's communication layer over our process group, its shared-memory files unlinked at once.
+
+        On CPU hosts DeepSpeed's all-reduce maps one ``/dev/shm`` file per rank (66 MB) and never removes
+        it: every job, and every killed one, left its files behind until /dev/shm filled the host's memory.
+        Once every rank has mapped every file (DeepSpeed's init returns only then, and the barrier waits for
+        all ranks) the names are no longer needed: each rank unlinks its own, and the memory is freed when
+        the last process holding the mapping exits, however it exits.
+        """
+        import deepspeed
+        import torch.distributed as dist
+
+        deepspeed.init_distributed(dist_backend=self.dist.backend, auto_mpi_discovery=False, dist_init_required=False)
+        if self._shm_unlinked:
+            return
+        self._shm_unlinked = True
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
+        unlink_shm_buffer(self.rank)
 
     def configure_for(self, model: nn.Module) -> None:
         self.fp32_for_batchnorm = keep_fp32_weights(self.ds_config, self.raw_config, model)
@@ -83,8 +104,7 @@ class DeepSpeed(Strategy):
 
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         self._prepare_swap()
-        # deepspeed.initialize would wrap our process group later; zero.Init needs it now (its world size).
-        deepspeed.init_distributed(dist_backend=self.dist.backend, auto_mpi_discovery=False, dist_init_required=False)
+        self._init_comm()  # deepspeed.initialize would wrap our process group later; zero.Init needs it now
         with deepspeed.zero.Init(config_dict_or_path=self.ds_config):
             model = task.create_model()  # wrappers (activation checkpointing) are not built under zero.Init
         init_weights(model, seed, gathered=lambda p: deepspeed.zero.GatheredParameters([p], modifier_rank=0))
@@ -100,6 +120,7 @@ class DeepSpeed(Strategy):
             print("scale-ocr: DeepSpeed keeps fp32 weights (under autocast) for this BatchNorm model; "
                   "set \"bf16\": {\"enabled\": true} in the JSON to force 16-bit weights", flush=True)
         model = model.to(self.dist.device)
+        self._init_comm()
         kwargs: dict[str, Any] = {"model": model, "config": self.ds_config, "dist_init_required": False}
         if "optimizer" in self.ds_config:
             kwargs["model_parameters"] = optimizer.groups(model)
@@ -345,6 +366,18 @@ class DeepSpeed(Strategy):
             self.engine.destroy()
         if self._swap_ready:  # the run's own swap files go; a --nvme-path or JSON path is the user's to keep
             remove_swap(self._own_swap, self.rank)
+
+
+def shm_buffer_path(rank: int) -> Path:
+    """The /dev/shm file DeepSpeed's CPU all-reduce creates for ``rank`` (named as its shm.cpp names it)."""
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    return Path("/dev/shm") / f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"
+
+
+def unlink_shm_buffer(rank: int) -> None:
+    """Remove this rank's shared-memory name (peers keep their mappings); nothing when there is none."""
+    with contextlib.suppress(OSError):
+        shm_buffer_path(rank).unlink()
 
 
 def _drain(state: dict[str, Any]):
