@@ -128,6 +128,8 @@ def main() -> None:
     p.add_argument("-b", "--batch-size", type=int, default=32)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--window", type=int, default=10,
+                   help="also time each N-step window after the warm-up (the trainer's --log-every windows)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--sched", choices=("constant", "onecycle"), default="constant",
                    help="onecycle: torch's OneCycleLR (max_lr=--lr) over --steps")
@@ -212,6 +214,7 @@ def main() -> None:
     model.train()
     step, epoch = 0, 0
     t0 = time.perf_counter() if args.warmup == 0 else None
+    marks: dict[int, float] = {0: t0} if t0 is not None else {}  # step -> time, at multiples of --window
     while step < args.steps:
         sampler.set_epoch(epoch)
         for images, targets, lengths in loader:
@@ -231,10 +234,12 @@ def main() -> None:
             step += 1
             if val is not None and (step == args.steps or (args.eval_every and step % args.eval_every == 0)):
                 measure()
-            if step == args.warmup:
+            if step == args.warmup or step % args.window == 0:
                 if cuda:
                     torch.cuda.synchronize()
-                t0 = time.perf_counter()
+                now = time.perf_counter()
+                t0 = now if step == args.warmup else t0
+                marks[step] = now
             if step == args.steps:
                 break
         epoch += 1
@@ -242,9 +247,12 @@ def main() -> None:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     timed = args.steps - args.warmup
+    windows = [args.window * args.batch_size * world / (marks[s + args.window] - marks[s])
+               for s in sorted(marks) if s >= args.warmup and s % args.window == 0 and s + args.window in marks]
     if rank == 0:
         Path(args.out).write_text(json.dumps({
             "samples_per_sec": timed * args.batch_size * world / seconds, "timed_steps": timed, "seconds": seconds,
+            "window_samples_per_sec": windows,
             "last_loss": float(loss.detach()), "world_size": world}) + "\n")
     if dist.is_initialized():
         dist.destroy_process_group()

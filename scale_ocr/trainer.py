@@ -34,6 +34,7 @@ from scale_ocr.tasks import Task
 from scale_ocr.tasks.base import EvalResult
 from scale_ocr.watchdog import Watchdog
 
+DATA_SHARE_NOTE = 0.1  # a run that waited this share of its training time on the loader says how to avoid it
 EXIT_DIVERGED = 4  # --max-bad-steps consecutive non-finite steps
 
 
@@ -59,6 +60,7 @@ class RunState:
     epoch_step: int = 0  # optimizer steps done in the current epoch
     timed_steps: int = 0
     timed_seconds: float = 0.0
+    timed_data_seconds: float = 0.0  # of timed_seconds, spent waiting for the loader's next batch
     epoch_loss: list[torch.Tensor] = field(default_factory=list)
     bad_steps: int = 0  # consecutive steps with a NaN/inf loss or gradient, skipped on every rank
     skipped_steps: int = 0  # all such steps in this run
@@ -72,6 +74,7 @@ class Window:
 
     def __init__(self, start: float) -> None:
         self.start, self.losses, self.stats, self.lr = start, [], None, 0.0
+        self.data_seconds = 0.0  # waiting for the loader
 
     def add(self, loss: torch.Tensor, stats, lr: float) -> None:
         self.losses.append(loss)
@@ -230,7 +233,10 @@ class Trainer:
                 if self.state.step == self.timing_end:
                     self._stop_timing()
                 self.profiler.before_step(self.state.step + 1)
-            loss = self.train_step(batches)
+            loss, waited = self.train_step(batches)
+            window.data_seconds += waited
+            if self.timing_start is not None:
+                self.state.timed_data_seconds += waited
             stats = self.strategy.step()
             agreed = self.control.agree(bool(torch.isfinite(loss)), self._norm_finite(stats))
             lr = self.schedule.lr  # the rate this step used
@@ -297,11 +303,14 @@ class Trainer:
                          + "; run the same command again (`--resume auto` is the default) to continue",
                          EXIT_PREEMPTED, prefix="stopped")
 
-    def train_step(self, batches) -> torch.Tensor:
-        """Forward and backward over ``grad_accum`` micro-batches; returns their mean loss (on device)."""
-        total = torch.zeros((), device=self.device)
+    def train_step(self, batches) -> tuple[torch.Tensor, float]:
+        """Forward and backward over ``grad_accum`` micro-batches; returns their mean loss (on device) and the
+        seconds spent waiting for the loader's batches."""
+        total, waited = torch.zeros((), device=self.device), 0.0
         for micro in range(self.cfg.grad_accum):
+            t0 = time.perf_counter()
             batch = next(batches).to(self.device)
+            waited += time.perf_counter() - t0
             sync = micro == self.cfg.grad_accum - 1
             with self.strategy.no_sync() if not sync else contextlib.nullcontext():
                 with self.autocast():
@@ -310,7 +319,7 @@ class Trainer:
                 with self.gemm():
                     self.strategy.backward(loss)
             total += loss.detach().float()
-        return total / self.cfg.grad_accum
+        return total / self.cfg.grad_accum, waited
 
     def log_window(self, window: Window, bar: tqdm) -> None:
         elapsed = self._now() - window.start
@@ -318,7 +327,8 @@ class Trainer:
         # Collective on every rank at the same steps, so no rank waits on another.
         mem = peak_memory_bytes(self.device)
         local = float(torch.stack(window.losses).sum()) if window.losses else 0.0
-        loss_sum, n, mem_sum = all_reduce_sum([local, n_steps, mem], self.device)
+        share = window.data_seconds / max(elapsed, 1e-9)
+        loss_sum, n, mem_sum, share_sum = all_reduce_sum([local, n_steps, mem, share], self.device)
         stats = window.stats
         if stats is None:  # every step of the window was non-finite and skipped (reported as such)
             return
@@ -328,6 +338,7 @@ class Trainer:
             "train/grad_norm": float(stats.grad_norm),
             "train/samples_per_sec": n_steps * self.global_batch / max(elapsed, 1e-9),
             "train/step_time": elapsed / max(n_steps, 1),
+            "train/data_share": share_sum / self.strategy.world_size,  # of step time, waiting for the loader
             "train/epoch": self.state.epoch,
             "memory/peak_bytes_max": all_reduce_max(mem, self.device),
             "memory/peak_bytes_mean": mem_sum / self.strategy.world_size,
@@ -379,9 +390,14 @@ class Trainer:
         peak = all_reduce_max(peak_memory_bytes(self.device), self.device)
         losses = self.state.epoch_loss
         local = float(torch.stack(losses).sum()) if losses else 0.0
-        loss_sum, n = all_reduce_sum([local, len(losses)], self.device)
-        sps = (self.state.timed_steps * self.global_batch / self.state.timed_seconds
-               if self.state.timed_seconds > 0 else float("nan"))
+        timed = self.state.timed_seconds
+        share = self.state.timed_data_seconds / timed if timed > 0 else 0.0
+        loss_sum, n, share_sum = all_reduce_sum([local, len(losses), share], self.device)
+        sps = self.state.timed_steps * self.global_batch / timed if timed > 0 else float("nan")
+        data_share = share_sum / self.strategy.world_size if timed > 0 else None
+        if data_share is not None and data_share >= DATA_SHARE_NOTE and self.strategy.is_main:
+            print(f"scale-ocr: note: the ranks waited for data {data_share:.0%} of the timed training time; "
+                  f"{self.data.speedup_hint}", file=sys.stderr, flush=True)
         ev = self.state.last_eval
         return {
             "world_size": self.strategy.world_size,
@@ -393,6 +409,7 @@ class Trainer:
             **{k: ev.get(k) for k in self.task.metric_names},
             f"best_{self.task.metric_names[0]}": self.state.best[0] if self.state.best else None,
             "samples_per_sec": sps,
+            "data_share": data_share,
             "peak_memory_bytes": int(peak),
             "peak_reserved_bytes": (int(all_reduce_max(torch.cuda.max_memory_reserved(self.device), self.device))
                                     if self.device.type == "cuda" else None),

@@ -87,6 +87,19 @@ class Data:
     num_val: int
     skipped: dict[str, int]
     labels_sha256: str | None  # of the training labels.json files; None for synthetic data
+    speedup_hint: str = ""  # what would make loading faster, for a run that waited on it
+
+
+def speedup_hint(workers: int, local_world: int) -> str:
+    """One sentence on how to take loading off the training ranks' critical path."""
+    cores = os.cpu_count() or 1
+    spare = max(0, cores - local_world)  # one busy core per rank at least
+    if workers == 0:
+        return (f"loading runs inside each rank (--workers 0); --workers N decodes in N background processes per rank "
+                f"(this host: {cores} cores for {local_world} local ranks), or pre-render the data "
+                "(--data-cache for synthetic words)")
+    return (f"{workers} loader workers per rank do not keep up; raise --workers (this host: {cores} cores, "
+            f"{spare} beyond one per rank) or pre-render the data (--data-cache for synthetic words)")
 
 
 def labels_digest(paths: tuple[str, ...]) -> str:
@@ -131,4 +144,5 @@ def build_loaders(train_ds: Dataset, val_ds: Dataset, collate, cfg: DataConfig, 
                               generator=gen, **common)
     val_loader = DataLoader(EvalShard(val_ds, dist.rank, dist.world_size), batch_size=batch_size, shuffle=False,
                             **common)
-    return Data(train_loader, val_loader, sampler, len(train_ds), len(val_ds), skipped, labels_sha256)
+    return Data(train_loader, val_loader, sampler, len(train_ds), len(val_ds), skipped, labels_sha256,
+                speedup_hint(workers, dist.local_world_size))

@@ -150,6 +150,9 @@ def render_page_word(word: str, rng: np.random.Generator, fonts: tuple[str, ...]
 
 
 WORD_STYLES = {"line": render_word, "page": render_page_word}
+# Rendered words a dataset keeps (per process, as uint8 tensors: 12 KiB at 32x128, so about 21,000 words) when
+# its transform's first stage is deterministic, so later epochs and evaluations do not render them again.
+KEEP_BYTES = 256 * 2**20
 
 
 class SyntheticWords(Dataset):
@@ -163,6 +166,11 @@ class SyntheticWords(Dataset):
         seed: base seed; training and validation sets use different seeds.
         transform: applied to the PIL image (resize, augment, to tensor).
         style: ``line`` or ``page`` (see the module docstring).
+
+    Rendering is most of a word's loading time. With a :class:`~scale_ocr.data.transforms.WordTransform`
+    whose first stage is deterministic (no augmentation before resizing: recognition's default), that
+    stage's uint8 result is kept, up to ``KEEP_BYTES``, and later reads of the sample only finish the
+    transform: the same tensor, bit for bit, without drawing the word again.
     """
 
     def __init__(self, charset: str, num_samples: int, min_chars: int, max_chars: int, seed: int,
@@ -174,6 +182,8 @@ class SyntheticWords(Dataset):
         self.transform = transform
         self.fonts = system_fonts()
         self.render = WORD_STYLES[style]
+        self.kept: dict[int, tuple] = {}
+        self.kept_bytes = 0
 
     def __len__(self) -> int:
         return self.num_samples
@@ -190,5 +200,14 @@ class SyntheticWords(Dataset):
         return random_word(rng, self.charset, self.min_chars, self.max_chars)
 
     def __getitem__(self, index: int):
+        kept = self.kept.get(index)
+        if kept is not None:
+            return self.transform.tensor(kept[0]), kept[1]
         img, word = self.sample(index)
-        return (self.transform(img) if self.transform else img), word
+        if not getattr(self.transform, "deterministic", False):
+            return (self.transform(img) if self.transform else img), word
+        fixed = self.transform.pil(img)
+        if self.kept_bytes + fixed.nbytes <= KEEP_BYTES:
+            self.kept[index] = (fixed, word)
+            self.kept_bytes += fixed.nbytes
+        return self.transform.tensor(fixed), word

@@ -46,26 +46,43 @@ class GaussianNoise:
         return (x + torch.randn_like(x) * self.std).clamp_(0, 1)
 
 
+class WordTransform:
+    """PIL crop -> normalised tensor in two stages: ``pil`` (augment, resize, pad -> uint8 tensor), then
+    ``tensor`` (scale to [0, 1], augment, normalise).
+
+    ``deterministic`` says the first stage draws no random numbers, so its uint8 result can be kept and
+    reused (see :class:`~scale_ocr.data.synthetic.SyntheticWords`): ``tensor(kept)`` equals ``self(img)`` exactly.
+    """
+
+    def __init__(self, pil: list, tensor: list, deterministic: bool) -> None:
+        self.pil, self.tensor, self.deterministic = T.Compose(pil), T.Compose(tensor), deterministic
+
+    def __call__(self, img: Image.Image) -> torch.Tensor:
+        return self.tensor(self.pil(img))
+
+
 def build_transform(input_size: tuple[int, int], train: bool, augment: bool = True,
-                    mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD, fill: int | None = None) -> T.Compose:
+                    mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD, fill: int | None = None) -> WordTransform:
     """PIL image -> float tensor (3, H, W) normalised by ``mean``/``std``; augmentations only when training;
     ``fill`` pads as :class:`ResizePad` does."""
-    ops: list = []
-    if train and augment:
-        ops += [
+    augmented = train and augment
+    pil: list = []
+    if augmented:
+        pil += [
             T.RandomApply([T.RandomPerspective(distortion_scale=0.15, p=1.0, fill=255)], p=0.25),
             T.RandomApply([T.RandomRotation(2, expand=False, fill=255)], p=0.2),
         ]
-    ops += [ResizePad(input_size, fill), T.PILToTensor(), T.ToDtype(torch.float32, scale=True)]
-    if train and augment:
-        ops += [
+    pil += [ResizePad(input_size, fill), T.PILToTensor()]
+    tensor: list = [T.ToDtype(torch.float32, scale=True)]
+    if augmented:
+        tensor += [
             T.RandomApply([T.GaussianBlur(3, sigma=(0.1, 1.0))], p=0.2),
             T.ColorJitter(brightness=0.2, contrast=0.2, saturation=0.2, hue=0.02),
             GaussianNoise(),
             T.RandomApply([T.Lambda(lambda x: 1.0 - x)], p=0.1),  # colour inversion
         ]
-    ops.append(T.Normalize(mean, std))
-    return T.Compose(ops)
+    tensor.append(T.Normalize(mean, std))
+    return WordTransform(pil, tensor, deterministic=not augmented)
 
 
 def denormalize(x: torch.Tensor, mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD) -> torch.Tensor:
@@ -75,4 +92,4 @@ def denormalize(x: torch.Tensor, mean: tuple[float, ...] = MEAN, std: tuple[floa
     return (x * std + mean).clamp(0, 1)
 
 
-__all__ = ["ResizePad", "build_transform", "denormalize", "TF"]
+__all__ = ["ResizePad", "WordTransform", "build_transform", "denormalize", "TF"]

@@ -73,6 +73,20 @@ def test_transforms_output_shape():
     assert x.shape == (3, 32, 128) and x.dtype == torch.float32
 
 
+def test_synthetic_words_keep_rendered_words_bit_for_bit(monkeypatch):
+    plain = build_transform((32, 128), train=True, augment=False)
+    ds = SyntheticWords("abc", 3, 3, 4, seed=0, transform=plain)
+    first = [ds[i] for i in range(3)]
+    monkeypatch.setattr(ds, "render", lambda *a: (_ for _ in ()).throw(AssertionError("rendered again")))
+    again = [ds[i] for i in range(3)]  # kept: no rendering, the same tensors
+    fresh = [SyntheticWords("abc", 3, 3, 4, seed=0, transform=plain)[i] for i in range(3)]
+    for (a, wa), (b, wb), (c, wc) in zip(first, again, fresh, strict=True):
+        assert wa == wb == wc and torch.equal(a, b) and torch.equal(a, c) and a.dtype == torch.float32
+    augmented = SyntheticWords("abc", 1, 3, 4, seed=0, transform=build_transform((32, 128), train=True))
+    augmented[0]
+    assert not augmented.kept  # random augmentation before resizing: nothing can be kept
+
+
 def test_eval_shard_pads_evenly_and_masks():
     data = [(torch.zeros(1), str(i)) for i in range(5)]
     shards = [EvalShard(data, r, 2) for r in range(2)]

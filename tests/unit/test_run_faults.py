@@ -196,3 +196,23 @@ def test_no_save_model_trains_without_gathering_the_model(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert read_metrics(run_dir)["steps"] == 6
     assert not (run_dir / "last_model.pt").exists() and not (run_dir / "best_model.pt").exists()
+
+
+def test_a_run_that_waits_on_its_data_says_so(tmp_path, capsys, monkeypatch):
+    """Time spent waiting for the loader is measured (metrics.json, every log line) and, when it is a tenth of
+    training or more, one line says how to take loading off the ranks' critical path."""
+    from scale_ocr.data import synthetic
+
+    render = synthetic.SyntheticWords.__getitem__
+
+    def slow(self, index):
+        time.sleep(0.01)
+        return render(self, index)
+
+    monkeypatch.setattr(synthetic.SyntheticWords, "__getitem__", slow)
+    run_dir = tmp_path / "run"
+    assert main([*SMALL, "--max-steps", "8", "--output-dir", str(run_dir)]) == 0
+    err = capsys.readouterr().err
+    share = read_metrics(run_dir)["data_share"]
+    assert 0.1 <= share <= 1 and f"waited for data {share:.0%}" in err and "--workers N" in err
+    assert all(0 <= r["train/data_share"] <= 1 for r in read_jsonl(run_dir) if "train/loss" in r)
