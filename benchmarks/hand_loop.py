@@ -180,10 +180,9 @@ def main() -> None:
         model, optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=args.lr),
             config=ds_config(args.engine, args.batch_size, world), dist_init_required=False)
-        from scale_ocr.strategies.deepspeed import unlink_shm_buffer
+        from scale_ocr.strategies.deepspeed import release_shm_buffer
 
-        dist.barrier()  # every rank has mapped every rank's /dev/shm file: the names can go
-        unlink_shm_buffer(rank)
+        release_shm_buffer(rank)  # DeepSpeed never removes its /dev/shm files
     elif args.engine == "fairscale":
         from fairscale.nn.data_parallel import ShardedDataParallel
         from fairscale.optim import OSS
@@ -213,8 +212,7 @@ def main() -> None:
 
     model.train()
     step, epoch = 0, 0
-    t0 = time.perf_counter() if args.warmup == 0 else None
-    marks: dict[int, float] = {0: t0} if t0 is not None else {}  # step -> time, at multiples of --window
+    marks = {0: time.perf_counter()} if args.warmup == 0 else {}  # step -> time: the warm-up's end, every --window
     while step < args.steps:
         sampler.set_epoch(epoch)
         for images, targets, lengths in loader:
@@ -237,15 +235,13 @@ def main() -> None:
             if step == args.warmup or step % args.window == 0:
                 if cuda:
                     torch.cuda.synchronize()
-                now = time.perf_counter()
-                t0 = now if step == args.warmup else t0
-                marks[step] = now
+                marks[step] = time.perf_counter()
             if step == args.steps:
                 break
         epoch += 1
     if cuda:
         torch.cuda.synchronize()
-    seconds = time.perf_counter() - t0
+    seconds = time.perf_counter() - marks[args.warmup]
     timed = args.steps - args.warmup
     windows = [args.window * args.batch_size * world / (marks[s + args.window] - marks[s])
                for s in sorted(marks) if s >= args.warmup and s % args.window == 0 and s + args.window in marks]

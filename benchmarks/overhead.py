@@ -109,7 +109,7 @@ def timed_job(cmd: list[str], metrics: Path, threads: int, timeout: int) -> tupl
 WINDOW = 10  # the trainer's default --log-every: one log line (W&B, metrics.jsonl) in every window
 
 
-def window_rate(metrics: Path, warmup: int) -> float | None:
+def window_rate(side: str, metrics: Path, warmup: int) -> float | None:
     """Median samples/s over a run's 10-step windows that start after its warm-up (None without them).
 
     Both sides time each window the same way (the trainer logs ``train/step_time`` at every ``--log-every``,
@@ -118,7 +118,7 @@ def window_rate(metrics: Path, warmup: int) -> float | None:
     measure of the loop's throughput than the run's total, which one slow stretch drags down.
     """
     try:
-        if metrics.name == "metrics.json":
+        if side == "trainer":
             global_batch = json.loads(metrics.read_text())["global_batch"]
             records = [json.loads(ln) for ln in (metrics.parent / "metrics.jsonl").read_text().splitlines()]
             rates = [global_batch / r["train/step_time"] for r in records
@@ -154,9 +154,10 @@ def run(a: argparse.Namespace) -> Path:
                 run_dir = work / "runs" / f"{strategy}-{side}-p{pair}"
                 cmd, metrics = make(a, strategy, ws, data, run_dir)
                 status, error, wall, sps = timed_job(cmd, metrics, threads, a.timeout)
-                windows = window_rate(metrics, warmup_steps(a.steps)) if status == "ok" else None
+                windows = window_rate(side, metrics, warmup_steps(a.steps)) if status == "ok" else None
                 line = {"strategy": strategy, "side": side, "pair": pair, "status": status, "error": error,
-                        "samples_per_sec": sps, "window_samples_per_sec": windows, "wall_seconds": wall, "world_size": ws, "threads_per_rank": threads,
+                        "samples_per_sec": sps, "window_samples_per_sec": windows, "wall_seconds": wall, "world_size": ws,
+                        "threads_per_rank": threads,
                         "arch": a.arch, "batch_size": a.batch_size, "steps": a.steps,
                         "warmup": warmup_steps(a.steps), "precision": "fp32", "data": a.data, "workers": a.workers,
                         "command": " ".join(cmd).replace(f"{REPO}/", ""), "versions": ver, "hardware": hw}

@@ -78,15 +78,11 @@ class DeepSpeed(Strategy):
         the last process holding the mapping exits, however it exits.
         """
         import deepspeed
-        import torch.distributed as dist
 
         deepspeed.init_distributed(dist_backend=self.dist.backend, auto_mpi_discovery=False, dist_init_required=False)
-        if self._shm_unlinked:
-            return
-        self._shm_unlinked = True
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.barrier()
-        unlink_shm_buffer(self.rank)
+        if not self._shm_unlinked:
+            release_shm_buffer(self.rank)
+            self._shm_unlinked = True
 
     def configure_for(self, model: nn.Module) -> None:
         self.fp32_for_batchnorm = keep_fp32_weights(self.ds_config, self.raw_config, model)
@@ -374,8 +370,13 @@ def shm_buffer_path(rank: int) -> Path:
     return Path("/dev/shm") / f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"
 
 
-def unlink_shm_buffer(rank: int) -> None:
-    """Remove this rank's shared-memory name (peers keep their mappings); nothing when there is none."""
+def release_shm_buffer(rank: int) -> None:
+    """After DeepSpeed's comm init on every rank: wait until all have mapped every rank's /dev/shm file, then remove
+    this rank's name (peers keep their mappings); nothing when there is none. A collective."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
     with contextlib.suppress(OSError):
         shm_buffer_path(rank).unlink()
 
