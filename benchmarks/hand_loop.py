@@ -143,7 +143,10 @@ def main() -> None:
     if args.val_folder and (args.engine not in ("single", "ddp") or not args.folder or not args.curve):
         p.error("--val-folder needs --engine single or ddp, --folder and --curve")
 
+    from scale_ocr.extensions import use_environment_extensions
     from scale_ocr.models import create_model
+
+    use_environment_extensions()  # the DeepSpeed ops `make install` built, as the trainer finds them: no compiling
 
     cuda = torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))

@@ -21,6 +21,7 @@ OPTIMIZERS = ("adamw", "adam")
 SCHEDULES = ("cosine", "onecycle", "constant")
 BAD_SAMPLE_POLICIES = ("error", "skip")
 WORD_STYLES = ("line", "page")  # scale_ocr.data.synthetic.WORD_STYLES, named here so --help needs no Pillow
+COMPILE_BACKENDS = ("inductor", "aot_eager")  # torch.compile backends --compile accepts
 # Model-size overrides: config field -> the registry builder's keyword. A model takes those its builder accepts.
 MODEL_SIZE_FIELDS = {"model_width": "width", "model_depth": "depth", "model_heads": "heads", "mlp_ratio": "mlp_ratio"}
 
@@ -72,6 +73,12 @@ class ModelConfig:
     activation_checkpointing: bool = opt(
         False, "recompute activations in the backward pass instead of keeping them (per transformer block for "
         "ViTs, per backbone stage for CNNs): less memory, about a third more compute, the same losses",
+        action=argparse.BooleanOptionalAction,
+    )
+
+    channels_last: bool = opt(
+        True, "feed convolutional models (CRNNs, DBNets) their images channels-last (NHWC), which the convolution "
+        "kernels run faster (benchmarks/results/compute-*: a fifth less step time on CPU); equal up to rounding",
         action=argparse.BooleanOptionalAction,
     )
 
@@ -260,6 +267,10 @@ class StrategyConfig:
                               "the host's cores divided by the ranks on it)")
     dist_timeout: float = opt(300.0, "seconds a rank may stop responding before the job ends with a line naming it "
                               "(a stopped, hung or killed process); collectives time out a little later")
+    compile: str | None = opt(None, "torch.compile the model (strategies that support it: single, ddp, fsdp); a bare "
+                              "--compile uses inductor, --compile aot_eager traces without generating code (to tell "
+                              "a compiler problem from a model one)", nargs="?", const="inductor",
+                              choices=COMPILE_BACKENDS, metavar="BACKEND")
 
     def __post_init__(self) -> None:
         _require_finite(self, "device_memory_gb", "dist_timeout")

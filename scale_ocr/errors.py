@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import TypeVar
 
+EXIT_FAULT = 1  # the job failed for a reason that is not the user's mistake
 EXIT_USER_ERROR = 2
 EXIT_OUT_OF_MEMORY = 3  # distinct, so the benchmark runner can record an OOM as a result
 
@@ -72,6 +73,11 @@ def is_out_of_memory(exc: BaseException) -> bool:
             or "DefaultCPUAllocator: can't allocate memory" in text or "CUDA out of memory" in text)
 
 
+def is_compile_failure(exc: BaseException) -> bool:
+    """torch.compile failed: dynamo could not trace the model, or its backend (inductor's C++/Triton build) failed."""
+    return type(exc).__module__.startswith(("torch._dynamo", "torch._inductor"))
+
+
 def report_peer_lost(exc: BaseException) -> None:
     """One line for a collective that failed because a peer is gone. Every survivor sees it and names
     itself, as none can know who saw it first."""
@@ -111,6 +117,12 @@ def report_user_errors(main: F) -> F:
             if is_peer_lost(exc):
                 report_peer_lost(exc)
                 return EXIT_PEER_LOST
+            if is_compile_failure(exc):
+                if os.environ.get("RANK", "0") == "0":
+                    print(f"scale-ocr: error: torch.compile failed ({type(exc).__name__}: {first_line(exc)[:200]}); "
+                          "run without --compile, or with --compile aot_eager to tell tracing from code generation",
+                          file=sys.stderr, flush=True)
+                return EXIT_FAULT
             if is_out_of_memory(exc):  # printed by the rank that ran out, whichever it is
                 first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
                 print(f"scale-ocr: error: out of memory on rank {os.environ.get('RANK', '0')} ({first}); lower "

@@ -66,6 +66,8 @@ def train(cfg: RunConfig, dist: DistInfo, strategy, task: Task, checkpoints: Che
     torch.manual_seed(cfg.train.seed + 1 + dist.rank)  # per-rank augmentation randomness
     data = task.build_data(cfg.data, cfg.train.batch_size, cfg.train.seed, dist)
     wrapped, optimizer = strategy.setup(model, build_optimizer_spec(cfg.optim))
+    if cfg.strategy.compile:
+        strategy.compile(wrapped)
     total = plan_steps(len(data.train_loader) // cfg.train.grad_accum, cfg.train.epochs, cfg.train.max_steps)
     schedule = LRSchedule(optimizer, cfg.optim.peak_lr, lr_factor(cfg.optim.sched, total, default_warmup(cfg.optim, total)))
     run_dir = checkpoints.dir.parent

@@ -7,6 +7,8 @@ capabilities, never for names.
 
 from __future__ import annotations
 
+import os
+import shutil
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -18,9 +20,16 @@ from torch import nn
 
 from scale_ocr.config import OptimConfig, StrategyConfig, TrainConfig
 from scale_ocr.distributed import DistInfo
+from scale_ocr.errors import UserError
 from scale_ocr.memory.meter import StateBytes, StateMeter
 from scale_ocr.memory.model import StateLayout
 from scale_ocr.optim import OptimizerSpec
+
+
+def cpp_compiler() -> str | None:
+    """The C++ compiler inductor would run on a CPU host, if there is one."""
+    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
+    return next((found for name in names if (found := shutil.which(name))), None)
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,8 @@ class Strategy(ABC):
     max_world_size: int | None = None
     #: Parameters, gradients or optimizer state are split across ranks.
     shards_state: bool = False
+    #: ``--compile`` works: :meth:`compile` can torch.compile the module :meth:`setup` returns.
+    compiles: bool = False
 
     def __init__(self, cfg: StrategyConfig, dist: DistInfo, train: TrainConfig, optim: OptimConfig,
                  run_dir: Path | None = None) -> None:
@@ -104,6 +115,18 @@ class Strategy(ABC):
         Returns the module to call in the loop and an object with ``param_groups`` whose ``lr``
         the learning-rate schedule sets.
         """
+
+    def compile(self, model: nn.Module) -> None:
+        """torch.compile ``model`` (what :meth:`setup` returned) in place with ``--compile``'s backend.
+
+        In place (``nn.Module.compile``), so parameter and state-dict names do not change and checkpoints stay
+        portable. The first forward compiles (and a validation forward once more, in eval mode); engines'
+        hooks (DDP's buckets, FSDP2's all-gathers) stay outside the compiled graphs, where dynamo puts them.
+        """
+        if self.cfg.compile == "inductor" and self.dist.device.type == "cpu" and not cpp_compiler():
+            raise UserError("--compile on CPU generates C++, but no compiler was found ($CXX, g++, c++ or clang++ on "
+                            "PATH): install one (apt-get install g++), or use --compile aot_eager")
+        model.compile(backend=self.cfg.compile)
 
     @abstractmethod
     def no_sync(self) -> AbstractContextManager:

@@ -29,6 +29,8 @@ class DDP(Strategy):
     DDP keeps a second gradient-sized copy per rank.
     """
 
+    compiles = True
+
     def setup(self, model: nn.Module, optimizer: OptimizerSpec) -> tuple[nn.Module, Any]:
         device = self.dist.device
         self.module = model.to(device)

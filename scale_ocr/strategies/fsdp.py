@@ -53,6 +53,7 @@ class FSDP(Strategy):
     """
 
     shards_state = True
+    compiles = True
 
     def __init__(self, *args, reshard_after_forward: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -54,6 +54,10 @@ def check_launch(cfg: StrategyConfig, world_size: int, launcher: str) -> Strateg
             f"--ds-config is read by DeepSpeed strategies only, not --strategy {cfg.strategy}; "
             "use --strategy deepspeed (or zero1/zero2/zero3) with it"
         )
+    if cfg.compile and not entry.cls.compiles:
+        able = ", ".join(name for name, e in _STRATEGIES.items() if e.cls.compiles)
+        raise UserError(f"--compile runs under {able}, not --strategy {cfg.strategy}; pick one of those or "
+                        "drop --compile")
     return entry
 
 

@@ -25,6 +25,7 @@ class SingleDevice(Strategy):
     """One process, one device, no wrapper: the reference every other strategy is compared to."""
 
     max_world_size = 1
+    compiles = True
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         return model
@@ -68,6 +69,8 @@ class DataParallel(SingleDevice):
     The baseline of the benchmarks. On a CPU-only host it runs the module directly in one process
     that uses all cores as threads, which is DataParallel's own behaviour without GPUs.
     """
+
+    compiles = False  # the baseline stays as users run it; torch.compile does not trace DataParallel's scatter
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         return nn.DataParallel(model)

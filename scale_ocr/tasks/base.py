@@ -76,7 +76,10 @@ class Task(ABC):
         return create_model(self.arch, **self.model_kwargs(), **self.cfg.size_overrides())
 
     def apply_options(self, model: nn.Module) -> nn.Module:
-        """Wrap a bare model as this run asks (activation checkpointing); parameter names do not change."""
+        """Wrap a bare model as this run asks (activation checkpointing, channels-last images); parameter names do
+        not change."""
+        if self.cfg.channels_last and getattr(model, "channels_last", False):
+            model.register_forward_pre_hook(channels_last_images)
         if self.cfg.activation_checkpointing:
             from scale_ocr.models.checkpointing import apply_activation_checkpointing
 
@@ -139,3 +142,15 @@ class Task(ABC):
     @abstractmethod
     def predict(self, model: nn.Module, images: list[str], batch_size: int = 16) -> list[dict[str, Any]]:
         """One result per image file (the task decides its fields), in batches, on CPU."""
+
+
+def channels_last_images(module: nn.Module, args: tuple) -> tuple:
+    """Forward pre-hook: the images (first argument) in channels-last memory order, the rest as given.
+
+    Only the input changes: convolutions follow their input's layout, and the weights keep theirs, which engines
+    that flatten parameters (DeepSpeed) could not keep anyway, so every engine computes the same thing.
+    """
+    if args and isinstance(args[0], torch.Tensor) and args[0].dim() == 4:
+        return (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
+    return args
+

@@ -117,3 +117,9 @@ def test_gpu_memory_cap_on_a_cpu_rank_says_how_to_cap_a_cpu_process(tmp_path, ca
     code, line = _run(capsys, ["--gpu-memory-cap-gb", "4", *out])
     assert code == 2 and "caps GPU memory" in line and "ulimit -d" in line
     assert not (tmp_path / "run").exists()  # refused before the run directory is claimed
+
+
+def test_compile_under_an_engine_that_does_not_compile(capsys, tmp_path):
+    code, line = _run(capsys, ["--strategy", "zero2", "--compile", "--output-dir", str(tmp_path / "run")])
+    assert code == 2 and "--compile runs under single, ddp, fsdp" in line and "zero2" in line
+    assert not (tmp_path / "run").exists()  # refused before the run directory is claimed

@@ -89,6 +89,7 @@ class DBNet(nn.Module):
     """
 
     doctr_arch: str | None = None  # docTR's name for the same architecture (set by the builders below)
+    channels_last = True  # convolutional: faster fed NHWC images (ModelConfig.channels_last)
     doctr_names: dict[str, str] = {}  # key prefixes, ours -> docTR's
 
     def __init__(self, stages: Sequence[nn.Module], stage_channels: Sequence[int], fpn_channels: int) -> None:

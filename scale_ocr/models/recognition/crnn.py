@@ -57,6 +57,7 @@ class CRNN(nn.Module):
         self.head = nn.Linear(2 * rnn_units, num_classes)
 
     doctr_arch: str | None = None  # docTR's name for the same architecture (set by the builders below)
+    channels_last = True  # convolutional: faster fed NHWC images (ModelConfig.channels_last)
 
     def to_doctr_state_dict(self, state: dict[str, torch.Tensor]) -> tuple[str, dict[str, torch.Tensor]]:
         """``state`` in docTR's CRNN layout: the same layers under docTR's names, the CTC blank last (docTR's

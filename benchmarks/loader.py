@@ -1,0 +1,186 @@
+"""Does the input pipeline keep up? Samples/s the loader delivers alone against what training consumes.
+
+    python -m benchmarks.loader --out benchmarks/results/loader-HOST-DATE
+
+One process plays rank 0 of a ``--world-size`` job on this host (its share of the data, ``cores / world size``
+torch threads). For each data source the trainer reads, built by the task exactly as ``train.py`` builds it
+(``task.build_data``), and each ``--workers`` setting, it times ``--batches`` batches of the training loader
+after the first (workers starting, the first decode), over two passes where a source keeps what it rendered:
+
+- ``synthetic``: words rendered on the fly with the default augmentations (the default recipe);
+- ``synthetic-plain``: the same with ``--no-augment``, whose rendered words are kept (second pass: the memo);
+- ``folder``: a docTR recognition folder (PNG files) with the default augmentations;
+- ``folder-plain``: the same folder with ``--no-augment``;
+- ``cache``: a ``--data-cache`` file of pre-rendered words (what the other benchmarks train on).
+
+Training's consumption is measured in the same process: forward, CTC loss, backward and AdamW step of the
+model on one fixed batch, with the same threads, i.e. what one rank would consume if it never waited and never
+communicated (so the headroom reported is a lower bound). ``headroom = loader / training``: above 1 with
+workers, loading hides behind training; with 0 workers loading runs between steps, and ``share`` is the part
+of each step it takes, ``(1/loader) / (1/loader + 1/training)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.overhead import write_folder
+from benchmarks.scaling import default_out, hardware, versions, work_dir
+
+SOURCES = ("synthetic", "synthetic-plain", "folder", "folder-plain", "cache")
+
+
+def data_flags(source: str, folder: Path, cache: str, samples: int) -> list[str]:
+    plain = ["--no-augment"] if source.endswith("-plain") else []
+    if source.startswith("synthetic"):
+        return ["--train-samples", str(samples), "--val-samples", "8", *plain]
+    if source.startswith("folder"):
+        return ["--train-path", str(folder), "--val-path", str(folder), *plain]
+    return ["--data-cache", cache]
+
+
+def loader_rate(cfg, task, dist, batches: int, passes: int) -> list[float]:
+    """Samples/s of each pass over ``batches`` batches (after one untimed batch in the first pass)."""
+    data = task.build_data(cfg.data, cfg.train.batch_size, cfg.train.seed, dist)
+    rates = []
+    for epoch in range(passes):
+        data.train_sampler.set_epoch(0)  # the same words again: a second pass sees what a source kept
+        it = iter(data.train_loader)
+        if epoch == 0:
+            next(it)
+        t0 = time.perf_counter()
+        n = 0
+        for _ in range(batches):
+            n += len(next(it).words)
+        rates.append(n / (time.perf_counter() - t0))
+        del it
+    return rates
+
+
+def training_rate(cfg, task, dist, steps: int) -> float:
+    """Samples/s one rank's forward, loss, backward and fused AdamW step process on one batch of ``cfg``'s data."""
+    import torch
+
+    from scale_ocr.optim import build_optimizer_spec
+
+    torch.manual_seed(0)
+    model = task.build_model()
+    opt = build_optimizer_spec(cfg.optim).build(model)
+    batch = next(iter(task.build_data(cfg.data, cfg.train.batch_size, cfg.train.seed, dist).train_loader))
+    inputs, batch_size = batch.inputs, len(batch.words)
+    times = []
+    for i in range(steps + 2):
+        t0 = time.perf_counter()
+        model(*inputs)["loss"].backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return batch_size / statistics.median(times)
+
+
+def run(a: argparse.Namespace) -> Path:
+    import torch
+
+    from scale_ocr.cli_args import parse_config
+    from scale_ocr.distributed import DistInfo
+    from scale_ocr.tasks import create_task
+
+    hw = hardware()
+    threads = max(1, (hw["cores"] or 1) // a.world_size)
+    torch.set_num_threads(threads)
+    a.out.mkdir(parents=True, exist_ok=True)
+    work = work_dir(a.out)
+    samples = a.batch_size * a.world_size * (a.batches + 1)
+    dist = DistInfo(0, a.world_size, 0, a.world_size, torch.device("cpu"), "gloo", "python")
+    base = [a.arch, "-b", str(a.batch_size), "--output-dir", str(work / "unused")]
+    task = create_task(parse_config(base).model)
+    folder = write_folder(work / f"folder-{samples}", samples, task.vocab.chars)
+    cache = task.benchmark_data(work, samples, print)[1]
+    train_sps = training_rate(parse_config([*base, "--data-cache", cache]), task, dist, a.train_steps)
+    print(f"loader: training consumes {train_sps:.1f} samples/s per rank ({threads} threads)", flush=True)
+    rows = []
+    for source in a.sources:
+        for workers in a.workers:
+            cfg = parse_config([*base, *data_flags(source, folder, cache, samples), "--workers", str(workers)])
+            rates = loader_rate(cfg, task, dist, a.batches, a.passes)
+            best = max(rates)
+            rows.append({"source": source, "workers": workers, "loader_sps": rates, "train_sps": train_sps,
+                         "headroom": [r / train_sps for r in rates],
+                         "serial_share": [(1 / r) / (1 / r + 1 / train_sps) for r in rates]})
+            print(f"loader: {source}, {workers} workers: " + ", ".join(f"pass {i + 1} {r:.1f}" for i, r in enumerate(rates))
+                  + f" samples/s (headroom {best / train_sps:.2f})", flush=True)
+    doc = {"arch": a.arch, "batch_size": a.batch_size, "world_size": a.world_size, "threads": threads,
+           "batches": a.batches, "hardware": hw, "versions": versions(), "rows": rows,
+           "command": " ".join(["python -m benchmarks.loader", *sys.argv[1:]])}
+    (a.out / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return write_report(a.out)
+
+
+def write_report(out_dir: Path) -> Path:
+    doc = json.loads((out_dir / "results.json").read_text())
+    hw, ver = doc["hardware"], doc["versions"]
+    passes = len(doc["rows"][0]["loader_sps"]) if doc["rows"] else 0
+    md = [f"# Input pipeline: {doc['arch']}, batch {doc['batch_size']} per rank, rank 0 of {doc['world_size']}, "
+          f"{doc['threads']} torch threads", "",
+          f"Command: `{doc['command']}`  ",
+          f"Host: {hw['cpu']} ({hw['cores']} cores); git {ver.get('git')}, torch {ver.get('torch')}", "",
+          f"Training consumes {doc['rows'][0]['train_sps']:.1f} samples/s per rank (forward, loss, backward, step on one "
+          "fixed batch: no waiting, no communication). Headroom = loader samples/s / training samples/s; with 0 "
+          "workers loading runs between steps and takes the step share given. Pass 2 reads the same words again "
+          "(synthetic-plain: from the memo of rendered words).", "",
+          "| source | workers | " + " | ".join(f"loader samples/s, pass {i + 1}" for i in range(passes))
+          + " | headroom (best pass) | share of a step if serial (pass 1 / last) |",
+          "|---|---|" + "---|" * passes + "---|---|"]
+    for r in doc["rows"]:
+        md.append(f"| {r['source']} | {r['workers']} | " + " | ".join(f"{v:.1f}" for v in r["loader_sps"])
+                  + f" | {max(r['headroom']):.2f} | {r['serial_share'][0]:.1%} / {r['serial_share'][-1]:.1%} |")
+    report = out_dir / "report.md"
+    report.write_text("\n".join(md) + "\n")
+    return report
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.loader", description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", default="crnn_mobilenet_v3_small")
+    p.add_argument("--sources", default=",".join(SOURCES), help="comma-separated, from " + ",".join(SOURCES))
+    p.add_argument("--workers", default="0,1", help="comma-separated loader worker counts")
+    p.add_argument("--world-size", type=int, default=2, help="the job whose rank 0 is played")
+    p.add_argument("-b", "--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--batches", type=int, default=20, help="timed batches per pass")
+    p.add_argument("--passes", type=int, default=2, help="passes over the same words")
+    p.add_argument("--train-steps", type=int, default=10, help="timed training steps")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--report", type=Path, default=None, help="only rebuild DIR/report.md from DIR/results.json")
+    a = p.parse_args(argv)
+    a.sources = tuple(s for s in a.sources.split(",") if s)
+    a.workers = tuple(int(w) for w in a.workers.split(",") if w)
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    from scale_ocr.errors import UserError
+
+    a = parse(argv)
+    if a.report:
+        print(write_report(a.report))
+        return 0
+    unknown = sorted(set(a.sources) - set(SOURCES))
+    if unknown:
+        raise UserError(f"--sources: {', '.join(unknown)} is not a source; choose from {', '.join(SOURCES)}")
+    if a.batches < 1 or a.passes < 1 or a.world_size < 1 or any(w < 0 for w in a.workers):
+        raise UserError("--batches, --passes and --world-size must be at least 1, --workers at least 0")
+    a.out = a.out or default_out("loader")
+    print(f"loader: report {run(a)}")
+    return 0
+
+
+if __name__ == "__main__":
+    from scale_ocr.errors import report_user_errors
+
+    sys.exit(report_user_errors(main)())
