@@ -78,7 +78,7 @@ class ModelConfig:
 
     channels_last: bool = opt(
         True, "feed convolutional models (CRNNs, DBNets) their images channels-last (NHWC), which the convolution "
-        "kernels run faster (benchmarks/results/compute-*: a fifth less step time on CPU); equal up to rounding",
+        "kernels run faster (benchmarks/results/compute-vm-20261202: 13-23% less step time on CPU); equal up to rounding",
         action=argparse.BooleanOptionalAction,
     )
 
