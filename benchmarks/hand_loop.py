@@ -131,6 +131,8 @@ def main() -> None:
     p.add_argument("--window", type=int, default=10,
                    help="also time each N-step window after the warm-up (the trainer's --log-every windows)")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--channels-last", action="store_true",
+                   help="feed a convolutional model (one whose class sets channels_last) NHWC images, as the trainer does")
     p.add_argument("--sched", choices=("constant", "onecycle"), default="constant",
                    help="onecycle: torch's OneCycleLR (max_lr=--lr) over --steps")
     p.add_argument("--val-folder", help="a docTR folder to measure exact match on (single and ddp)")
@@ -173,6 +175,7 @@ def main() -> None:
     val_labels = [word for _, word in val.items] if val else []
     torch.manual_seed(args.seed)
     model = create_model(args.arch, num_classes=len(data.index) + 1, input_size=size).to(device)
+    layout = torch.channels_last if args.channels_last and getattr(model, "channels_last", False) else torch.contiguous_format
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True, collate_fn=collate,
                         num_workers=args.workers, persistent_workers=args.workers > 0, pin_memory=cuda)
@@ -220,7 +223,7 @@ def main() -> None:
         sampler.set_epoch(epoch)
         for images, targets, lengths in loader:
             images, targets, lengths = images.to(device), targets.to(device), lengths.to(device)
-            images = norm(images)
+            images = norm(images).contiguous(memory_format=layout)
             loss = model(images, targets, lengths)["loss"]
             if args.engine.startswith("zero"):
                 model.backward(loss)

@@ -75,12 +75,18 @@ def data_args(a: argparse.Namespace, task, work: Path) -> tuple[list[str], list[
             ["--folder", folder, "--chars", task.vocab.chars, "--input-size", f"{h}x{w}", "--workers", str(a.workers)])
 
 
+def channels_last(a: argparse.Namespace) -> bool:
+    """Both sides feed CNNs NHWC images (the trainer's default) unless ``--layout nchw``."""
+    return getattr(a, "layout", "channels-last") == "channels-last"
+
+
 def trainer_job(a: argparse.Namespace, strategy: str, ws: int, data: list[str], run_dir: Path,
                 batch: int | None = None, launcher: str | None = None) -> tuple[list[str], Path]:
     """Train.py's command (``batch`` per rank, default ``a.batch_size``) and the summary it writes."""
     args = [a.arch, "--strategy", strategy, "-b", str(batch or a.batch_size), "--max-steps", str(a.steps), "--epochs", "1000",
             *data, "--lr", str(a.lr), "--no-eval", "--no-save-model", "--resume", "none",
-            "--output-dir", str(run_dir), "--wandb-mode", a.wandb_mode, "--run-name", run_dir.name]
+            "--output-dir", str(run_dir), "--wandb-mode", a.wandb_mode, "--run-name", run_dir.name,
+            *([] if channels_last(a) else ["--no-channels-last"])]
     return launch(strategy, ws, TRAIN, args, launcher), run_dir / "metrics.json"
 
 
@@ -90,7 +96,7 @@ def hand_job(a: argparse.Namespace, strategy: str, ws: int, data: list[str], run
     out = run_dir / "hand.json"
     args = ["--engine", strategy, "--arch", a.arch, *data, "-b", str(batch or a.batch_size),
             "--steps", str(a.steps), "--warmup", str(warmup_steps(a.steps)), "--window", str(WINDOW), "--lr", str(a.lr),
-            "--out", str(out)]
+            "--out", str(out), *(["--channels-last"] if channels_last(a) else [])]
     return launch(strategy, ws, HAND, args, launcher), out
 
 
@@ -160,6 +166,7 @@ def run(a: argparse.Namespace) -> Path:
                         "threads_per_rank": threads,
                         "arch": a.arch, "batch_size": a.batch_size, "steps": a.steps,
                         "warmup": warmup_steps(a.steps), "precision": "fp32", "data": a.data, "workers": a.workers,
+                        "layout": a.layout,
                         "command": " ".join(cmd).replace(f"{REPO}/", ""), "versions": ver, "hardware": hw}
                 with results.open("a", encoding="utf-8") as f:
                     f.write(json.dumps(line) + "\n")
@@ -209,7 +216,8 @@ def write_report(out_dir: Path) -> Path:
     data = ("a docTR folder decoded at every step, " f"{first['workers']} loader workers" if first.get("data") == "folder"
             else "pre-rendered words in memory")
     md = [f"# Trainer overhead: {first['arch']}, batch {first['batch_size']} per rank, {first['precision']}, "
-          f"{first['steps']} steps ({first['warmup']} untimed), {data}", "",
+          f"{first['steps']} steps ({first['warmup']} untimed), {data}, "
+          f"{first.get('layout', 'nchw')} images on both sides", "",
           f"Command: `{command}`  ",
           f"Host: {hw['cpu']} ({hw['cores']} cores), {', '.join(hw['gpus']) or 'no GPU'}; git {ver.get('git')}, "
           f"torch {ver.get('torch')}, deepspeed {ver.get('deepspeed')}, fairscale {ver.get('fairscale')}", "",
@@ -268,6 +276,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="pre-rendered words in memory, or a docTR folder of PNG files decoded at every step")
     p.add_argument("--workers", type=int, default=0, help="loader workers per rank, both sides (--data folder)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run")
+    p.add_argument("--layout", choices=["channels-last", "nchw"], default="channels-last",
+                   help="image layout on both sides: the trainer's default (channels-last for CNNs, the hand loop "
+                        "converting its inputs the same way), or NCHW (the trainer with --no-channels-last)")
     p.add_argument("--wandb-mode", default="offline", choices=["offline", "disabled"], help="the trainer's")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--report", type=Path, default=None, help="only rebuild DIR/report.md from DIR/results.jsonl")

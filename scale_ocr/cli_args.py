@@ -76,13 +76,14 @@ def build_parser(prog: str = "scale-ocr train") -> argparse.ArgumentParser:
         hints = typing.get_type_hints(section)
         for f in dataclasses.fields(section):
             meta = dict(f.metadata)
+            text = meta["help"].replace("%", "%%")  # argparse formats help with %: a literal "13%" must not break --help
             flags = list(meta["flags"]) or [_flag(f.name)]
             if flags == ["arch"]:
-                group.add_argument("arch", nargs="?", help=meta["help"], default=argparse.SUPPRESS)
+                group.add_argument("arch", nargs="?", help=text, default=argparse.SUPPRESS)
                 continue
             kw = _argparse_kw(f, hints)
             default = f.default if f.default is not dataclasses.MISSING else None
-            group.add_argument(*flags, dest=f.name, help=f"{meta['help']} (default: {default})", **kw)
+            group.add_argument(*flags, dest=f.name, help=f"{text} (default: {str(default).replace('%', '%%')})", **kw)
             for alias in meta["aliases"]:
                 group.add_argument(alias, dest=f.name, help=argparse.SUPPRESS, **kw)
     return parser
