@@ -271,9 +271,16 @@ class StrategyConfig:
                               "--compile uses inductor, --compile aot_eager traces without generating code (to tell "
                               "a compiler problem from a model one)", nargs="?", const="inductor",
                               choices=COMPILE_BACKENDS, metavar="BACKEND")
+    bucket_mb: float = opt(25.0, "DDP's gradient all-reduce bucket size in MB (torch's bucket_cap_mb; DeepSpeed's "
+                           "buckets are set in its JSON)")
+    static_graph: bool = opt(False, "tell DDP the graph is the same at every step (torch's static_graph), which "
+                             "lets it skip its per-step search for unused parameters",
+                             action=argparse.BooleanOptionalAction)
 
     def __post_init__(self) -> None:
-        _require_finite(self, "device_memory_gb", "dist_timeout")
+        _require_finite(self, "device_memory_gb", "dist_timeout", "bucket_mb")
+        if self.bucket_mb <= 0:
+            raise UserError(f"--bucket-mb {self.bucket_mb}: give DDP's bucket size in MB, e.g. 25")
         if self.dist_timeout < 5:
             raise UserError(f"--dist-timeout {self.dist_timeout}: use at least 5 seconds")
         if self.threads is not None and self.threads < 1:
@@ -359,6 +366,9 @@ class RunConfig:
             object.__setattr__(self, "optim", dataclasses.replace(self.optim, lr=recommended_lr(self.model.arch)))
         if self.optim.sched is None:
             object.__setattr__(self, "optim", dataclasses.replace(self.optim, sched=task.default_sched))
+        if self.strategy.static_graph and self.train.grad_accum > 1:  # torch 2.14: an internal assert in backward
+            raise UserError(f"--static-graph cannot be combined with --grad-accum {self.train.grad_accum}: DDP's static "
+                            "graph does not support skipping the all-reduce between micro-batches; drop one of them")
         task.check_config(self)  # e.g. synthetic words that CTC cannot align
 
     def to_dict(self) -> dict[str, Any]:

@@ -66,6 +66,8 @@ class Strategy(ABC):
     shards_state: bool = False
     #: ``--compile`` works: :meth:`compile` can torch.compile the module :meth:`setup` returns.
     compiles: bool = False
+    #: ``--bucket-mb`` and ``--static-graph`` set its gradient reducer (DDP's).
+    tunes_reducer: bool = False
 
     def __init__(self, cfg: StrategyConfig, dist: DistInfo, train: TrainConfig, optim: OptimConfig,
                  run_dir: Path | None = None) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,13 @@ def check_launch(cfg: StrategyConfig, world_size: int, launcher: str) -> Strateg
         able = ", ".join(name for name, e in _STRATEGIES.items() if e.cls.compiles)
         raise UserError(f"--compile runs under {able}, not --strategy {cfg.strategy}; pick one of those or "
                         "drop --compile")
+    defaults = {f.name: f.default for f in fields(StrategyConfig)}
+    tuned = [f"--{n.replace('_', '-')}" for n in ("bucket_mb", "static_graph") if getattr(cfg, n) != defaults[n]]
+    if tuned and not entry.cls.tunes_reducer:
+        able = ", ".join(name for name, e in _STRATEGIES.items() if e.cls.tunes_reducer)
+        raise UserError(f"{' and '.join(tuned)} tune{'s' if len(tuned) == 1 else ''} DDP's gradient reducer "
+                        f"({able}), which --strategy {cfg.strategy} does not use; drop "
+                        f"{'it' if len(tuned) == 1 else 'them'} (DeepSpeed's buckets are set in its JSON)")
     return entry
 
 

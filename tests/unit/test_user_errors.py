@@ -123,3 +123,14 @@ def test_compile_under_an_engine_that_does_not_compile(capsys, tmp_path):
     code, line = _run(capsys, ["--strategy", "zero2", "--compile", "--output-dir", str(tmp_path / "run")])
     assert code == 2 and "--compile runs under single, ddp, fsdp" in line and "zero2" in line
     assert not (tmp_path / "run").exists()  # refused before the run directory is claimed
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--strategy", "zero2", "--bucket-mb", "5"], "--bucket-mb tunes DDP's gradient reducer (ddp)"),
+    (["--strategy", "ddp", "--static-graph", "--grad-accum", "2"], "--static-graph cannot be combined with --grad-accum 2"),
+    (["--strategy", "ddp", "--bucket-mb", "0"], "--bucket-mb 0.0: give DDP's bucket size in MB"),
+])
+def test_ddp_reducer_flags_that_cannot_apply(capsys, tmp_path, flags, says):
+    code, line = _run(capsys, [*flags, "--output-dir", str(tmp_path / "run")])
+    assert code == 2 and says in line
+    assert not (tmp_path / "run").exists()
