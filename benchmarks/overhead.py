@@ -81,12 +81,12 @@ def channels_last(a: argparse.Namespace) -> bool:
 
 
 def trainer_job(a: argparse.Namespace, strategy: str, ws: int, data: list[str], run_dir: Path,
-                batch: int | None = None, launcher: str | None = None) -> tuple[list[str], Path]:
-    """Train.py's command (``batch`` per rank, default ``a.batch_size``) and the summary it writes."""
+                batch: int | None = None, launcher: str | None = None, extra: tuple[str, ...] = ()) -> tuple[list[str], Path]:
+    """Train.py's command (``batch`` per rank, default ``a.batch_size``; ``extra`` flags) and the summary it writes."""
     args = [a.arch, "--strategy", strategy, "-b", str(batch or a.batch_size), "--max-steps", str(a.steps), "--epochs", "1000",
             *data, "--lr", str(a.lr), "--no-eval", "--no-save-model", "--resume", "none",
             "--output-dir", str(run_dir), "--wandb-mode", a.wandb_mode, "--run-name", run_dir.name,
-            *([] if channels_last(a) else ["--no-channels-last"])]
+            *([] if channels_last(a) else ["--no-channels-last"]), *extra]
     return launch(strategy, ws, TRAIN, args, launcher), run_dir / "metrics.json"
 
 
