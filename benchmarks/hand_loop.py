@@ -110,6 +110,8 @@ def exact_match(net: torch.nn.Module, data: Dataset, chars: str, labels: list[st
 
 def ds_config(engine: str, batch: int, world: int) -> dict:
     cfg = json.loads((REPO / "ds_configs" / f"{engine}.json").read_text())
+    if cfg["zero_optimization"].get("overlap_comm") == "auto":  # as scale-ocr resolves it: on with a GPU
+        cfg["zero_optimization"]["overlap_comm"] = torch.cuda.is_available()
     cfg.update(train_micro_batch_size_per_gpu=batch, gradient_accumulation_steps=1, train_batch_size=batch * world,
                gradient_clipping=0.0, fp16={"enabled": False}, bf16={"enabled": False})
     return cfg

@@ -54,7 +54,7 @@ class DeepSpeed(Strategy):
             self.raw_config, source=self.source, micro_batch=self.train.batch_size,
             grad_accum=self.train.grad_accum, world_size=self.world_size, clip_grad=self.optim.clip_grad,
             precision=self.train.precision, lr=self.optim.peak_lr, weight_decay=self.optim.wd,
-            nvme_path=self.cfg.nvme_path, nvme_default=str(own_swap),
+            nvme_path=self.cfg.nvme_path, nvme_default=str(own_swap), device_type=self.dist.device.type,
         )
         self.nvme_paths = sorted({Path(s["nvme_path"]) for s in nvme_sections(self.ds_config)})
         self._own_swap = [own_swap] if self.cfg.nvme_path is None and own_swap in self.nvme_paths else []

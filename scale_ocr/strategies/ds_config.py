@@ -62,7 +62,8 @@ def _fill(node: dict[str, Any], key: str, value: Any, source: str, flag: str) ->
 
 def resolve_ds_config(raw: dict[str, Any], *, source: str, micro_batch: int, grad_accum: int, world_size: int,
                       clip_grad: float, precision: str, lr: float, weight_decay: float,
-                      nvme_path: str | None = None, nvme_default: str | None = None) -> dict[str, Any]:
+                      nvme_path: str | None = None, nvme_default: str | None = None,
+                      device_type: str = "cuda") -> dict[str, Any]:
     """A copy of ``raw`` with every ``"auto"`` filled and the batch arithmetic checked.
 
     fp16/bf16 ``"auto"`` follow ``--precision``: DeepSpeed then holds 16-bit weights with fp32 master
@@ -73,6 +74,10 @@ def resolve_ds_config(raw: dict[str, Any], *, source: str, micro_batch: int, gra
 
     An NVMe offload section's ``nvme_path`` follows ``--nvme-path`` (``nvme_path``), or when that is not
     given and the JSON says "auto", ``nvme_default`` (the run's own ``OUTPUT_DIR/nvme``).
+
+    ``zero_optimization.overlap_comm`` "auto" (the zero3 preset's) is on where ranks have a device (``device_type``
+    "cuda": communication runs on its own stream, beside backward) and off on CPU ranks, where there is no second
+    stream to overlap on and ZeRO-3 trained 4.9% faster without it (benchmarks/results/engine-knobs-vm-20261202).
     """
     cfg = copy.deepcopy(raw)
     _fill(cfg, "train_micro_batch_size_per_gpu", micro_batch, source, "--batch-size")
@@ -92,6 +97,9 @@ def resolve_ds_config(raw: dict[str, Any], *, source: str, micro_batch: int, gra
         raise UserError(
             f"{source}: remove the \"scheduler\" section; scale-ocr sets the learning rate itself (--sched, --lr)"
         )
+    zero = cfg.get("zero_optimization")
+    if isinstance(zero, dict) and zero.get("overlap_comm") == "auto":
+        zero["overlap_comm"] = device_type != "cpu"
     for section in nvme_sections(cfg):
         if nvme_path is not None:
             _fill(section, "nvme_path", nvme_path, source, "--nvme-path")

@@ -11,7 +11,7 @@ def _losses(run_dir):
     return [r["train/loss"] for r in read_jsonl(run_dir) if "train/loss" in r]
 
 
-def test_compiled_single_run_trains_like_the_eager_one(tmp_path, capsys):
+def test_compiled_single_run_trains_like_the_eager_one(tmp_path):
     eager, compiled = tmp_path / "eager", tmp_path / "compiled"
     assert main(["--strategy", "single", *TINY, "--output-dir", str(eager)]) == 0
     # aot_eager runs dynamo's and AOTAutograd's graphs without generating code: the same wiring as inductor

@@ -138,3 +138,12 @@ def test_every_op_build_uses_the_environments_ninja(monkeypatch, tmp_path):
     extensions.use_environment_extensions()
     extensions.use_environment_extensions()
     assert os.environ["PATH"].split(os.pathsep) == [str(scripts), "/usr/bin", "/bin"]
+
+
+def test_zero3_overlaps_communication_on_gpus_only():
+    raw = load_ds_config(preset_path("zero3"))
+    assert raw["zero_optimization"]["overlap_comm"] == "auto"
+    for device, overlap in (("cuda", True), ("cpu", False)):
+        assert resolve_ds_config(raw, **KW, device_type=device)["zero_optimization"]["overlap_comm"] is overlap
+    explicit = {"zero_optimization": {"stage": 3, "overlap_comm": True}}
+    assert resolve_ds_config(explicit, **KW, device_type="cpu")["zero_optimization"]["overlap_comm"] is True
