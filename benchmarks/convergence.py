@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.overhead import write_folder
+from benchmarks.report import command_line
 from benchmarks.scaling import REPO, TRAIN, default_out, hardware, launch_command, run_job, versions, work_dir
 
 HAND = REPO / "benchmarks" / "hand_loop.py"
@@ -186,7 +187,7 @@ def plot(rows: list[dict[str, Any]], out_dir: Path) -> str | None:
 
 def build_report(out_dir: Path) -> Path:
     rows = load(out_dir)
-    command = (out_dir / "command.txt").read_text().strip() if (out_dir / "command.txt").is_file() else "?"
+    command = command_line(out_dir)
     lines = ["# Convergence: scale_ocr's defaults vs the bare textbook loop", "", f"Command: `{command}`", ""]
     if rows:
         r0 = rows[0]

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.overhead import data_args, hand_job, timed_job, trainer_job
+from benchmarks.report import command_line, load, write_outputs
 from benchmarks.scaling import REPO, default_out, hardware, versions, work_dir
 
 # name: (side, strategy or engine, ranks, launcher, batch per rank in units of -b)
@@ -106,10 +107,10 @@ def verdicts(r: dict[str, list[float]]) -> list[str]:
 
 
 def write_report(out_dir: Path) -> Path:
-    lines = [json.loads(ln) for ln in (out_dir / "results.jsonl").read_text().splitlines() if ln.strip()]
+    lines = load(out_dir, "benchmarks.ddp_vs_dp")
     first = lines[0]
     hw, ver = first["hardware"], first["versions"]
-    command = (out_dir / "command.txt").read_text().strip() if (out_dir / "command.txt").is_file() else "?"
+    command = command_line(out_dir)
     md = [f"# 2-rank DDP vs DataParallel, and scaling efficiency: {first['arch']}, a docTR folder decoded per step",
           "", f"Command: `{command}`  ",
           f"Host: {hw['cpu']} ({hw['cores']} cores), {', '.join(hw['gpus']) or 'no GPU'}; git {ver.get('git')}, "
@@ -137,10 +138,7 @@ def write_report(out_dir: Path) -> Path:
                   + f" | {statistics.median(vals):.3f} |" if vals else f"| {key.replace('_', ' ')} | - |")
     failed = [f"- {ln['job']} r{ln['repeat']}: {ln['status']} {ln['error']}" for ln in lines if ln["status"] != "ok"]
     md += ["", *verdicts(r)] + (["", "Runs that did not finish:", *failed] if failed else [])
-    (out_dir / "summary.json").write_text(json.dumps(r, indent=1) + "\n")
-    report = out_dir / "report.md"
-    report.write_text("\n".join(md) + "\n")
-    return report
+    return write_outputs(out_dir, r, md)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.overhead import data_args, timed_job, trainer_job, warmup_steps, window_rate
+from benchmarks.report import command_line, load, write_outputs
 from benchmarks.scaling import REPO, default_out, hardware, versions, work_dir
 
 BIG_BUCKETS = {"reduce_bucket_size": 500_000_000, "allgather_bucket_size": 500_000_000,
@@ -48,7 +49,7 @@ def variant_flags(name: str, work: Path) -> list[str]:
         return change
     cfg = json.loads((REPO / "ds_configs" / f"{strategy}.json").read_text())
     zero = cfg["zero_optimization"]
-    zero.update({k: v for k, v in change.items() if k in zero or k == "overlap_comm"})
+    zero.update({k: v for k, v in change.items() if k in zero})  # a stage-3 key has no place in ZeRO-2
     path = work / f"{name}.json"
     path.write_text(json.dumps(cfg, indent=1) + "\n")
     return ["--ds-config", str(path)]
@@ -111,11 +112,11 @@ def summarize(lines: list[dict]) -> list[dict]:
 
 
 def write_report(out_dir: Path) -> Path:
-    lines = [json.loads(ln) for ln in (out_dir / "results.jsonl").read_text().splitlines() if ln.strip()]
+    lines = load(out_dir, "benchmarks.engine_knobs")
     rows = summarize(lines)
     first = lines[0]
     hw, ver = first["hardware"], first["versions"]
-    command = (out_dir / "command.txt").read_text().strip() if (out_dir / "command.txt").is_file() else "?"
+    command = command_line(out_dir)
     md = [f"# Engine settings: {first['arch']}, batch {first['batch_size']} per rank, {first['world_size']} ranks x "
           f"{first['threads_per_rank']} threads, {first['steps']} steps, pre-rendered words", "",
           f"Command: `{command}`  ",
@@ -136,10 +137,7 @@ def write_report(out_dir: Path) -> Path:
     failed = [f"- {r['variant']}: {e}" for r in rows for e in r["failed"]]
     if failed:
         md += ["", "Runs that did not finish:", *failed]
-    (out_dir / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
-    report = out_dir / "report.md"
-    report.write_text("\n".join(md) + "\n")
-    return report
+    return write_outputs(out_dir, rows, md)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

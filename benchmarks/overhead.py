@@ -27,6 +27,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from benchmarks.report import command_line, load, write_outputs
 from benchmarks.scaling import REPO, TRAIN, default_out, hardware, launch_command, run_job, versions, work_dir
 
 HAND = REPO / "benchmarks" / "hand_loop.py"
@@ -208,10 +209,10 @@ def _pair_ratios(lines: list[dict], key: str) -> tuple[list[float], list[float],
 
 
 def write_report(out_dir: Path) -> Path:
-    lines = [json.loads(ln) for ln in (out_dir / "results.jsonl").read_text().splitlines() if ln.strip()]
+    lines = load(out_dir, "benchmarks.overhead")
     rows = summarize(lines)
     first = lines[0]
-    command = (out_dir / "command.txt").read_text().strip() if (out_dir / "command.txt").is_file() else "?"
+    command = command_line(out_dir)
     hw, ver = first["hardware"], first["versions"]
     data = ("a docTR folder decoded at every step, " f"{first['workers']} loader workers" if first.get("data") == "folder"
             else "pre-rendered words in memory")
@@ -257,10 +258,7 @@ def write_report(out_dir: Path) -> Path:
             ratios = [f"{t[k] / h[k]:.3f}" if t.get(k) and h.get(k) else "-"
                       for k in ("samples_per_sec", "window_samples_per_sec")]
             md.append(f"| {r['strategy']} | {pair} | {cells[0]} | {cells[1]} | {ratios[0]} | {ratios[1]} |")
-    (out_dir / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
-    report = out_dir / "report.md"
-    report.write_text("\n".join(md) + "\n")
-    return report
+    return write_outputs(out_dir, rows, md)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

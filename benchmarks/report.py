@@ -21,13 +21,28 @@ MIB = 2**20
 KINDS = ("params", "grads", "optimizer", "other")
 
 
-def load(out_dir: Path) -> list[dict[str, Any]]:
+def load(out_dir: Path, made_by: str = "benchmarks.scaling") -> list[dict[str, Any]]:
+    """The lines of ``out_dir/results.jsonl``, which ``python -m MADE_BY`` writes."""
     path = out_dir / "results.jsonl"
     if not path.is_file():
         from scale_ocr.errors import UserError
 
-        raise UserError(f"{path} does not exist; run `python -m benchmarks.scaling` first")
+        raise UserError(f"{path} does not exist; run `python -m {made_by}` first")
     return [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+
+
+def command_line(out_dir: Path) -> str:
+    """The command that made ``out_dir`` (its ``command.txt``), or "?"."""
+    path = out_dir / "command.txt"
+    return path.read_text().strip() if path.is_file() else "?"
+
+
+def write_outputs(out_dir: Path, summary: Any, md: list[str]) -> Path:
+    """Write ``summary.json`` and ``report.md`` (``md``'s lines) into ``out_dir``; returns the report's path."""
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    report = out_dir / "report.md"
+    report.write_text("\n".join(md) + "\n")
+    return report
 
 
 def _median(rows: list[dict[str, Any]], key: str) -> float | None:
