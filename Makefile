@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 # DeepSpeed compiles C++ ops the first time a job needs them (about a minute each on 2 cores). They are built
-# here, once, into .venv/torch_extensions, where every scale_ocr launch looks (scale_ocr/extensions.py), so
+# here, once, into .venv/torch_extensions, where every scale_ocr launch looks (scale_ocr/dist/extensions.py), so
 # no job waits on a compiler. NVMe offload's async_io op links against libaio: its headers are installed
 # through apt-get when missing and we are root; without them every other strategy works and
 # --strategy zero3_nvme stops with one line saying what to install.
@@ -31,7 +31,7 @@ ops:
 			echo "note: libaio's headers are missing (apt-get install libaio-dev): --strategy zero3_nvme will not run"; \
 		fi; \
 	fi
-	-@$(PY) -m scale_ocr.extensions 2>&1 | grep "^scale-ocr"
+	-@$(PY) -m scale_ocr.dist.extensions 2>&1 | grep "^scale-ocr"
 
 # A real 2-rank DDP training on synthetic words (CPU + gloo without GPUs), then its metrics.
 # About 6.5 minutes on 2 CPU cores (measured: 37.7% exact match, CER 0.23). A constant learning rate gets the CRNN past CTC's early plateau

@@ -2,6 +2,6 @@
 
 import sys
 
-from scale_ocr.cli import main
+from scale_ocr.cli.main import main
 
 sys.exit(main())

@@ -1,6 +1,6 @@
 """The run configuration: frozen, typed sections that flow from the CLI to each component.
 
-Every field carries its help text and flag spellings in ``metadata``, so :mod:`scale_ocr.cli_args`
+Every field carries its help text and flag spellings in ``metadata``, so :mod:`scale_ocr.cli.args`
 builds the command line from these classes and nothing is declared twice. Precedence is
 defaults -> ``--config FILE`` (JSON or YAML) -> command-line flags.
 """

@@ -15,7 +15,7 @@ EXIT_OUT_OF_MEMORY = 3  # distinct, so the benchmark runner can record an OOM as
 F = TypeVar("F", bound=Callable[..., int])
 
 
-EXIT_PEER_LOST = 69  # EX_UNAVAILABLE: another rank died or stopped responding (see scale_ocr.watchdog)
+EXIT_PEER_LOST = 69  # EX_UNAVAILABLE: another rank died or stopped responding (see scale_ocr.run.watchdog)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention for Ctrl-C
 
 

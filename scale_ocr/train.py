@@ -17,24 +17,24 @@ if __package__ in (None, ""):
 
 import torch
 
-from scale_ocr.checkpoint import CheckpointManager
-from scale_ocr.cli_args import parse_config
+from scale_ocr.checkpoint.manager import CheckpointManager
+from scale_ocr.cli.args import parse_config
 from scale_ocr.config import RunConfig
-from scale_ocr.control import StepControl, StopSignal
-from scale_ocr.distributed import DistInfo, destroy_distributed, init_distributed, peek_launch
+from scale_ocr.dist.distributed import DistInfo, destroy_distributed, init_distributed, peek_launch
+from scale_ocr.dist.extensions import use_environment_extensions
 from scale_ocr.errors import report_user_errors
-from scale_ocr.extensions import use_environment_extensions
 from scale_ocr.memory.budget import cap_device_memory
 from scale_ocr.memory.host import return_freed_memory
 from scale_ocr.optim import LRSchedule, build_optimizer_spec, default_warmup, lr_factor
-from scale_ocr.run_dir import claim
-from scale_ocr.run_info import describe_run, run_summary_line, write_run_config
+from scale_ocr.run.control import StepControl, StopSignal
+from scale_ocr.run.run_dir import claim
+from scale_ocr.run.run_info import describe_run, run_summary_line, write_run_config
+from scale_ocr.run.trainer import Trainer, plan_steps
+from scale_ocr.run.watchdog import Watchdog
 from scale_ocr.strategies import check_launch, create_strategy
 from scale_ocr.strategies.auto import resolve_auto
 from scale_ocr.tasks import Task, create_task
 from scale_ocr.tracking import build_logger
-from scale_ocr.trainer import Trainer, plan_steps
-from scale_ocr.watchdog import Watchdog
 
 
 def run(cfg: RunConfig, dist: DistInfo, stop: StopSignal, watchdog: Watchdog | None = None) -> dict:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from scale_ocr.distributed import free_port
-from scale_ocr.extensions import use_environment_extensions
+from scale_ocr.dist.distributed import free_port
+from scale_ocr.dist.extensions import use_environment_extensions
 
 REPO = Path(__file__).resolve().parents[1]
 use_environment_extensions()  # DeepSpeed's ops as `make install` built them, in-process and in every job

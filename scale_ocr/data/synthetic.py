@@ -130,8 +130,8 @@ def render_page_word(word: str, rng: np.random.Generator, fonts: tuple[str, ...]
     """``word`` as page OCR cuts it from a synthetic page: the page's sizes, paper and ink, turned with
     the page by up to ``MAX_ANGLE`` degrees, with its noise, cut along an upright box that strays from the
     ink box as a trained detector's does (``BOX_ERROR_*``), plus page OCR's padding."""
+    from scale_ocr.boxes.crop import crop_words
     from scale_ocr.data.det_transforms import rotate_page
-    from scale_ocr.detection.crop import crop_words
 
     font = _font(str(rng.choice(fonts)) if fonts else None, int(rng.integers(TEXT_HEIGHT[0], TEXT_HEIGHT[1] + 1)))
     paper, ink = paper_colour(rng), ink_colour(rng)

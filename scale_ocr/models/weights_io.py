@@ -39,7 +39,7 @@ def rename_prefixes(state: dict[str, torch.Tensor], names: dict[str, str]) -> di
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """A flat ``{name: tensor}`` from a ``.pt``/``.pth`` (tensors only) or ``.safetensors`` file, else one line."""
-    from scale_ocr.safe_dcp import load_tensors
+    from scale_ocr.checkpoint.safe_dcp import load_tensors
 
     p = Path(path)
     if not p.is_file():

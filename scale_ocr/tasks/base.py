@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from scale_ocr.config import MODEL_SIZE_FIELDS, DataConfig, ModelConfig
-from scale_ocr.distributed import DistInfo
+from scale_ocr.dist.distributed import DistInfo
 
 
 @dataclass

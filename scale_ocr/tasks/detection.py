@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from scale_ocr.config import DataConfig, ModelConfig
-from scale_ocr.distributed import DistInfo, all_reduce_sum
+from scale_ocr.dist.distributed import DistInfo, all_reduce_sum
 from scale_ocr.errors import UserError
 from scale_ocr.tasks import register_task
 from scale_ocr.tasks.base import EvalResult, Task
@@ -177,7 +177,7 @@ class DetectionTask(Task):
 
     def boxes(self, prob: np.ndarray) -> list:
         """Boxes (relative coordinates) of one (H, W) probability map."""
-        from scale_ocr.detection import boxes_from_map
+        from scale_ocr.boxes import boxes_from_map
 
         p = self.post
         return boxes_from_map(prob, p.bin_thresh, p.box_thresh, p.unclip_ratio, rotated=p.rotated)
@@ -186,7 +186,7 @@ class DetectionTask(Task):
     def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device,
                  autocast: Callable[[], AbstractContextManager]) -> EvalResult:
         """DB loss, and recall / precision / mean IoU at IoU 0.5 with one-to-one matching, over every page."""
-        from scale_ocr.detection import LocalizationMetric
+        from scale_ocr.boxes import LocalizationMetric
 
         model.eval()
         metric = LocalizationMetric()
@@ -254,8 +254,8 @@ def _polygons(boxes: list) -> np.ndarray:
 def _example(image: torch.Tensor, pred: np.ndarray, gt: np.ndarray, mean: tuple[float, ...],
              std: tuple[float, ...]) -> dict[str, Any]:
     """A W&B table row: the page with true (green) and predicted (red) boxes drawn on it."""
+    from scale_ocr.boxes.draw import draw_polygons
     from scale_ocr.data.transforms import denormalize
-    from scale_ocr.detection.draw import draw_polygons
 
     page = (denormalize(image.float().cpu(), mean, std).permute(1, 2, 0) * 255).round().byte().numpy()
     size = np.float64([page.shape[1], page.shape[0]])

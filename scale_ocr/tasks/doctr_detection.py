@@ -65,9 +65,9 @@ class DoctrDetectionTask(DetectionTask):
         return float(out["loss"].float()) * int(batch.valid.sum()), self.probabilities(out)
 
     def boxes(self, prob: np.ndarray) -> list:
-        """docTR's boxes of one (H, W) probability map, as :class:`~scale_ocr.detection.Box` (relative corners
+        """docTR's boxes of one (H, W) probability map, as :class:`~scale_ocr.boxes.Box` (relative corners
         clockwise from the top left)."""
-        from scale_ocr.detection.postprocess import Box
+        from scale_ocr.boxes.postprocess import Box
 
         (found,) = self._post(prob[None, :, :, None])[0]  # one page, one class
         return [Box(np.float64([[x0, y0], [x1, y0], [x1, y1], [x0, y1]]), float(score))

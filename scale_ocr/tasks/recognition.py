@@ -14,11 +14,11 @@ from torch.utils.data import DataLoader
 
 from scale_ocr.config import DataConfig, ModelConfig
 from scale_ocr.data.transforms import MEAN, STD
-from scale_ocr.distributed import DistInfo, all_reduce_sum
+from scale_ocr.dist.distributed import DistInfo, all_reduce_sum
 from scale_ocr.errors import UserError
-from scale_ocr.metrics import TextMetric
 from scale_ocr.tasks import register_task
 from scale_ocr.tasks.base import EvalResult, Task
+from scale_ocr.text_metrics import TextMetric
 from scale_ocr.vocab import Vocab
 
 NUM_EXAMPLES = 8  # validation words shown in the W&B table

@@ -172,7 +172,7 @@ def test_report_from_a_handwritten_results_file(tmp_path):
 
 def test_wandb_summary_run_is_written_offline(tmp_path, monkeypatch):
     from benchmarks.report import log_to_wandb
-    from scale_ocr.tracking.wandb_reader import read_offline_run
+    from tests.helpers.wandb_reader import read_offline_run
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     out = _handwritten(tmp_path / "wb-suite")

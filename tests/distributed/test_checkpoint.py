@@ -15,8 +15,8 @@ from conftest import BIN, REPO, TRAIN, _env, python_train, read_jsonl, torchrun_
 from conftest import CKPT_BASE as BASE  # shared with the `saved` fixture (tests/conftest.py)
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from scale_ocr.checkpoint import RESAVE_ENV
-from scale_ocr.distributed import free_port
+from scale_ocr.checkpoint.manager import RESAVE_ENV
+from scale_ocr.dist.distributed import free_port
 
 
 def _losses(run_dir):

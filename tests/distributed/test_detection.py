@@ -63,7 +63,7 @@ def test_detection_folder_trains_and_evaluates(tmp_path):
     from pathlib import Path
 
     from scale_ocr.data.synthetic_pages import write_detection_folder
-    from scale_ocr.tracking.wandb_reader import read_offline_run
+    from tests.helpers.wandb_reader import read_offline_run
 
     folder = write_detection_folder(tmp_path / "pages", num_pages=6, seed=3, size=(160, 128))
     run_dir = tmp_path / "run"

@@ -12,8 +12,8 @@ import torch
 from conftest import REPO, TINY, deepspeed_train, make_folder, read_jsonl, read_metrics, torchrun_train
 from PIL import Image
 
-from scale_ocr.cli import main as cli_main
-from scale_ocr.export import load_any
+from scale_ocr.checkpoint.export import load_any
+from scale_ocr.cli.main import main as cli_main
 
 ARCH = "crnn_mobilenet_v3_small"
 WORDS = ["abc", "Été", "42€", "word", "XyZ", "gloo"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY, _env, python_train, read_jsonl, read_metrics, run_cmd, torchrun_train
 
-from scale_ocr.tracking.wandb_reader import read_offline_run
+from tests.helpers.wandb_reader import read_offline_run
 
 SECRET = "sk-test-0123456789abcdef"
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from scale_ocr.cli_args import parse_config
+from scale_ocr.cli.args import parse_config
 from scale_ocr.errors import UserError
 from scale_ocr.strategies.auto import GIB, MULTI_RANK_ORDER, choose_strategy, memory_needs
 

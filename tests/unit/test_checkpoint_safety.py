@@ -16,9 +16,9 @@ import shutil
 import pytest
 import torch
 
-from scale_ocr.cli import main as cli_main
-from scale_ocr.manifest import MANIFEST, sha256, write_manifest
-from scale_ocr.safe_dcp import read_metadata_file
+from scale_ocr.checkpoint.manifest import MANIFEST, sha256, write_manifest
+from scale_ocr.checkpoint.safe_dcp import read_metadata_file
+from scale_ocr.cli.main import main as cli_main
 from scale_ocr.train import main as train_main
 
 SMALL = ["--strategy", "single", "--train-samples", "16", "--val-samples", "4", "-b", "4", "--max-steps", "1",

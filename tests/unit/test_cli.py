@@ -2,7 +2,7 @@ import sys
 
 from conftest import TINY, read_metrics, run_cmd
 
-from scale_ocr.cli import main
+from scale_ocr.cli.main import main
 
 
 def test_lists(capsys):

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from scale_ocr.cli_args import parse_config
+from scale_ocr.cli.args import parse_config
 from scale_ocr.config import RunConfig
 from scale_ocr.errors import UserError
 

@@ -5,10 +5,10 @@ import os
 import pytest
 from test_user_errors import _run
 
-from scale_ocr import run_dir
-from scale_ocr.cli_args import parse_config
+from scale_ocr.cli.args import parse_config
 from scale_ocr.config import LoggingConfig
 from scale_ocr.errors import UserError
+from scale_ocr.run import run_dir
 from scale_ocr.tracking.wandb_logger import RUN_ID_FILE, open_wandb
 
 

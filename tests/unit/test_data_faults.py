@@ -12,7 +12,7 @@ from conftest import TINY, make_folder
 from PIL import Image
 from test_user_errors import _run
 
-from scale_ocr.cli_args import parse_config
+from scale_ocr.cli.args import parse_config
 from scale_ocr.data.recognition import RecognitionFolder
 from scale_ocr.errors import UserError
 from scale_ocr.models.recognition.ctc import ctc_frames, ctc_frames_needed, ctc_loss

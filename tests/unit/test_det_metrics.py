@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from scale_ocr.detection import LocalizationMetric, OCRMetric, box_iou, reading_order
+from scale_ocr.boxes import LocalizationMetric, OCRMetric, box_iou, reading_order
 
 
 def _rates(metric) -> dict:

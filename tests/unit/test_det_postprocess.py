@@ -5,8 +5,8 @@ import numpy as np
 import pyclipper
 import shapely
 
-from scale_ocr.detection import box_iou, boxes_from_map
-from scale_ocr.detection.metrics import as_polygons
+from scale_ocr.boxes import box_iou, boxes_from_map
+from scale_ocr.boxes.metrics import as_polygons
 
 H, W = 256, 320
 

@@ -1,6 +1,6 @@
 import pytest
 
-from scale_ocr import distributed as d
+from scale_ocr.dist import distributed as d
 
 
 @pytest.mark.parametrize("env,launcher", [
@@ -56,7 +56,7 @@ def test_round_store_skips_the_dead_rounds_address(monkeypatch):
 
     import torch.distributed as tdist
 
-    from scale_ocr import round_store as rs
+    from scale_ocr.dist import round_store as rs
 
     agent = tdist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=10),
                            wait_for_workers=False)

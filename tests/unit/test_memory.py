@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from scale_ocr.memory.estimate import main as estimate_main
+from scale_ocr.cli.estimate_memory import main as estimate_main
 from scale_ocr.memory.estimate import model_size
 from scale_ocr.memory.meter import count_state
 from scale_ocr.memory.model import ideal_model_state
@@ -127,14 +127,14 @@ def test_activations_are_measured_from_a_forward():
 
 
 def test_estimate_needs_a_model_or_a_count(capsys):
-    from scale_ocr.cli import main
+    from scale_ocr.cli.main import main
 
     assert main(["estimate-memory", "--params", "1e6", "--world-size", "0"]) == 2
     assert "--world-size must be at least 1" in capsys.readouterr().err
 
 
 def test_estimate_sizes_a_scaled_model_on_the_meta_device(capsys):
-    from scale_ocr.cli import main
+    from scale_ocr.cli.main import main
 
     # 0.76B parameters are counted without allocating them (the whole model would be 3 GB in fp32).
     doc = _estimate("--model", "vitstr_large", "--model-width", "2048", "--model-depth", "15", "--world-size", "2",

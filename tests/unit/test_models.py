@@ -86,8 +86,8 @@ def _vitstr_params(width: int, depth: int, mlp_ratio: float, classes: int = 95, 
 
 
 def test_vitstr_size_overrides_build_that_model_and_travel_with_it(tmp_path):
+    from scale_ocr.checkpoint.export import load_any, save_export
     from scale_ocr.config import ModelConfig
-    from scale_ocr.export import load_any, save_export
     from scale_ocr.tasks import create_task
 
     task = create_task(ModelConfig(arch="vitstr_tiny", model_width=128, model_depth=3, mlp_ratio=2.0))

@@ -17,7 +17,7 @@ import torch
 from conftest import REPO, TINY, TRAIN, _env, python_train, read_jsonl, read_metrics
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from scale_ocr.run_dir import RunLock
+from scale_ocr.run.run_dir import RunLock
 from scale_ocr.train import main
 
 SMALL = ["--strategy", "single", "--train-samples", "32", "--val-samples", "4", "-b", "4", "--max-chars", "5",
@@ -178,7 +178,7 @@ def test_timed_checkpoints_without_save_every(tmp_path):
 
 
 def test_watchdog_prints_an_alive_line_on_long_steps(monkeypatch, capsys):
-    import scale_ocr.watchdog as wd
+    import scale_ocr.run.watchdog as wd
 
     monkeypatch.setattr(wd, "ALIVE_EVERY", 0.5)
     dog = wd.Watchdog(rank=0, world_size=1, timeout=5, is_main=True).start()

@@ -4,7 +4,7 @@ import zlib
 import pytest
 
 from scale_ocr.tracking.wandb_logger import redact, resolve_mode
-from scale_ocr.tracking.wandb_reader import BLOCK, iter_payloads
+from tests.helpers.wandb_reader import BLOCK, iter_payloads
 
 
 @pytest.mark.parametrize("flag,env,mode", [

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from scale_ocr.errors import UserError
-from scale_ocr.round_store import round_store, uses_agent_store
+from scale_ocr.dist.round_store import round_store, uses_agent_store
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0, threa
     Args:
         backend: nccl or gloo; None picks nccl with GPUs and gloo without.
         timeout_s: ``--dist-timeout``. The backend's own timeout is a minute longer, so the
-            :mod:`~scale_ocr.watchdog`, which names the silent rank, speaks first.
+            :mod:`~scale_ocr.run.watchdog`, which names the silent rank, speaks first.
         threads: ``--threads`` for CPU ranks (see :func:`rank_threads`).
     """
     launcher = detect_launcher()

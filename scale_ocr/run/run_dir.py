@@ -123,13 +123,13 @@ def claim(run_dir: Path, checkpoints, dist) -> tuple[RunLock, Path | None]:
 
     Args:
         run_dir: ``--output-dir``.
-        checkpoints: the run's :class:`~scale_ocr.checkpoint.CheckpointManager`.
+        checkpoints: the run's :class:`~scale_ocr.checkpoint.manager.CheckpointManager`.
         dist: this process's place in the job.
 
     Returns:
         The held lock (release it at the end) and the checkpoint to resume, or None for a fresh start.
     """
-    from scale_ocr.distributed import all_reduce_sum
+    from scale_ocr.dist.distributed import all_reduce_sum
 
     lock, problem = RunLock(run_dir), None
     if dist.is_main:

@@ -4,7 +4,7 @@
 (without starting a process group) and writes the consolidated fp32 weights with the model's identity
 (name, input size, and what its task records, such as the vocabulary) as metadata. ``scale-ocr predict
 MODEL IMAGE...`` accepts either file kind; the model's task says what a prediction is.
-Nothing runs code: a checkpoint's manifest is checked and it is read through :mod:`scale_ocr.safe_dcp`,
+Nothing runs code: a checkpoint's manifest is checked and it is read through :mod:`scale_ocr.checkpoint.safe_dcp`,
 exports are safetensors.
 """
 
@@ -53,8 +53,8 @@ def load_checkpoint_model(path: Path) -> LoadedModel:
     """The model of a checkpoint folder (``step_N``, a ``checkpoints`` folder or a run directory)."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from scale_ocr import safe_dcp
-    from scale_ocr.manifest import verify_manifest
+    from scale_ocr.checkpoint import safe_dcp
+    from scale_ocr.checkpoint.manifest import verify_manifest
 
     ckpt = _checkpoint_dir(path)
     meta_file = ckpt / "trainer.json"
@@ -115,7 +115,7 @@ def load_run_weights(path: Path) -> LoadedModel:
 
     Read with ``torch.load(weights_only=True)``: tensors and plain containers only, never code.
     """
-    from scale_ocr.safe_dcp import load_tensors
+    from scale_ocr.checkpoint.safe_dcp import load_tensors
 
     config_file = path.parent / "config.json"
     try:

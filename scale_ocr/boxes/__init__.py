@@ -3,8 +3,8 @@
 Plain numpy / OpenCV / shapely code: usable on CPU workers and in evaluation without torch.
 """
 
-from scale_ocr.detection.metrics import LocalizationMetric, OCRMetric, box_iou, match_boxes
-from scale_ocr.detection.order import reading_order
-from scale_ocr.detection.postprocess import Box, boxes_from_map
+from scale_ocr.boxes.metrics import LocalizationMetric, OCRMetric, box_iou, match_boxes
+from scale_ocr.boxes.order import reading_order
+from scale_ocr.boxes.postprocess import Box, boxes_from_map
 
 __all__ = ["Box", "LocalizationMetric", "OCRMetric", "box_iou", "boxes_from_map", "match_boxes", "reading_order"]

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from scale_ocr.detection.metrics import as_polygons
+from scale_ocr.boxes.metrics import as_polygons
 
 
 def _gap_groups(lo: np.ndarray, hi: np.ndarray, min_gap: float) -> list[np.ndarray]:

@@ -4,7 +4,7 @@ Rank 0 writes it once every rank's files are on disk and before ``step_N.tmp`` b
 every loader checks it before it parses anything else, so a half-copied file (size) or bit rot
 (hash) ends in one line naming the file instead of a confusing error deep inside a reader. It guards
 integrity, not authenticity: whoever can edit a checkpoint can rewrite its manifest too, which is why
-loading never executes code either (see :mod:`scale_ocr.safe_dcp`).
+loading never executes code either (see :mod:`scale_ocr.checkpoint.safe_dcp`).
 """
 
 from __future__ import annotations

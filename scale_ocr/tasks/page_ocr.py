@@ -1,6 +1,6 @@
 """Page OCR: a detector finds the words of a page, a recognizer reads each one, and they come back in reading order.
 
-The two models are any detection and recognition checkpoints or exports (:func:`scale_ocr.export.load_any`);
+The two models are any detection and recognition checkpoints or exports (:func:`scale_ocr.checkpoint.export.load_any`);
 each task feeds and decodes its own model, so this module only cuts the detected words out of the page, hands
 them to the recognizer and puts the results back together. ``scale-ocr predict --det --reco`` and
 ``scale-ocr evaluate-pages`` are the command-line faces of :func:`read_pages` and :func:`evaluate_pages`.
@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from scale_ocr.detection import LocalizationMetric, OCRMetric, reading_order
-from scale_ocr.detection.crop import PAD, crop_words
+from scale_ocr.boxes import LocalizationMetric, OCRMetric, reading_order
+from scale_ocr.boxes.crop import PAD, crop_words
+from scale_ocr.checkpoint.export import LoadedModel
 from scale_ocr.errors import UserError
-from scale_ocr.export import LoadedModel
 
 LABEL_COLOUR = (220, 0, 0)
 
@@ -115,7 +115,7 @@ def overlay(page: Image.Image, words: Sequence[dict[str, Any]], colour: tuple[in
     Returns:
         A new RGB image of the page's size.
     """
-    from scale_ocr.detection.draw import draw_polygons
+    from scale_ocr.boxes.draw import draw_polygons
 
     polys = np.array([w["polygon"] for w in words], dtype=np.float64).reshape(-1, 4, 2)
     thickness = max(1, round(min(page.size) / 500))

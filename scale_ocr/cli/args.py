@@ -12,7 +12,7 @@ from typing import Any
 
 from scale_ocr.config import SECTIONS, RunConfig
 from scale_ocr.errors import UserError
-from scale_ocr.run_dir import check_output_dir
+from scale_ocr.run.run_dir import check_output_dir
 
 
 def _flag(name: str) -> str:

@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from scale_ocr.detection.metrics import as_polygons
+from scale_ocr.boxes.metrics import as_polygons
 
 # Pixels of page kept around each word: recognizers are trained on crops whose ink does not touch the border,
 # and a detector's box may shave the tips of letters.

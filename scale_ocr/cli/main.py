@@ -2,7 +2,7 @@
 
 ``scale-ocr train [ARCH] [flags]`` takes exactly the flags of ``scale_ocr/train.py``;
 ``scale-ocr models`` and ``scale-ocr strategies`` list what the registries hold; ``predict --det --reco`` and
-``evaluate-pages`` run page OCR (:mod:`scale_ocr.page_ocr`).
+``evaluate-pages`` run page OCR (:mod:`scale_ocr.tasks.page_ocr`).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from scale_ocr.dist.extensions import use_environment_extensions
 from scale_ocr.errors import report_user_errors
-from scale_ocr.extensions import use_environment_extensions
 
 USAGE = """usage: scale-ocr COMMAND [ARGS]
 
@@ -73,7 +73,7 @@ def _models(argv: list[str]) -> int:
 def _export(argv: list[str]) -> int:
     import argparse
 
-    from scale_ocr.export import FORMATS, export
+    from scale_ocr.checkpoint.export import FORMATS, export
 
     parser = argparse.ArgumentParser(prog="scale-ocr export", description="Write a checkpoint's model as one file.")
     parser.add_argument("src", metavar="CHECKPOINT", help="checkpoint folder, run directory, export or best_model.pt")
@@ -101,7 +101,7 @@ PAGE_OCR_FLAGS = ("--det", "--reco", "--overlay", "--overlay-dir", "-h", "--help
 
 
 def _predict(argv: list[str]) -> int:
-    from scale_ocr.export import load_any, predict
+    from scale_ocr.checkpoint.export import load_any, predict
 
     if any(a.split("=", 1)[0] in PAGE_OCR_FLAGS for a in argv):
         return _predict_pages(argv)
@@ -117,8 +117,8 @@ def _predict(argv: list[str]) -> int:
 
 def _page_models(args):
     """Both models, refused before any page is read when either is of the wrong kind."""
-    from scale_ocr.export import load_any
-    from scale_ocr.page_ocr import check_models
+    from scale_ocr.checkpoint.export import load_any
+    from scale_ocr.tasks.page_ocr import check_models
 
     detector, recognizer = load_any(args.det), load_any(args.reco)
     check_models(detector, recognizer)
@@ -168,7 +168,7 @@ def _write_overlay(path: Path, image) -> None:
 
 def _square_or_hxw(text: str) -> tuple[int, int]:
     """``HxW``, or one number for a square."""
-    from scale_ocr.cli_args import _parse_input_size
+    from scale_ocr.cli.args import _parse_input_size
 
     return (int(text), int(text)) if text.strip().isdigit() else _parse_input_size(text)
 
@@ -188,7 +188,7 @@ def _predict_pages(argv: list[str]) -> int:
     import json
 
     from scale_ocr.errors import UserError
-    from scale_ocr.page_ocr import overlay, read_pages
+    from scale_ocr.tasks.page_ocr import overlay, read_pages
     from scale_ocr.tasks.recognition import open_rgb
 
     parser = argparse.ArgumentParser(
@@ -221,7 +221,7 @@ def _evaluate_pages(argv: list[str]) -> int:
     import argparse
     import json
 
-    from scale_ocr.page_ocr import evaluate_pages
+    from scale_ocr.tasks.page_ocr import evaluate_pages
 
     parser = argparse.ArgumentParser(
         prog="scale-ocr evaluate-pages", description="Detection recall / precision / mean IoU and end-to-end word "
@@ -287,13 +287,13 @@ def _train(argv: list[str]) -> int:
 
 
 def _verify(argv: list[str]) -> int:
-    from scale_ocr.verify import main as verify_main
+    from scale_ocr.cli.verify import main as verify_main
 
     return verify_main(argv)
 
 
 def _estimate_memory(argv: list[str]) -> int:
-    from scale_ocr.memory.estimate import main as estimate_main
+    from scale_ocr.cli.estimate_memory import main as estimate_main
 
     return estimate_main(argv)
 
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, end="")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    use_environment_extensions()  # inherited by every job a command launches (scale_ocr/extensions.py)
+    use_environment_extensions()  # inherited by every job a command launches (scale_ocr/dist/extensions.py)
     if command not in COMMANDS:
         print(f"scale-ocr: error: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
         return 2

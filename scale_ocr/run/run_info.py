@@ -12,7 +12,7 @@ import torch.distributed as tdist
 from torch import nn
 
 from scale_ocr.config import RunConfig
-from scale_ocr.distributed import DistInfo
+from scale_ocr.dist.distributed import DistInfo
 from scale_ocr.models.init import full_numel
 
 

@@ -5,7 +5,7 @@ hyper-parameters) with ``torch.load(weights_only=False)``: a crafted checkpoint 
 the moment it is loaded. Here ``.metadata`` goes through an unpickler that resolves only the classes
 DCP writes there (below), bytes entries and ``rng_rank*.pt`` through ``torch.load(weights_only=True)``,
 and anything else is refused with one line before it runs. Tensors were already read with
-``weights_only=True`` by DCP itself. Callers check ``manifest.json`` (:mod:`scale_ocr.manifest`) first.
+``weights_only=True`` by DCP itself. Callers check ``manifest.json`` (:mod:`scale_ocr.checkpoint.manifest`) first.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def load(state: dict[str, Any], folder: Path, listed: set[str] | None, *, no_dis
     Args:
         state: the layout to fill in place, as for ``dcp.load``.
         folder: a ``step_N`` folder whose manifest was verified.
-        listed: what :func:`scale_ocr.manifest.verify_manifest` returned (None: no manifest); every
+        listed: what :func:`scale_ocr.checkpoint.manifest.verify_manifest` returned (None: no manifest); every
             shard ``.metadata`` names must be among these.
         no_dist: load in this process alone (export, predict).
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from scale_ocr.distributed import free_port
+from scale_ocr.dist.distributed import free_port
 
 DEFAULT_STRATEGIES = "ddp,fsdp,fsdp_grad_op,zero1,zero2,zero3,fairscale"
 LOSS_RTOL = 1e-2  # relative, per logged step
@@ -101,7 +101,7 @@ def _train(strategy: str, args, out: Path, extra: list[str]) -> RunResult:
         raise RuntimeError(tail[0][:200])
     records = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "train/loss" in r]
-    from scale_ocr.export import load_checkpoint_model
+    from scale_ocr.checkpoint.export import load_checkpoint_model
 
     # Parameters only: BatchNorm running statistics legitimately differ (DDP broadcasts rank 0's
     # buffers every forward, sharded engines keep each rank's own), and they do not enter training.

@@ -20,19 +20,19 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from scale_ocr.checkpoint import RESAVE_ENV, CheckpointManager
+from scale_ocr.checkpoint.manager import RESAVE_ENV, CheckpointManager
 from scale_ocr.config import TrainConfig
-from scale_ocr.control import EXIT_PREEMPTED, StepControl, StopSignal
 from scale_ocr.data.loader import Data
-from scale_ocr.distributed import all_reduce_max, all_reduce_sum
+from scale_ocr.dist.distributed import all_reduce_max, all_reduce_sum
 from scale_ocr.errors import RunStopped, UserError
 from scale_ocr.optim import LRSchedule
 from scale_ocr.precision import autocast_factory, emulates_gemm, gemm_factory
-from scale_ocr.profiling import StepProfiler
+from scale_ocr.run.control import EXIT_PREEMPTED, StepControl, StopSignal
+from scale_ocr.run.profiling import StepProfiler
+from scale_ocr.run.watchdog import Watchdog
 from scale_ocr.strategies import Strategy
 from scale_ocr.tasks import Task
 from scale_ocr.tasks.base import EvalResult
-from scale_ocr.watchdog import Watchdog
 
 DATA_SHARE_NOTE = 0.1  # a run that waited this share of its training time on the loader says how to avoid it
 EXIT_DIVERGED = 4  # --max-bad-steps consecutive non-finite steps

@@ -11,7 +11,7 @@ Layout of ``RUN_DIR/checkpoints/``::
 A checkpoint is written into ``step_N.tmp/`` and renamed only once every rank has finished, and
 ``latest`` moves after that, so a crash or kill during a save leaves the previous one loadable.
 Rank 0 writes ``manifest.json`` (size and SHA-256 of every file) before the rename; loading checks it
-first, and executes nothing from the files (:mod:`scale_ocr.safe_dcp`).
+first, and executes nothing from the files (:mod:`scale_ocr.checkpoint.safe_dcp`).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
+from scale_ocr.checkpoint.manifest import verify_manifest, write_manifest
 from scale_ocr.config import CheckpointConfig
-from scale_ocr.distributed import DistInfo
+from scale_ocr.dist.distributed import DistInfo
 from scale_ocr.errors import UserError
-from scale_ocr.manifest import verify_manifest, write_manifest
 from scale_ocr.strategies import Strategy
 
 STALL_ENV = "SCALE_OCR_TEST_STALL_SAVE"  # tests: seconds to sleep mid-write, to kill a rank there
@@ -173,7 +173,7 @@ class CheckpointManager:
                 )
         from torch.distributed.checkpoint.api import CheckpointException
 
-        from scale_ocr import safe_dcp
+        from scale_ocr.checkpoint import safe_dcp
 
         state = strategy.checkpoint_state()  # the layout to fill, sharded as this strategy shards
         try:

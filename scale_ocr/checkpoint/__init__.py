@@ -1,0 +1,1 @@
+"""Resumable checkpoints, their safe reader and manifest, and model exports."""

@@ -1,0 +1,1 @@
+"""The `scale-ocr` command line: subcommands, argument parsing, verify and memory estimates."""

@@ -1,0 +1,1 @@
+"""Processes and devices: the process group, rendezvous rounds, DeepSpeed's prebuilt ops."""
