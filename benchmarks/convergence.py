@@ -23,16 +23,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.overhead import write_folder
-from benchmarks.report import command_line
-from benchmarks.scaling import REPO, TRAIN, default_out, hardware, launch_command, run_job, versions, work_dir
+from benchmarks.harness import (
+    HAND,
+    REPO,
+    TRAIN,
+    append_line,
+    bench_main,
+    command_line,
+    hardware,
+    launch_command,
+    parser,
+    run_job,
+    run_main,
+    versions,
+    work_dir,
+    write_command,
+    write_folder,
+)
 
-HAND = REPO / "benchmarks" / "hand_loop.py"
 ARCH = "crnn_mobilenet_v3_small"
 SETS = ("synthetic", "real")
 RECIPES = ("defaults", "bare")
@@ -41,39 +53,39 @@ LEARNED = 0.1  # exact match below which a recipe has not learned the set at all
 BARE = ["--lr", "3e-3", "--sched", "onecycle"]  # the textbook recipe: no augmentation, OneCycle, AdamW 3e-3
 
 
-def folders(a: argparse.Namespace, name: str, work: Path, chars: str) -> tuple[Path, Path]:
+def folders(args: argparse.Namespace, name: str, work: Path, chars: str) -> tuple[Path, Path]:
     """The set's (train, val) folders, written once."""
     from scale_ocr.data.loader import VAL_SEED_OFFSET
 
     if name == "synthetic":  # the trainer's own synthetic words: seed 0, validation at its offset
-        return (write_folder(work / f"synthetic-train-{a.synthetic_train}", a.synthetic_train, chars, 0),
-                write_folder(work / f"synthetic-val-{a.synthetic_val}", a.synthetic_val, chars, VAL_SEED_OFFSET))
+        return (write_folder(work / f"synthetic-train-{args.synthetic_train}", args.synthetic_train, chars, 0),
+                write_folder(work / f"synthetic-val-{args.synthetic_val}", args.synthetic_val, chars, VAL_SEED_OFFSET))
     from benchmarks import real_words
 
-    root = work / f"real-{a.real_train}-{a.real_val}"
-    return real_words.write(root / "train", a.real_train, 2026), real_words.write(root / "val", a.real_val, 2027)
+    root = work / f"real-{args.real_train}-{args.real_val}"
+    return real_words.write(root / "train", args.real_train, 2026), real_words.write(root / "val", args.real_val, 2027)
 
 
-def epochs_for(a: argparse.Namespace, name: str) -> int:
-    return a.synthetic_epochs if name == "synthetic" else a.real_epochs
+def epochs_for(args: argparse.Namespace, name: str) -> int:
+    return args.synthetic_epochs if name == "synthetic" else args.real_epochs
 
 
-def job(a: argparse.Namespace, recipe: str, train: Path, val: Path, epochs: int, steps: int, run_dir: Path,
+def job(args: argparse.Namespace, recipe: str, train: Path, val: Path, epochs: int, steps: int, run_dir: Path,
         chars: str) -> tuple[list[str], Path]:
     """The launch command of one recipe and the file its curve is read from."""
     run_dir.mkdir(parents=True, exist_ok=True)
     if recipe == "defaults":
-        args = [ARCH, "--strategy", "ddp", "--train-path", str(train), "--val-path", str(val), "-b", str(a.batch_size),
-                "--epochs", str(epochs), "--eval-every", str(a.eval_every), "--workers", str(a.workers), "--resume", "none",
-                "--output-dir", str(run_dir), "--run-name", run_dir.name, "--wandb-mode", a.wandb_mode]
-        return launch_command("torchrun", a.world_size, TRAIN, args), run_dir / "metrics.jsonl"
+        cli = [ARCH, "--strategy", "ddp", "--train-path", str(train), "--val-path", str(val), "-b", str(args.batch_size),
+               "--epochs", str(epochs), "--eval-every", str(args.eval_every), "--workers", str(args.workers),
+               "--resume", "none", "--output-dir", str(run_dir), "--run-name", run_dir.name,
+               "--wandb-mode", args.wandb_mode]
+        return launch_command("torchrun", args.world_size, TRAIN, cli), run_dir / "metrics.jsonl"
     curve = run_dir / "curve.jsonl"
     curve.unlink(missing_ok=True)
-    args = ["--engine", "ddp", "--arch", ARCH, "--folder", str(train), "--chars", chars, "--val-folder", str(val),
-            "-b", str(a.batch_size), "--workers", str(a.workers), "--steps", str(steps), "--warmup", "0", *BARE,
-            "--eval-every", str(a.eval_every),
-            "--curve", str(curve), "--out", str(run_dir / "hand.json")]
-    return launch_command("torchrun", a.world_size, HAND, args), curve
+    cli = ["--engine", "ddp", "--arch", ARCH, "--folder", str(train), "--chars", chars, "--val-folder", str(val),
+           "-b", str(args.batch_size), "--workers", str(args.workers), "--steps", str(steps), "--warmup", "0", *BARE,
+           "--eval-every", str(args.eval_every), "--curve", str(curve), "--out", str(run_dir / "hand.json")]
+    return launch_command("torchrun", args.world_size, HAND, cli), curve
 
 
 def read_curve(path: Path, t0: float) -> list[dict[str, float]]:
@@ -91,47 +103,47 @@ def reached(curve: list[dict[str, float]], threshold: float) -> dict[str, float]
     return next((p for p in curve if p["exact_match"] >= threshold), None)
 
 
-def run(a: argparse.Namespace) -> None:
+def run(args: argparse.Namespace) -> None:
+    """Each set's recipes into ``args.out/results.jsonl``, replacing only the rows of the sets and recipes run."""
     from scale_ocr.config import ModelConfig
     from scale_ocr.tasks import create_task
 
-    out_dir: Path = a.out
-    out_dir.mkdir(parents=True, exist_ok=True)
-    work = work_dir(out_dir)
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = work_dir(args.out)
     chars = create_task(ModelConfig(arch=ARCH)).vocab.chars
     hw, ver = hardware(), versions()
-    results = out_dir / "results.jsonl"
-    keep = [r for r in load(out_dir) if (r["set"], r["recipe"]) not in {(s, c) for s in a.sets for c in a.recipes}]
+    results = args.out / "results.jsonl"
+    redo = {(s, c) for s in args.sets for c in args.recipes}
+    keep = [r for r in load_rows(args.out) if (r["set"], r["recipe"]) not in redo]
     results.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
-    threads = max(1, (hw["cores"] or 1) // a.world_size)
-    for name in a.sets:
-        train, val = folders(a, name, work, chars)
+    threads = max(1, (hw["cores"] or 1) // args.world_size)
+    for name in args.sets:
+        train, val = folders(args, name, work, chars)
         n_train = len(json.loads((train / "labels.json").read_text(encoding="utf-8")))
-        epochs = epochs_for(a, name)
-        steps = epochs * (n_train // (a.batch_size * a.world_size))
-        for recipe in a.recipes:
-            run_dir = work / "runs" / f"{name}-{recipe}"
-            cmd, curve_file = job(a, recipe, train, val, epochs, steps, run_dir, chars)
+        epochs = epochs_for(args, name)
+        steps = epochs * (n_train // (args.batch_size * args.world_size))
+        for recipe in args.recipes:
+            cmd, curve_file = job(args, recipe, train, val, epochs, steps, work / "runs" / f"{name}-{recipe}", chars)
             t0 = time.time()
-            status, error, wall = run_job(cmd, threads, a.timeout, None)
+            status, error, wall = run_job(cmd, threads, args.timeout, None)
             curve = read_curve(curve_file, t0) if curve_file.is_file() else []
             if status == "ok" and (not curve or curve[-1]["step"] != steps):
                 status, error = "failed", f"the curve ends at step {curve[-1]['step'] if curve else None}, not {steps}"
-            line = {"set": name, "recipe": recipe, "status": status, "error": error, "wall_seconds": round(wall, 1),
-                    "epochs": epochs, "steps": steps, "train_words": n_train, "val_words": a.real_val
-                    if name == "real" else a.synthetic_val, "world_size": a.world_size, "threads_per_rank": threads,
-                    "batch_size": a.batch_size, "workers": a.workers, "eval_every": a.eval_every, "arch": ARCH,
-                    "curve": curve,
-                    "command": " ".join(cmd).replace(f"{REPO}/", ""), "versions": ver, "hardware": hw}
-            with results.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(line) + "\n")
+            append_line(results, {
+                "set": name, "recipe": recipe, "status": status, "error": error, "wall_seconds": round(wall, 1),
+                "epochs": epochs, "steps": steps, "train_words": n_train,
+                "val_words": args.real_val if name == "real" else args.synthetic_val, "world_size": args.world_size,
+                "threads_per_rank": threads, "batch_size": args.batch_size, "workers": args.workers,
+                "eval_every": args.eval_every, "arch": ARCH, "curve": curve,
+                "command": " ".join(cmd).replace(f"{REPO}/", ""), "versions": ver, "hardware": hw})
             final = f"{curve[-1]['exact_match']:.3f}" if curve else "-"
             print(f"convergence {name} {recipe}: {status} final exact match {final} [{wall:.0f} s]"
                   + (f" ({error})" if error else ""), flush=True)
-    (out_dir / "command.txt").write_text(" ".join(["python -m benchmarks.convergence", *sys.argv[1:]]) + "\n")
+    write_command(args.out, "convergence")
 
 
-def load(out_dir: Path) -> list[dict[str, Any]]:
+def load_rows(out_dir: Path) -> list[dict[str, Any]]:
+    """The rows of ``out_dir/results.jsonl`` (none before the first run: a part can be run into a new folder)."""
     path = out_dir / "results.jsonl"
     return [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
 
@@ -186,7 +198,7 @@ def plot(rows: list[dict[str, Any]], out_dir: Path) -> str | None:
 
 
 def build_report(out_dir: Path) -> Path:
-    rows = load(out_dir)
+    rows = load_rows(out_dir)
     command = command_line(out_dir)
     lines = ["# Convergence: scale_ocr's defaults vs the bare textbook loop", "", f"Command: `{command}`", ""]
     if rows:
@@ -215,9 +227,7 @@ def build_report(out_dir: Path) -> Path:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.convergence", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--report", type=Path, help="rebuild DIR/report.md from DIR/results.jsonl and stop")
+    p = parser("convergence", __doc__)
     p.add_argument("--sets", default=",".join(SETS))
     p.add_argument("--recipes", default=",".join(RECIPES))
     p.add_argument("--world-size", type=int, default=2)
@@ -232,23 +242,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--real-epochs", type=int, default=12)
     p.add_argument("--wandb-mode", default="offline", choices=("offline", "disabled"))
     p.add_argument("--timeout", type=int, default=7200, help="seconds per training job")
-    a = p.parse_args(argv)
-    a.sets, a.recipes = a.sets.split(","), a.recipes.split(",")
-    for bad in [s for s in a.sets if s not in SETS] + [r for r in a.recipes if r not in RECIPES]:
+    args = p.parse_args(argv)
+    args.sets, args.recipes = args.sets.split(","), args.recipes.split(",")
+    for bad in [s for s in args.sets if s not in SETS] + [r for r in args.recipes if r not in RECIPES]:
         p.error(f"unknown set or recipe {bad!r}: sets {', '.join(SETS)}; recipes {', '.join(RECIPES)}")
-    a.out = a.out or default_out("convergence")
-    return a
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parse(argv)
-    if a.report:
-        print(build_report(a.report))
-        return 0
-    run(a)
-    print(build_report(a.out))
-    return 0
+    return bench_main("convergence", parse(argv), run, build_report)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

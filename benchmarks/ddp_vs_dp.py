@@ -20,15 +20,28 @@ Issue 12's targets: DDP / DP >= 1.1, and the trainer's efficiency no lower than 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.overhead import data_args, hand_job, timed_job, trainer_job
-from benchmarks.report import command_line, load, write_outputs
-from benchmarks.scaling import REPO, default_out, hardware, versions, work_dir
+from benchmarks.harness import (
+    REPO,
+    append_line,
+    bench_main,
+    command_line,
+    data_args,
+    hand_job,
+    hardware,
+    load,
+    parser,
+    run_main,
+    timed_job,
+    trainer_job,
+    versions,
+    work_dir,
+    write_command,
+    write_outputs,
+)
 
 # name: (side, strategy or engine, ranks, launcher, batch per rank in units of -b)
 JOBS = {
@@ -41,39 +54,37 @@ JOBS = {
 SPEEDUP = 1.1  # ddp2 / dp
 
 
-def run(a: argparse.Namespace) -> None:
+def run(args: argparse.Namespace) -> None:
+    """Every repeat of the five jobs into ``args.out/results.jsonl``, each repeat in the other order."""
     from scale_ocr.config import ModelConfig
     from scale_ocr.tasks import create_task
 
     hw, ver = hardware(), versions()
     cores = hw["cores"] or 1
-    out_dir: Path = a.out
-    out_dir.mkdir(parents=True, exist_ok=True)
-    results = out_dir / "results.jsonl"
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = args.out / "results.jsonl"
     results.unlink(missing_ok=True)
-    work = work_dir(out_dir)
-    task = create_task(ModelConfig(arch=a.arch))
-    a.world_size, a.data = 2, "folder"  # the words data_args writes: enough for 2 ranks x -b x --steps
-    trainer_data, hand_data = data_args(a, task, work)
+    work = work_dir(args.out)
+    args.world_size, args.data = 2, "folder"  # the words data_args writes: enough for 2 ranks x -b x --steps
+    trainer_data, hand_data = data_args(args, create_task(ModelConfig(arch=args.arch)), work)
     names = list(JOBS)
-    for repeat in range(a.repeats):
+    for repeat in range(args.repeats):
         for name in names if repeat % 2 == 0 else names[::-1]:
             side, strategy, ranks, launcher, units = JOBS[name]
             threads = cores if ranks == 1 and strategy == "dp" else max(1, cores // 2)
             make, data = (trainer_job, trainer_data) if side == "trainer" else (hand_job, hand_data)
-            cmd, metrics = make(a, strategy, ranks, data, work / "runs" / f"{name}-r{repeat}", a.batch_size * units,
-                                launcher)
-            status, error, wall, sps = timed_job(cmd, metrics, threads, a.timeout)
-            line = {"job": name, "repeat": repeat, "side": side, "strategy": strategy, "ranks": ranks,
-                    "threads_per_rank": threads, "batch_per_rank": a.batch_size * units, "status": status,
-                    "error": error, "samples_per_sec": sps, "wall_seconds": round(wall, 1), "arch": a.arch,
-                    "steps": a.steps, "workers": a.workers, "command": " ".join(cmd).replace(f"{REPO}/", ""),
-                    "versions": ver, "hardware": hw}
-            with results.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(line) + "\n")
-            print(f"ddp_vs_dp [{repeat + 1}/{a.repeats}] {name}: {status}"
+            cmd, metrics = make(args, strategy, ranks, data, work / "runs" / f"{name}-r{repeat}",
+                                args.batch_size * units, launcher)
+            status, error, wall, sps = timed_job(cmd, metrics, threads, args.timeout)
+            append_line(results, {
+                "job": name, "repeat": repeat, "side": side, "strategy": strategy, "ranks": ranks,
+                "threads_per_rank": threads, "batch_per_rank": args.batch_size * units, "status": status,
+                "error": error, "samples_per_sec": sps, "wall_seconds": round(wall, 1), "arch": args.arch,
+                "steps": args.steps, "workers": args.workers, "command": " ".join(cmd).replace(f"{REPO}/", ""),
+                "versions": ver, "hardware": hw})
+            print(f"ddp_vs_dp [{repeat + 1}/{args.repeats}] {name}: {status}"
                   + (f" {sps:.1f} samples/s" if sps else f" ({error})") + f" [{wall:.0f} s]", flush=True)
-    (out_dir / "command.txt").write_text(" ".join(["python -m benchmarks.ddp_vs_dp", *sys.argv[1:]]) + "\n")
+    write_command(args.out, "ddp_vs_dp")
 
 
 def ratios(lines: list[dict[str, Any]]) -> dict[str, list[float]]:
@@ -142,7 +153,7 @@ def write_report(out_dir: Path) -> Path:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.ddp_vs_dp", description=__doc__.split("\n\n")[0])
+    p = parser("ddp_vs_dp", __doc__)
     p.add_argument("--arch", default="crnn_mobilenet_v3_small")
     p.add_argument("-b", "--batch-size", type=int, default=32, help="per rank (DataParallel: twice this)")
     p.add_argument("--steps", type=int, default=40, help="optimizer steps per job, the first min(5, steps/4) untimed")
@@ -151,24 +162,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("-j", "--workers", type=int, default=0, help="loader workers per rank, every job")
     p.add_argument("--timeout", type=int, default=900, help="seconds per job")
     p.add_argument("--wandb-mode", default="offline", choices=["offline", "disabled"], help="the trainer's")
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--report", type=Path, default=None, help="only rebuild DIR/report.md from DIR/results.jsonl")
-    a = p.parse_args(argv)
-    if a.steps < 8 or a.repeats < 1:
+    args = p.parse_args(argv)
+    if args.steps < 8 or args.repeats < 1:
         p.error("--steps must be at least 8 (a few untimed) and --repeats at least 1")
-    return a
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parse(argv)
-    if a.report:
-        print(write_report(a.report))
-        return 0
-    a.out = a.out or default_out("ddp-vs-dp")
-    run(a)
-    print(f"ddp_vs_dp: report {write_report(a.out)}")
-    return 0
+    return bench_main("ddp_vs_dp", parse(argv), run, write_report)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -18,12 +18,27 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
-from benchmarks.overhead import data_args, timed_job, trainer_job, warmup_steps, window_rate
-from benchmarks.report import command_line, load, write_outputs
-from benchmarks.scaling import REPO, default_out, hardware, versions, work_dir
+from benchmarks.harness import (
+    REPO,
+    append_line,
+    bench_main,
+    command_line,
+    data_args,
+    hardware,
+    load,
+    parser,
+    run_main,
+    timed_job,
+    trainer_job,
+    versions,
+    warmup_steps,
+    window_rate,
+    work_dir,
+    write_command,
+    write_outputs,
+)
 
 BIG_BUCKETS = {"reduce_bucket_size": 500_000_000, "allgather_bucket_size": 500_000_000,
                "stage3_prefetch_bucket_size": 500_000_000}
@@ -55,40 +70,39 @@ def variant_flags(name: str, work: Path) -> list[str]:
     return ["--ds-config", str(path)]
 
 
-def run(a: argparse.Namespace) -> None:
+def run(args: argparse.Namespace) -> None:
+    """Every repeat of every variant into ``args.out/results.jsonl``, each repeat in the other order."""
     from scale_ocr.config import ModelConfig
     from scale_ocr.tasks import create_task
 
     hw, ver = hardware(), versions()
-    threads = max(1, (hw["cores"] or 1) // a.world_size)
-    out_dir: Path = a.out
-    out_dir.mkdir(parents=True, exist_ok=True)
-    results = out_dir / "results.jsonl"
+    threads = max(1, (hw["cores"] or 1) // args.world_size)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = args.out / "results.jsonl"
     results.unlink(missing_ok=True)
-    work = work_dir(out_dir)
+    work = work_dir(args.out)
     work.mkdir(parents=True, exist_ok=True)
-    task = create_task(ModelConfig(arch=a.arch))
-    a.data, a.layout = "cache", "channels-last"
-    data = data_args(a, task, work)[0]
-    names = [n for n in VARIANTS if VARIANTS[n][0] in a.strategies]
-    for repeat in range(a.repeats):
+    args.data, args.layout = "cache", "channels-last"
+    data = data_args(args, create_task(ModelConfig(arch=args.arch)), work)[0]
+    names = [n for n in VARIANTS if VARIANTS[n][0] in args.strategies]
+    for repeat in range(args.repeats):
         for name in names if repeat % 2 == 0 else names[::-1]:
             strategy = VARIANTS[name][0]
             extra = tuple(variant_flags(name, work))
-            cmd, metrics = trainer_job(a, strategy, a.world_size, data, work / "runs" / f"{name}-r{repeat}", extra=extra)
-            status, error, wall, sps = timed_job(cmd, metrics, threads, a.timeout)
-            windows = window_rate("trainer", metrics, warmup_steps(a.steps)) if status == "ok" else None
-            line = {"variant": name, "strategy": strategy, "flags": list(extra), "repeat": repeat, "status": status,
-                    "error": error, "samples_per_sec": sps, "window_samples_per_sec": windows,
-                    "wall_seconds": round(wall, 1), "world_size": a.world_size, "threads_per_rank": threads,
-                    "arch": a.arch, "batch_size": a.batch_size, "steps": a.steps,
-                    "command": " ".join(cmd).replace(f"{REPO}/", ""), "versions": ver, "hardware": hw}
-            with results.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(line) + "\n")
-            print(f"engine_knobs [{repeat + 1}/{a.repeats}] {name}: {status}"
+            cmd, metrics = trainer_job(args, strategy, args.world_size, data, work / "runs" / f"{name}-r{repeat}",
+                                       extra=extra)
+            status, error, wall, sps = timed_job(cmd, metrics, threads, args.timeout)
+            windows = window_rate("trainer", metrics, warmup_steps(args.steps)) if status == "ok" else None
+            append_line(results, {
+                "variant": name, "strategy": strategy, "flags": list(extra), "repeat": repeat, "status": status,
+                "error": error, "samples_per_sec": sps, "window_samples_per_sec": windows,
+                "wall_seconds": round(wall, 1), "world_size": args.world_size, "threads_per_rank": threads,
+                "arch": args.arch, "batch_size": args.batch_size, "steps": args.steps,
+                "command": " ".join(cmd).replace(f"{REPO}/", ""), "versions": ver, "hardware": hw})
+            print(f"engine_knobs [{repeat + 1}/{args.repeats}] {name}: {status}"
                   + (f" {sps:.1f} samples/s, median window {windows or 0:.1f}" if sps else f" ({error})")
                   + f" [{wall:.0f} s]", flush=True)
-    (out_dir / "command.txt").write_text(" ".join(["python -m benchmarks.engine_knobs", *sys.argv[1:]]) + "\n")
+    write_command(args.out, "engine_knobs")
 
 
 def summarize(lines: list[dict]) -> list[dict]:
@@ -141,7 +155,7 @@ def write_report(out_dir: Path) -> Path:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.engine_knobs", description=__doc__.split("\n\n")[0])
+    p = parser("engine_knobs", __doc__)
     p.add_argument("--arch", default="crnn_mobilenet_v3_small")
     p.add_argument("--strategies", default="ddp,zero2,zero3", help="comma-separated, from ddp,zero2,zero3")
     p.add_argument("--world-size", type=int, default=2)
@@ -151,33 +165,25 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--timeout", type=int, default=900, help="seconds per run")
     p.add_argument("--wandb-mode", default="disabled", choices=["offline", "disabled"], help="the trainer's")
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--report", type=Path, default=None, help="only rebuild DIR/report.md from DIR/results.jsonl")
-    a = p.parse_args(argv)
-    a.strategies = tuple(s for s in a.strategies.split(",") if s)
-    return a
+    args = p.parse_args(argv)
+    args.strategies = tuple(s for s in args.strategies.split(",") if s)
+    return args
+
+
+def check(args: argparse.Namespace) -> None:
+    from scale_ocr.errors import UserError
+
+    known = {s for s, _ in VARIANTS.values()}
+    if not args.strategies or set(args.strategies) - known:
+        raise UserError(f"--strategies: choose from {', '.join(sorted(known))}")
+    if args.steps < 20 or args.repeats < 1 or args.world_size < 2:
+        raise UserError("--steps must be at least 20 (two 10-step windows after the warm-up), --repeats at least 1 "
+                        "and --world-size at least 2 (the settings tune communication)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from scale_ocr.errors import UserError
-
-    a = parse(argv)
-    if a.report:
-        print(write_report(a.report))
-        return 0
-    known = {s for s, _ in VARIANTS.values()}
-    if not a.strategies or set(a.strategies) - known:
-        raise UserError(f"--strategies: choose from {', '.join(sorted(known))}")
-    if a.steps < 20 or a.repeats < 1 or a.world_size < 2:
-        raise UserError("--steps must be at least 20 (two 10-step windows after the warm-up), --repeats at least 1 "
-                        "and --world-size at least 2 (the settings tune communication)")
-    a.out = a.out or default_out("engine-knobs")
-    run(a)
-    print(f"engine_knobs: report {write_report(a.out)}")
-    return 0
+    return bench_main("engine_knobs", parse(argv), run, write_report, check)
 
 
 if __name__ == "__main__":
-    from scale_ocr.errors import report_user_errors
-
-    sys.exit(report_user_errors(main)())
+    run_main(main)

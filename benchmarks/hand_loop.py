@@ -117,7 +117,7 @@ def ds_config(engine: str, batch: int, world: int) -> dict:
     return cfg
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--engine", choices=ENGINES, required=True)
     p.add_argument("--arch", default="crnn_mobilenet_v3_small")
@@ -146,12 +146,11 @@ def main() -> None:
     args = p.parse_args()
     if args.val_folder and (args.engine not in ("single", "ddp") or not args.folder or not args.curve):
         p.error("--val-folder needs --engine single or ddp, --folder and --curve")
+    return args
 
-    from scale_ocr.extensions import use_environment_extensions
-    from scale_ocr.models import create_model
 
-    use_environment_extensions()  # the DeepSpeed ops `make install` built, as the trainer finds them: no compiling
-
+def init_process(engine: str) -> tuple[torch.device, int, int, int]:
+    """This rank's device, and (local rank, rank, world size); every engine but single joins a process group."""
     cuda = torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
@@ -159,10 +158,14 @@ def main() -> None:
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)))
-    if args.engine != "single":
+    if engine != "single":
         dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    return device, local_rank, rank, world
 
+
+def words(args: argparse.Namespace, device: torch.device):
+    """The training words, the validation words (or None), the input size and the batch normalisation."""
     size = tuple(int(v) for v in args.input_size.split("x"))
     mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1)
     std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1)
@@ -174,14 +177,11 @@ def main() -> None:
         size = tuple(data.images.shape[2:])
         norm = lambda x: x  # noqa: E731 - cached words are normalised already
     val = FolderWords(args.val_folder, args.chars, size) if args.val_folder else None
-    val_labels = [word for _, word in val.items] if val else []
-    torch.manual_seed(args.seed)
-    model = create_model(args.arch, num_classes=len(data.index) + 1, input_size=size).to(device)
-    layout = torch.channels_last if args.channels_last and getattr(model, "channels_last", False) else torch.contiguous_format
-    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
-    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True, collate_fn=collate,
-                        num_workers=args.workers, persistent_workers=args.workers > 0, pin_memory=cuda)
+    return data, val, size, norm
 
+
+def wrap(model: torch.nn.Module, args: argparse.Namespace, rank: int, world: int, local_rank: int):
+    """The model and optimizer as each engine's own tutorial sets them up."""
     if args.engine.startswith("zero"):
         import deepspeed
 
@@ -191,33 +191,56 @@ def main() -> None:
         from scale_ocr.strategies.deepspeed import release_shm_buffer
 
         release_shm_buffer(rank)  # DeepSpeed never removes its /dev/shm files
-    elif args.engine == "fairscale":
+        return model, optimizer
+    if args.engine == "fairscale":
         from fairscale.nn.data_parallel import ShardedDataParallel
         from fairscale.optim import OSS
 
         optimizer = OSS(model.parameters(), optim=torch.optim.AdamW, lr=args.lr)
-        model = ShardedDataParallel(model, optimizer)
-    else:
-        if args.engine == "ddp":
-            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
-        elif args.engine == "fsdp":
-            from torch.distributed.fsdp import fully_shard
+        return ShardedDataParallel(model, optimizer), optimizer
+    if args.engine == "ddp":
+        cuda = torch.cuda.is_available()
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
+    elif args.engine == "fsdp":
+        from torch.distributed.fsdp import fully_shard
 
-            for block in (model.sharding_units() if hasattr(model, "sharding_units") else model.children()):
-                if any(p.requires_grad for p in block.parameters()):
-                    fully_shard(block)
-            fully_shard(model)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        for block in (model.sharding_units() if hasattr(model, "sharding_units") else model.children()):
+            if any(p.requires_grad for p in block.parameters()):
+                fully_shard(block)
+        fully_shard(model)
+    return model, torch.optim.AdamW(model.parameters(), lr=args.lr)
+
+
+def record_exact_match(args: argparse.Namespace, model, val: FolderWords, step: int, rank: int, world: int,
+                       device: torch.device, norm) -> None:
+    """Exact match on ``--val-folder`` (each rank a share), appended by rank 0 to ``--curve``."""
+    net = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    em = exact_match(net, val, args.chars, [word for _, word in val.items], rank, world, device, norm)
+    if rank == 0:
+        with open(args.curve, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": step, "time": round(time.time(), 3), "exact_match": em}) + "\n")
+
+
+def main() -> None:
+    args = parse_args()
+    from scale_ocr.dist.extensions import use_environment_extensions
+    from scale_ocr.models import create_model
+
+    use_environment_extensions()  # the DeepSpeed ops `make install` built, as the trainer finds them: no compiling
+    device, local_rank, rank, world = init_process(args.engine)
+    cuda = device.type == "cuda"
+    data, val, size, norm = words(args, device)
+    torch.manual_seed(args.seed)
+    model = create_model(args.arch, num_classes=len(data.index) + 1, input_size=size).to(device)
+    layout = torch.channels_last if args.channels_last and getattr(model, "channels_last", False) else torch.contiguous_format
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
+    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True, collate_fn=collate,
+                        num_workers=args.workers, persistent_workers=args.workers > 0, pin_memory=cuda)
+    model, optimizer = wrap(model, args, rank, world, local_rank)
     sched = (torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=args.steps)
              if args.sched == "onecycle" else None)
 
-    def measure() -> None:
-        net = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-        em = exact_match(net, val, args.chars, val_labels, rank, world, device, norm)
-        if rank == 0:
-            with open(args.curve, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"step": step, "time": round(time.time(), 3), "exact_match": em}) + "\n")
-
+    # The loop: forward, loss, backward, step; nothing else but the timing marks and the optional validation.
     model.train()
     step, epoch = 0, 0
     marks = {0: time.perf_counter()} if args.warmup == 0 else {}  # step -> time: the warm-up's end, every --window
@@ -239,7 +262,7 @@ def main() -> None:
                 sched.step()
             step += 1
             if val is not None and (step == args.steps or (args.eval_every and step % args.eval_every == 0)):
-                measure()
+                record_exact_match(args, model, val, step, rank, world, device, norm)
             if step == args.warmup or step % args.window == 0:
                 if cuda:
                     torch.cuda.synchronize()
@@ -249,17 +272,21 @@ def main() -> None:
         epoch += 1
     if cuda:
         torch.cuda.synchronize()
-    seconds = time.perf_counter() - marks[args.warmup]
+    if rank == 0:
+        write_summary(args, marks, time.perf_counter(), world, float(loss.detach()))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def write_summary(args: argparse.Namespace, marks: dict[int, float], end: float, world: int, last_loss: float) -> None:
+    """Samples/s over the steps after the warm-up (to ``end``), and of each ``--window`` steps, into ``--out``."""
+    seconds = end - marks[args.warmup]
     timed = args.steps - args.warmup
     windows = [args.window * args.batch_size * world / (marks[s + args.window] - marks[s])
                for s in sorted(marks) if s >= args.warmup and s % args.window == 0 and s + args.window in marks]
-    if rank == 0:
-        Path(args.out).write_text(json.dumps({
-            "samples_per_sec": timed * args.batch_size * world / seconds, "timed_steps": timed, "seconds": seconds,
-            "window_samples_per_sec": windows,
-            "last_loss": float(loss.detach()), "world_size": world}) + "\n")
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    Path(args.out).write_text(json.dumps({
+        "samples_per_sec": timed * args.batch_size * world / seconds, "timed_steps": timed, "seconds": seconds,
+        "window_samples_per_sec": windows, "last_loss": last_loss, "world_size": world}) + "\n")
 
 
 if __name__ == "__main__":

@@ -29,8 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.overhead import write_folder
-from benchmarks.scaling import default_out, hardware, versions, work_dir
+from benchmarks.harness import bench_main, hardware, parser, run_main, versions, work_dir, write_folder
 
 SOURCES = ("synthetic", "synthetic-plain", "folder", "folder-plain", "cache")
 
@@ -84,42 +83,43 @@ def training_rate(cfg, task, dist, steps: int) -> float:
     return batch_size / statistics.median(times)
 
 
-def run(a: argparse.Namespace) -> Path:
+def run(args: argparse.Namespace) -> Path:
+    """Training's rate, then each source's at each worker count, into ``args.out/results.json``."""
     import torch
 
-    from scale_ocr.cli_args import parse_config
-    from scale_ocr.distributed import DistInfo
+    from scale_ocr.cli.args import parse_config
+    from scale_ocr.dist.distributed import DistInfo
     from scale_ocr.tasks import create_task
 
     hw = hardware()
-    threads = max(1, (hw["cores"] or 1) // a.world_size)
+    threads = max(1, (hw["cores"] or 1) // args.world_size)
     torch.set_num_threads(threads)
-    a.out.mkdir(parents=True, exist_ok=True)
-    work = work_dir(a.out)
-    samples = a.batch_size * a.world_size * (a.batches + 1)
-    dist = DistInfo(0, a.world_size, 0, a.world_size, torch.device("cpu"), "gloo", "python")
-    base = [a.arch, "-b", str(a.batch_size), "--output-dir", str(work / "unused")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = work_dir(args.out)
+    samples = args.batch_size * args.world_size * (args.batches + 1)
+    dist = DistInfo(0, args.world_size, 0, args.world_size, torch.device("cpu"), "gloo", "python")
+    base = [args.arch, "-b", str(args.batch_size), "--output-dir", str(work / "unused")]
     task = create_task(parse_config(base).model)
     folder = write_folder(work / f"folder-{samples}", samples, task.vocab.chars)
     cache = task.benchmark_data(work, samples, print)[1]
-    train_sps = training_rate(parse_config([*base, "--data-cache", cache]), task, dist, a.train_steps)
+    train_sps = training_rate(parse_config([*base, "--data-cache", cache]), task, dist, args.train_steps)
     print(f"loader: training consumes {train_sps:.1f} samples/s per rank ({threads} threads)", flush=True)
     rows = []
-    for source in a.sources:
-        for workers in a.workers:
+    for source in args.sources:
+        for workers in args.workers:
             cfg = parse_config([*base, *data_flags(source, folder, cache, samples), "--workers", str(workers)])
-            rates = loader_rate(cfg, task, dist, a.batches, a.passes)
-            best = max(rates)
+            rates = loader_rate(cfg, task, dist, args.batches, args.passes)
             rows.append({"source": source, "workers": workers, "loader_sps": rates, "train_sps": train_sps,
                          "headroom": [r / train_sps for r in rates],
                          "serial_share": [(1 / r) / (1 / r + 1 / train_sps) for r in rates]})
             print(f"loader: {source}, {workers} workers: " + ", ".join(f"pass {i + 1} {r:.1f}" for i, r in enumerate(rates))
-                  + f" samples/s (headroom {best / train_sps:.2f})", flush=True)
-    doc = {"arch": a.arch, "batch_size": a.batch_size, "world_size": a.world_size, "threads": threads,
-           "batches": a.batches, "hardware": hw, "versions": versions(), "rows": rows,
+                  + f" samples/s (headroom {max(rates) / train_sps:.2f})", flush=True)
+    doc = {"arch": args.arch, "batch_size": args.batch_size, "world_size": args.world_size, "threads": threads,
+           "batches": args.batches, "hardware": hw, "versions": versions(), "rows": rows,
            "command": " ".join(["python -m benchmarks.loader", *sys.argv[1:]])}
-    (a.out / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
-    return write_report(a.out)
+    results = args.out / "results.json"
+    results.write_text(json.dumps(doc, indent=1) + "\n")
+    return results
 
 
 def write_report(out_dir: Path) -> Path:
@@ -146,7 +146,7 @@ def write_report(out_dir: Path) -> Path:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.loader", description=__doc__.split("\n\n")[0])
+    p = parser("loader", __doc__, results="results.json")
     p.add_argument("--arch", default="crnn_mobilenet_v3_small")
     p.add_argument("--sources", default=",".join(SOURCES), help="comma-separated, from " + ",".join(SOURCES))
     p.add_argument("--workers", default="0,1", help="comma-separated loader worker counts")
@@ -155,32 +155,25 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batches", type=int, default=20, help="timed batches per pass")
     p.add_argument("--passes", type=int, default=2, help="passes over the same words")
     p.add_argument("--train-steps", type=int, default=10, help="timed training steps")
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--report", type=Path, default=None, help="only rebuild DIR/report.md from DIR/results.json")
-    a = p.parse_args(argv)
-    a.sources = tuple(s for s in a.sources.split(",") if s)
-    a.workers = tuple(int(w) for w in a.workers.split(",") if w)
-    return a
+    args = p.parse_args(argv)
+    args.sources = tuple(s for s in args.sources.split(",") if s)
+    args.workers = tuple(int(w) for w in args.workers.split(",") if w)
+    return args
+
+
+def check(args: argparse.Namespace) -> None:
+    from scale_ocr.errors import UserError
+
+    unknown = sorted(set(args.sources) - set(SOURCES))
+    if unknown:
+        raise UserError(f"--sources: {', '.join(unknown)} is not a source; choose from {', '.join(SOURCES)}")
+    if args.batches < 1 or args.passes < 1 or args.world_size < 1 or any(w < 0 for w in args.workers):
+        raise UserError("--batches, --passes and --world-size must be at least 1, --workers at least 0")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from scale_ocr.errors import UserError
-
-    a = parse(argv)
-    if a.report:
-        print(write_report(a.report))
-        return 0
-    unknown = sorted(set(a.sources) - set(SOURCES))
-    if unknown:
-        raise UserError(f"--sources: {', '.join(unknown)} is not a source; choose from {', '.join(SOURCES)}")
-    if a.batches < 1 or a.passes < 1 or a.world_size < 1 or any(w < 0 for w in a.workers):
-        raise UserError("--batches, --passes and --world-size must be at least 1, --workers at least 0")
-    a.out = a.out or default_out("loader")
-    print(f"loader: report {run(a)}")
-    return 0
+    return bench_main("loader", parse(argv), run, write_report, check)
 
 
 if __name__ == "__main__":
-    from scale_ocr.errors import report_user_errors
-
-    sys.exit(report_user_errors(main)())
+    run_main(main)

@@ -30,13 +30,23 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scaling import TRAIN, Config, Suite, command, hardware, measure, run_job, versions, work_dir
+from benchmarks.harness import (
+    TRAIN,
+    Config,
+    hardware,
+    launcher_for,
+    measure,
+    run_job,
+    run_main,
+    step_command,
+    versions,
+    work_dir,
+)
 
 GIB = 2**30
 PROBE_MMAP_THRESHOLD = 64 << 10  # bytes; see the module docstring
@@ -171,21 +181,16 @@ def predicted_largest(s: Search, strategy: str, acts: dict[bool, tuple[float, fl
 def run_probe(s: Search, strategy: str, checkpointing: bool, depth: int, data_args: list[str], work: Path,
               wandb_mode: str) -> Probe:
     """One real training job at ``depth``; its status and measurements."""
-    from scale_ocr.strategies import strategy_entry
-
-    entry = strategy_entry(strategy)
-    launcher = "deepspeed" if "preset" in entry.preset else "torchrun"
     key = f"{strategy}{'-ac' if checkpointing else ''}-d{depth}"
     cfg = Config(s.arch, strategy, s.world_size, s.batch_size, 0, max(1, (os.cpu_count() or 1) // s.world_size),
-                 launcher, s.precision)
+                 launcher_for(strategy), s.precision)
     on_gpu = _on_gpu()
-    flags = (f"--model-width {s.width} --model-depth {depth} --lr {s.lr} --no-save-model"  # gathering it is no probe
-             + (" --activation-checkpointing" if checkpointing else ""))
-    flags += f" --gpu-memory-cap-gb {s.budget_gb}" if on_gpu else ""  # on CPU: the runner caps each process
-    suite = Suite(models=(s.arch,), batch_size=s.batch_size, steps=s.steps, warmup=0, precision=s.precision,
-                  profile_steps=0, timeout=s.timeout, model_args=((s.arch, flags),))
+    flags = ["--model-width", str(s.width), "--model-depth", str(depth), "--lr", str(s.lr),
+             "--no-save-model"]  # gathering the whole model is no part of a probe
+    flags += ["--activation-checkpointing"] if checkpointing else []
+    flags += ["--gpu-memory-cap-gb", str(s.budget_gb)] if on_gpu else []  # on CPU: the runner caps each process
     run_dir = work / "runs" / key
-    cmd = command(cfg, suite, data_args, run_dir, "max-model", wandb_mode)
+    cmd = step_command(cfg, s.steps, data_args, flags, run_dir, "max-model", wandb_mode, profile_steps=0)
     status, error, wall = run_job(cmd, cfg.threads_per_rank, s.timeout, None if on_gpu else s.budget_gb)
     metrics: dict[str, Any] = {"wall_seconds": wall, "run_dir": str(run_dir),
                                "command": " ".join(cmd[cmd.index(str(TRAIN)):])}
@@ -404,11 +409,7 @@ def _plot(rows: list[dict], s: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from scale_ocr.errors import UserError
-    from scale_ocr.models import accepts
-    from scale_ocr.strategies import strategy_entry
-
+def parse(argv: list[str] | None) -> argparse.Namespace:
     d = Search()
     p = argparse.ArgumentParser(prog="python -m benchmarks.max_model", description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", default=d.arch, help="a model whose depth can be set (default %(default)s)")
@@ -435,14 +436,17 @@ def main(argv: list[str] | None = None) -> int:
                    "with this checkout's memory model and rewrite its report")
     p.add_argument("--update", action="store_true", help="search only --strategies and --checkpointing of the finished "
                    "search in --out again (after a fix that concerns them), with its other settings, keeping the rest")
-    args = p.parse_args(argv)
-    if args.repredict:
-        if not (args.out / "results.jsonl").exists():
-            raise UserError(f"--repredict: {args.out} holds no finished search (results.jsonl); give its --out")
-        repredict(args.out)
-        print(f"max-model: report {write_report(args.out)}")
-        return 0
+    return p.parse_args(argv)
+
+
+def search_from(args: argparse.Namespace) -> Search:
+    """The search the flags ask for, checked (a :class:`UserError` names the flag); with ``--update``, the finished
+    search in ``--out`` narrowed to the strategies and checkpointing settings given."""
     import torch
+
+    from scale_ocr.errors import UserError
+    from scale_ocr.models import accepts
+    from scale_ocr.strategies import strategy_entry
 
     if torch.cuda.is_available() and args.world_size > torch.cuda.device_count():
         raise UserError(f"--world-size {args.world_size} needs as many GPUs; this host has {torch.cuda.device_count()}")
@@ -450,8 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--arch {args.arch}: its depth cannot be set; use a ViTSTR (vitstr_tiny ... vitstr_large)")
     strategies = tuple(args.strategies.split(","))
     for name in strategies:
-        entry = strategy_entry(name)
-        if entry.cls.max_world_size == 1 and args.world_size > 1:
+        if strategy_entry(name).cls.max_world_size == 1 and args.world_size > 1:
             raise UserError(f"--strategies {name} runs in one process; leave it out for --world-size {args.world_size}")
     try:
         depths = tuple(int(d) for d in args.depths.split(",") if d.strip())
@@ -462,25 +465,33 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("--world-size, --steps, --max-depth, --batch-size, --samples and --depths must be at least 1, "
                         "--budget-gb positive")
     checkpointing = {"off": (False,), "on": (True,), "both": (False, True)}[args.checkpointing]
-    search = Search(args.arch, args.width, strategies, args.world_size, args.budget_gb, args.batch_size, args.steps,
-                    args.precision, args.max_depth, checkpointing, args.timeout, depths, args.lr, args.samples)
-    if args.update:
-        if not (args.out / "search.json").exists():
-            raise UserError(f"--update: {args.out} holds no finished search (search.json); give its --out")
-        first = _search(json.loads((args.out / "search.json").read_text())["search"])
-        outside = sorted(set(strategies) - set(first.strategies))
-        if outside or not set(checkpointing) <= set(first.checkpointing):
-            raise UserError(f"--update: --strategies {args.strategies} --checkpointing {args.checkpointing} is not part "
-                            f"of the search in {args.out}; update a part of it")
-        search = dataclasses.replace(first, strategies=strategies, checkpointing=checkpointing, timeout=args.timeout)
-    run_search(search, args.out, args.wandb_mode, update=args.update)
-    if args.update and (args.out / "predictions.json").exists():
-        repredict(args.out)  # the re-measured probes need predictions from the model the others have
+    if not args.update:
+        return Search(args.arch, args.width, strategies, args.world_size, args.budget_gb, args.batch_size, args.steps,
+                      args.precision, args.max_depth, checkpointing, args.timeout, depths, args.lr, args.samples)
+    if not (args.out / "search.json").exists():
+        raise UserError(f"--update: {args.out} holds no finished search (search.json); give its --out")
+    first = _search(json.loads((args.out / "search.json").read_text())["search"])
+    if set(strategies) - set(first.strategies) or not set(checkpointing) <= set(first.checkpointing):
+        raise UserError(f"--update: --strategies {args.strategies} --checkpointing {args.checkpointing} is not part "
+                        f"of the search in {args.out}; update a part of it")
+    return dataclasses.replace(first, strategies=strategies, checkpointing=checkpointing, timeout=args.timeout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from scale_ocr.errors import UserError
+
+    args = parse(argv)
+    if args.repredict:
+        if not (args.out / "results.jsonl").exists():
+            raise UserError(f"--repredict: {args.out} holds no finished search (results.jsonl); give its --out")
+        repredict(args.out)
+    else:
+        run_search(search_from(args), args.out, args.wandb_mode, update=args.update)
+        if args.update and (args.out / "predictions.json").exists():
+            repredict(args.out)  # the re-measured probes need predictions from the model the others have
     print(f"max-model: report {write_report(args.out)}")
     return 0
 
 
 if __name__ == "__main__":
-    from scale_ocr.errors import report_user_errors
-
-    sys.exit(report_user_errors(main)())
+    run_main(main)

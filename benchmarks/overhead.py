@@ -22,159 +22,68 @@ normalisation per batch).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 from pathlib import Path
 
-from benchmarks.report import command_line, load, write_outputs
-from benchmarks.scaling import REPO, TRAIN, default_out, hardware, launch_command, run_job, versions, work_dir
+from benchmarks.harness import (
+    REPO,
+    WINDOW,
+    append_line,
+    bench_main,
+    command_line,
+    data_args,
+    hand_job,
+    hardware,
+    load,
+    parser,
+    run_main,
+    timed_job,
+    trainer_job,
+    versions,
+    warmup_steps,
+    window_rate,
+    work_dir,
+    write_command,
+    write_outputs,
+)
 
-HAND = REPO / "benchmarks" / "hand_loop.py"
 STRATEGIES = ("single", "ddp", "zero2", "fsdp", "zero3", "fairscale")
-LAUNCHERS = {"single": "python", "zero2": "deepspeed", "zero3": "deepspeed"}  # the rest: torchrun
 TARGET = 0.98  # trainer / hand-written loop, issue 12
 
 
-def launch(strategy: str, world_size: int, script: Path, args: list[str], launcher: str | None = None) -> list[str]:
-    return launch_command(launcher or LAUNCHERS.get(strategy, "torchrun"), world_size, script, args)
-
-
-def warmup_steps(steps: int) -> int:
-    """The trainer's untimed warm-up (Trainer.warmup_steps), which the hand loop matches."""
-    return min(5, max(0, steps // 4))
-
-
-def write_folder(path: Path, n: int, chars: str, seed: int = 0) -> Path:
-    """``n`` synthetic words as PNG files in a docTR recognition folder (written once, then reused)."""
-    from scale_ocr.data.synthetic import SyntheticWords
-
-    if (path / "labels.json").is_file():
-        return path
-    tmp = path.with_name(path.name + ".tmp")
-    (tmp / "images").mkdir(parents=True, exist_ok=True)
-    words = SyntheticWords(chars, n, 3, 8, seed, transform=lambda image: image)
-    labels = {}
-    for i in range(n):
-        image, word = words[i]
-        image.save(tmp / "images" / f"{i:06d}.png")
-        labels[f"{i:06d}.png"] = word
-    (tmp / "labels.json").write_text(json.dumps(labels), encoding="utf-8")
-    tmp.replace(path)
-    return path
-
-
-def data_args(a: argparse.Namespace, task, work: Path) -> tuple[list[str], list[str]]:
-    """Train.py's and the hand loop's flags for the same words."""
-    words = a.batch_size * a.world_size * a.steps
-    if a.data == "cache":
-        cache = task.benchmark_data(work, words, print)[1]
-        return ["--data-cache", cache], ["--data-cache", cache]
-    folder = str(write_folder(work / f"folder-{words}", words, task.vocab.chars))
-    h, w = task.input_size
-    return (["--train-path", folder, "--val-path", folder, "--no-augment", "--workers", str(a.workers)],
-            ["--folder", folder, "--chars", task.vocab.chars, "--input-size", f"{h}x{w}", "--workers", str(a.workers)])
-
-
-def channels_last(a: argparse.Namespace) -> bool:
-    """Both sides feed CNNs NHWC images (the trainer's default) unless ``--layout nchw``."""
-    return getattr(a, "layout", "channels-last") == "channels-last"
-
-
-def trainer_job(a: argparse.Namespace, strategy: str, ws: int, data: list[str], run_dir: Path,
-                batch: int | None = None, launcher: str | None = None, extra: tuple[str, ...] = ()) -> tuple[list[str], Path]:
-    """Train.py's command (``batch`` per rank, default ``a.batch_size``; ``extra`` flags) and the summary it writes."""
-    args = [a.arch, "--strategy", strategy, "-b", str(batch or a.batch_size), "--max-steps", str(a.steps), "--epochs", "1000",
-            *data, "--lr", str(a.lr), "--no-eval", "--no-save-model", "--resume", "none",
-            "--output-dir", str(run_dir), "--wandb-mode", a.wandb_mode, "--run-name", run_dir.name,
-            *([] if channels_last(a) else ["--no-channels-last"]), *extra]
-    return launch(strategy, ws, TRAIN, args, launcher), run_dir / "metrics.json"
-
-
-def hand_job(a: argparse.Namespace, strategy: str, ws: int, data: list[str], run_dir: Path,
-             batch: int | None = None, launcher: str | None = None) -> tuple[list[str], Path]:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    out = run_dir / "hand.json"
-    args = ["--engine", strategy, "--arch", a.arch, *data, "-b", str(batch or a.batch_size),
-            "--steps", str(a.steps), "--warmup", str(warmup_steps(a.steps)), "--window", str(WINDOW), "--lr", str(a.lr),
-            "--out", str(out), *(["--channels-last"] if channels_last(a) else [])]
-    return launch(strategy, ws, HAND, args, launcher), out
-
-
-def timed_job(cmd: list[str], metrics: Path, threads: int, timeout: int) -> tuple[str, str | None, float, float | None]:
-    """Run one job: ``(status, error, wall seconds, training samples/s from its summary file)``."""
-    status, error, wall = run_job(cmd, threads, timeout, None)
-    sps = None
-    if status == "ok":
-        try:
-            sps = float(json.loads(metrics.read_text())["samples_per_sec"])
-        except (OSError, ValueError, KeyError) as exc:
-            status, error = "failed", f"unreadable {metrics.name}: {exc}"
-    return status, error, wall, sps
-
-
-WINDOW = 10  # the trainer's default --log-every: one log line (W&B, metrics.jsonl) in every window
-
-
-def window_rate(side: str, metrics: Path, warmup: int) -> float | None:
-    """Median samples/s over a run's 10-step windows that start after its warm-up (None without them).
-
-    Both sides time each window the same way (the trainer logs ``train/step_time`` at every ``--log-every``,
-    the hand loop marks every ``--window`` steps), and each window holds the trainer's per-step work and one log
-    line. On a shared host whose speed drops for seconds at a time, the median window of a run is a steadier
-    measure of the loop's throughput than the run's total, which one slow stretch drags down.
-    """
-    try:
-        if side == "trainer":
-            global_batch = json.loads(metrics.read_text())["global_batch"]
-            records = [json.loads(ln) for ln in (metrics.parent / "metrics.jsonl").read_text().splitlines()]
-            rates = [global_batch / r["train/step_time"] for r in records
-                     if "train/step_time" in r and r["step"] % WINDOW == 0 and r["step"] - WINDOW >= warmup]
-        else:
-            rates = json.loads(metrics.read_text()).get("window_samples_per_sec") or []
-    except (OSError, ValueError, KeyError):
-        return None
-    return statistics.median(rates) if rates else None
-
-
-def run(a: argparse.Namespace) -> Path:
+def run(args: argparse.Namespace) -> Path:
+    """Every pair of every strategy into ``args.out/results.jsonl``, alternating which side runs first."""
     from scale_ocr.config import ModelConfig
     from scale_ocr.tasks import create_task
 
-    hw = hardware()
+    hw, ver = hardware(), versions()
     cores = hw["cores"] or 1
-    out_dir: Path = a.out
+    out_dir: Path = args.out
     out_dir.mkdir(parents=True, exist_ok=True)
     results = out_dir / "results.jsonl"
-    if results.exists():
-        results.unlink()
+    results.unlink(missing_ok=True)
     work = work_dir(out_dir)
-    task = create_task(ModelConfig(arch=a.arch))
-    trainer_data, hand_data = data_args(a, task, work)
-    ver = versions()
-    for pair in range(a.pairs):
-        for strategy in a.strategies:
-            ws = 1 if strategy == "single" else a.world_size
+    trainer_data, hand_data = data_args(args, create_task(ModelConfig(arch=args.arch)), work)
+    for pair in range(args.pairs):
+        for strategy in args.strategies:
+            ws = 1 if strategy == "single" else args.world_size
             threads = cores if ws == 1 else max(1, cores // ws)
             sides = [("trainer", trainer_job, trainer_data), ("hand", hand_job, hand_data)]
             for side, make, data in sides if pair % 2 == 0 else sides[::-1]:
-                run_dir = work / "runs" / f"{strategy}-{side}-p{pair}"
-                cmd, metrics = make(a, strategy, ws, data, run_dir)
-                status, error, wall, sps = timed_job(cmd, metrics, threads, a.timeout)
-                windows = window_rate(side, metrics, warmup_steps(a.steps)) if status == "ok" else None
-                line = {"strategy": strategy, "side": side, "pair": pair, "status": status, "error": error,
-                        "samples_per_sec": sps, "window_samples_per_sec": windows, "wall_seconds": wall, "world_size": ws,
-                        "threads_per_rank": threads,
-                        "arch": a.arch, "batch_size": a.batch_size, "steps": a.steps,
-                        "warmup": warmup_steps(a.steps), "precision": "fp32", "data": a.data, "workers": a.workers,
-                        "layout": a.layout,
-                        "command": " ".join(cmd).replace(f"{REPO}/", ""), "versions": ver, "hardware": hw}
-                with results.open("a", encoding="utf-8") as f:
-                    f.write(json.dumps(line) + "\n")
-                print(f"overhead [{pair + 1}/{a.pairs}] {strategy} {side}: {status}"
+                cmd, metrics = make(args, strategy, ws, data, work / "runs" / f"{strategy}-{side}-p{pair}")
+                status, error, wall, sps = timed_job(cmd, metrics, threads, args.timeout)
+                windows = window_rate(side, metrics, warmup_steps(args.steps)) if status == "ok" else None
+                append_line(results, {
+                    "strategy": strategy, "side": side, "pair": pair, "status": status, "error": error,
+                    "samples_per_sec": sps, "window_samples_per_sec": windows, "wall_seconds": wall, "world_size": ws,
+                    "threads_per_rank": threads, "arch": args.arch, "batch_size": args.batch_size,
+                    "steps": args.steps, "warmup": warmup_steps(args.steps), "precision": "fp32", "data": args.data,
+                    "workers": args.workers, "layout": args.layout,
+                    "command": " ".join(cmd).replace(f"{REPO}/", ""), "versions": ver, "hardware": hw})
+                print(f"overhead [{pair + 1}/{args.pairs}] {strategy} {side}: {status}"
                       + (f" {sps:.1f} samples/s" if sps else f" ({error})")
                       + (f", median window {windows:.1f}" if windows else "") + f" [{wall:.0f} s]", flush=True)
-    (out_dir / "command.txt").write_text(" ".join(["python -m benchmarks.overhead", *sys.argv[1:]]) + "\n")
+    write_command(out_dir, "overhead")
     return results
 
 
@@ -262,7 +171,7 @@ def write_report(out_dir: Path) -> Path:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__.split("\n\n")[0])
+    p = parser("overhead", __doc__)
     p.add_argument("--arch", default="crnn_mobilenet_v3_small")
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated, from " + ",".join(STRATEGIES))
     p.add_argument("--world-size", type=int, default=2)
@@ -278,32 +187,24 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="image layout on both sides: the trainer's default (channels-last for CNNs, the hand loop "
                         "converting its inputs the same way), or NCHW (the trainer with --no-channels-last)")
     p.add_argument("--wandb-mode", default="offline", choices=["offline", "disabled"], help="the trainer's")
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--report", type=Path, default=None, help="only rebuild DIR/report.md from DIR/results.jsonl")
-    a = p.parse_args(argv)
-    a.strategies = tuple(s for s in a.strategies.split(",") if s)
-    return a
+    args = p.parse_args(argv)
+    args.strategies = tuple(s for s in args.strategies.split(",") if s)
+    return args
+
+
+def check(args: argparse.Namespace) -> None:
+    from scale_ocr.errors import UserError
+
+    unknown = sorted(set(args.strategies) - set(STRATEGIES))
+    if unknown:
+        raise UserError(f"--strategies: {', '.join(unknown)} has no hand-written loop; choose from {', '.join(STRATEGIES)}")
+    if args.steps < 8 or args.pairs < 1 or args.world_size < 1:
+        raise UserError("--steps must be at least 8 (a few untimed), --pairs and --world-size at least 1")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from scale_ocr.errors import UserError
-
-    a = parse(argv)
-    if a.report:
-        print(write_report(a.report))
-        return 0
-    unknown = sorted(set(a.strategies) - set(STRATEGIES))
-    if unknown:
-        raise UserError(f"--strategies: {', '.join(unknown)} has no hand-written loop; choose from {', '.join(STRATEGIES)}")
-    if a.steps < 8 or a.pairs < 1 or a.world_size < 1:
-        raise UserError("--steps must be at least 8 (a few untimed), --pairs and --world-size at least 1")
-    a.out = a.out or default_out("overhead")  # benchmarks/results/overhead-HOST-DATE
-    run(a)
-    print(f"overhead: report {write_report(a.out)}")
-    return 0
+    return bench_main("overhead", parse(argv), run, write_report, check)
 
 
 if __name__ == "__main__":
-    from scale_ocr.errors import report_user_errors
-
-    sys.exit(report_user_errors(main)())
+    run_main(main)

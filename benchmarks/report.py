@@ -10,39 +10,16 @@ input always gives the same files.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import load, run_main, work_dir
+
 MIB = 2**20
 KINDS = ("params", "grads", "optimizer", "other")
-
-
-def load(out_dir: Path, made_by: str = "benchmarks.scaling") -> list[dict[str, Any]]:
-    """The lines of ``out_dir/results.jsonl``, which ``python -m MADE_BY`` writes."""
-    path = out_dir / "results.jsonl"
-    if not path.is_file():
-        from scale_ocr.errors import UserError
-
-        raise UserError(f"{path} does not exist; run `python -m {made_by}` first")
-    return [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-
-
-def command_line(out_dir: Path) -> str:
-    """The command that made ``out_dir`` (its ``command.txt``), or "?"."""
-    path = out_dir / "command.txt"
-    return path.read_text().strip() if path.is_file() else "?"
-
-
-def write_outputs(out_dir: Path, summary: Any, md: list[str]) -> Path:
-    """Write ``summary.json`` and ``report.md`` (``md``'s lines) into ``out_dir``; returns the report's path."""
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    report = out_dir / "report.md"
-    report.write_text("\n".join(md) + "\n")
-    return report
 
 
 def _median(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -88,19 +65,25 @@ def _baseline(cells) -> dict[str, Any] | None:
     return next((v for (s, _), v in cells.items() if s == "dp" and v["status"] == "ok"), None)
 
 
-def plot(model: str, cells, out_dir: Path) -> list[str]:
-    """The three PNGs for one model; returns their file names."""
-    import matplotlib
+PLOT_META = {"Software": None}  # no version stamp in the PNGs: the same results give the same bytes
 
-    matplotlib.use("Agg")
+
+def _save(fig, out_dir: Path, name: str) -> str:
     import matplotlib.pyplot as plt
 
-    names = []
-    meta = {"Software": None}  # no version stamp: the same results give the same bytes
+    fig.tight_layout()
+    fig.savefig(out_dir / name, dpi=110, metadata=PLOT_META)
+    plt.close(fig)
+    return name
+
+
+def plot_throughput(model: str, cells, out_dir: Path) -> str:
+    """Samples/s against world size, one line per strategy, DataParallel as a dashed level."""
+    import matplotlib.pyplot as plt
+
     dp = _baseline(cells)
     strategies = list(dict.fromkeys(s for s, _ in _order(cells) if s != "dp"))
     world_sizes = sorted({ws for s, ws in cells if s != "dp"})
-
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for s in strategies:
         pts = [(ws, cells[(s, ws)]["sps"]) for ws in world_sizes if (s, ws) in cells and cells[(s, ws)]["sps"]]
@@ -112,12 +95,13 @@ def plot(model: str, cells, out_dir: Path) -> list[str]:
            xticks=world_sizes)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    names.append(f"throughput_{model}.png")
-    fig.savefig(out_dir / names[-1], dpi=110, metadata=meta)
-    plt.close(fig)
+    return _save(fig, out_dir, f"throughput_{model}.png")
 
-    top = max(world_sizes) if world_sizes else 1
+
+def plot_memory(model: str, cells, out_dir: Path, top: int) -> str:
+    """Model state per rank at the largest world size, stacked by kind, with the memory model's prediction."""
+    import matplotlib.pyplot as plt
+
     keys = [k for k in _order(cells) if (k[0] == "dp" or k[1] == top) and cells[k]["state"]]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     bottom = [0.0] * len(keys)
@@ -132,28 +116,38 @@ def plot(model: str, cells, out_dir: Path) -> list[str]:
     ax.set(ylabel="MiB per rank", title=f"{model}: model state per rank (world size {top}; dp: 1 process)")
     ax.set_ylim(0, 1.3 * max([*bottom, *(p for p in pred if p)], default=1))
     ax.legend(fontsize=7, ncol=5, loc="upper center")
-    fig.tight_layout()
-    names.append(f"memory_{model}.png")
-    fig.savefig(out_dir / names[-1], dpi=110, metadata=meta)
-    plt.close(fig)
+    return _save(fig, out_dir, f"memory_{model}.png")
 
+
+def plot_ratio_to_dp(model: str, cells, out_dir: Path, top: int, dp: dict[str, Any]) -> str:
+    """Throughput and model state per rank of each strategy at the largest world size, over DataParallel's."""
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in _order(cells) if k[0] != "dp" and k[1] == top and cells[k]["sps"]]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    x = range(len(keys))
+    ax.bar([i - 0.2 for i in x], [cells[k]["sps"] / dp["sps"] for k in keys], width=0.4, label="throughput ÷ DP")
+    if dp["state"]:
+        ax.bar([i + 0.2 for i in x], [cells[k]["state"]["model_state"] / dp["state"]["model_state"]
+                                      if cells[k]["state"] else 0 for k in keys], width=0.4,
+               label="model state per rank ÷ DP")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(list(x), [s for s, _ in keys], rotation=30, ha="right", fontsize=8)
+    ax.set(title=f"{model}: ratio to DataParallel (world size {top})")
+    ax.legend(fontsize=7)
+    return _save(fig, out_dir, f"ratio_to_dp_{model}.png")
+
+
+def plot(model: str, cells, out_dir: Path) -> list[str]:
+    """The three PNGs for one model (the ratio plot only with a DataParallel baseline); returns their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    dp = _baseline(cells)
+    top = max((ws for s, ws in cells if s != "dp"), default=1)
+    names = [plot_throughput(model, cells, out_dir), plot_memory(model, cells, out_dir, top)]
     if dp and dp["sps"]:
-        keys = [k for k in _order(cells) if k[0] != "dp" and k[1] == top and cells[k]["sps"]]
-        fig, ax = plt.subplots(figsize=(7, 4.2))
-        x = range(len(keys))
-        ax.bar([i - 0.2 for i in x], [cells[k]["sps"] / dp["sps"] for k in keys], width=0.4, label="throughput ÷ DP")
-        if dp["state"]:
-            ax.bar([i + 0.2 for i in x], [cells[k]["state"]["model_state"] / dp["state"]["model_state"]
-                                          if cells[k]["state"] else 0 for k in keys], width=0.4,
-                   label="model state per rank ÷ DP")
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_xticks(list(x), [s for s, _ in keys], rotation=30, ha="right", fontsize=8)
-        ax.set(title=f"{model}: ratio to DataParallel (world size {top})")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        names.append(f"ratio_to_dp_{model}.png")
-        fig.savefig(out_dir / names[-1], dpi=110, metadata=meta)
-        plt.close(fig)
+        names.append(plot_ratio_to_dp(model, cells, out_dir, top, dp))
     return names
 
 
@@ -268,8 +262,6 @@ def log_to_wandb(out_dir: Path, mode: str = "offline") -> str | None:
     except ImportError:
         print("bench: wandb is not installed; summary not logged", file=sys.stderr)
         return None
-    from benchmarks.scaling import work_dir
-
     results = load(out_dir)
     work = work_dir(out_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -307,6 +299,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from scale_ocr.errors import report_user_errors
-
-    sys.exit(report_user_errors(main)())
+    run_main(main)

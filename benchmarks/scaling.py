@@ -17,25 +17,29 @@ same cores as the DataParallel baseline. DataParallel processes the largest worl
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
-import re
-import resource
 import shlex
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-TRAIN = REPO / "scale_ocr" / "train.py"
-BIN = Path(sys.executable).parent
+from benchmarks.harness import (
+    TRAIN,
+    Config,
+    append_line,
+    default_out,
+    hardware,
+    launcher_for,
+    measure,
+    run_job,
+    run_main,
+    step_command,
+    versions,
+    work_dir,
+)
+from benchmarks.report import build_report, log_to_wandb
 
 DEFAULT_STRATEGIES = ("dp", "ddp", "fsdp", "fsdp_grad_op", "zero1", "zero2", "zero3", "zero3_offload", "fairscale")
 
@@ -85,28 +89,6 @@ PRESETS: dict[str, Suite] = {
                    world_sizes=(1, 2, 4, 8), batch_size=32, steps=30, warmup=5),
 }
 
-OOM_PATTERNS = ("out of memory", "OutOfMemoryError", "can't allocate memory", "Cannot allocate memory",
-                "MemoryError", "std::bad_alloc")
-
-
-@dataclass
-class Config:
-    """One job of the suite."""
-
-    model: str
-    strategy: str
-    world_size: int
-    batch_size: int
-    repeat: int
-    threads_per_rank: int
-    launcher: str
-    precision: str
-
-    @property
-    def key(self) -> str:
-        return f"{self.model}/{self.strategy}/ws{self.world_size}/r{self.repeat}"
-
-
 @dataclass
 class Result:
     """One line of results.jsonl."""
@@ -119,125 +101,32 @@ class Result:
 
 def plan(suite: Suite, cores: int, gpus: int) -> list[Config]:
     """Every job, in a stable order: per model, DataParallel first (the baseline), then by strategy."""
-    from scale_ocr.strategies import strategy_entry
-
     top = max(suite.world_sizes)
     threads = max(1, cores // top)
     jobs = []
     for model in suite.models:
         precision = suite.precision_for(model)
         for strategy in suite.strategies:
-            entry = strategy_entry(strategy)
-            single_process = entry.cls.max_world_size == 1
+            launcher = launcher_for(strategy)
+            single_process = launcher == "python"
             for ws in ((1,) if single_process else suite.world_sizes):
                 if gpus and ws > gpus:
                     continue
                 if single_process:
                     # One process drives every device (CPU: every core) and takes the largest world's global batch.
                     devices = gpus or top
-                    cfg = Config(model, strategy, 1, suite.batch_size * devices, 0, cores, "python", precision)
+                    cfg = Config(model, strategy, 1, suite.batch_size * devices, 0, cores, launcher, precision)
                 else:
-                    launcher = "deepspeed" if "preset" in entry.preset else "torchrun"
                     cfg = Config(model, strategy, ws, suite.batch_size, 0, threads, launcher, precision)
                 for r in range(suite.repeats):
                     jobs.append(Config(**{**asdict(cfg), "repeat": r}))
     return jobs
 
 
-def launch_command(launcher: str, world_size: int, script: Path, args: list[str]) -> list[str]:
-    """``script args`` started by ``launcher`` (python, deepspeed or torchrun) with ``world_size`` local ranks."""
-    from scale_ocr.distributed import free_port
-
-    if launcher == "python":
-        return [sys.executable, str(script), *args]
-    if launcher == "deepspeed":
-        return [str(BIN / "deepspeed"), "--num_gpus", str(world_size), "--master_port", str(free_port()),
-                str(script), *args]
-    return [str(BIN / "torchrun"), "--nproc_per_node", str(world_size), "--master_addr", "127.0.0.1",
-            "--master_port", str(free_port()), str(script), *args]
-
-
 def command(cfg: Config, suite: Suite, data_args: list[str], run_dir: Path, group: str, wandb_mode: str) -> list[str]:
-    args = [cfg.model, "--strategy", cfg.strategy, "--precision", cfg.precision, "-b", str(cfg.batch_size),
-            "--max-steps", str(suite.job_steps), "--epochs", "1000", *data_args, *shlex.split(dict(suite.model_args).get(cfg.model, "")), "--no-eval",
-            "--profile-steps", str(suite.profile_steps),
-            "--log-every", "1", "--sched", "constant", "--workers", "0", "--resume", "none", "--output-dir", str(run_dir),
-            "--wandb-mode", wandb_mode, "--wandb-group", group, "--run-name", cfg.key.replace("/", "-")]
-    return launch_command(cfg.launcher, cfg.world_size, TRAIN, args)
-
-
-def classify(returncode: int, output: str) -> tuple[str, str | None]:
-    """A job's status from its exit code and output: ok, oom (a result, not a crash) or failed."""
-    if returncode == 0:
-        return "ok", None
-    from scale_ocr.errors import EXIT_OUT_OF_MEMORY
-
-    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
-    ours = [ln for ln in lines if ln.startswith("scale-ocr: error:")]
-    if returncode == EXIT_OUT_OF_MEMORY or any(p in output for p in OOM_PATTERNS) or returncode in (-9, 137):
-        return "oom", (ours or [f"exit {returncode} (killed: out of memory)"])[0][:300]
-    errors = ours or [ln for ln in lines if "Error" in ln or "error" in ln] or [f"exit {returncode}"]
-    return "failed", errors[0][:300]
-
-
-def _limit_memory(gb: float | None):
-    """preexec_fn capping each process's data segment (every rank inherits it), like a device's capacity."""
-    if not gb:
-        return None
-
-    def apply() -> None:
-        limit = int(gb * 2**30)
-        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-
-    return apply
-
-
-def run_job(cmd: list[str], threads: int, timeout: int, memory_limit_gb: float | None) -> tuple[str, str | None, float]:
-    """Run one benchmark job (its own session, ``threads`` per rank, each process capped on CPU):
-    ``(status, error, seconds)``, status ok / oom / failed / timeout."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(var, None)
-    t0 = time.time()
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
-                              preexec_fn=_limit_memory(memory_limit_gb), start_new_session=True)
-        status, error = classify(proc.returncode, proc.stdout + proc.stderr)
-    except subprocess.TimeoutExpired:
-        status, error = "timeout", f"no result within {timeout} s"
-    return status, error, time.time() - t0
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo, hi = int(pos), min(int(pos) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def measure(run_dir: Path, warmup: int, timed: int) -> dict[str, Any]:
-    """Figures of a finished job from its metrics.jsonl (one line per step) and metrics.json."""
-    records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if "train/step_time" in r and warmup < r["step"] <= warmup + timed]
-    summary = json.loads((run_dir / "metrics.json").read_text())
-    times = [r["train/step_time"] for r in steps]
-    global_batch = summary["global_batch"]
-    sps = [global_batch / t for t in times]
-    return {
-        "timed_steps": len(times),
-        "samples_per_sec": statistics.median(sps),
-        "samples_per_sec_p25": percentile(sps, 0.25),
-        "samples_per_sec_p75": percentile(sps, 0.75),
-        "step_time_p50": percentile(times, 0.5),
-        "step_time_p95": percentile(times, 0.95),
-        "global_batch": global_batch,
-        "peak_memory_bytes": summary["peak_memory_bytes"],  # CPU: peak RSS; GPU: max allocated (max over ranks)
-        "peak_memory_bytes_mean": statistics.mean(r["memory/peak_bytes_mean"] for r in steps) if steps else None,
-        "peak_reserved_bytes": summary.get("peak_reserved_bytes"),
-        "state_bytes": summary.get("state_bytes"),
-        "train_loss": summary.get("train_loss"),
-        "comm_share": summary.get("comm_share"),  # profiled steps: share of time with a collective in flight
-    }
+    """Train.py's launch command for one configuration of ``suite``."""
+    extra = shlex.split(dict(suite.model_args).get(cfg.model, ""))
+    return step_command(cfg, suite.job_steps, data_args, extra, run_dir, group, wandb_mode, suite.profile_steps)
 
 
 # Dense bf16 / fp32 peak FLOP/s per device for MFU (datasheet figures, no sparsity).
@@ -256,40 +145,6 @@ def flops_per_sample(model, inputs) -> float:
     return counter.get_total_flops() / 2
 
 
-def hardware() -> dict[str, Any]:
-    import torch
-
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
-    return {"host": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem, "gpus": gpus,
-            "platform": platform.platform()}
-
-
-def versions() -> dict[str, str | None]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out: dict[str, str | None] = {"python": platform.python_version()}
-    for pkg in ("torch", "torchvision", "deepspeed", "fairscale", "wandb", "scale-ocr"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = None
-    try:
-        out["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                    text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        out["git"] = None
-    return out
-
-
 def predicted(strategy: str, world_size: int, precision: str, model, size) -> dict[str, float]:
     """The memory model's figures for this job (the engine adapts to the model as at set-up)."""
     from scale_ocr.memory.estimate import estimate
@@ -297,81 +152,98 @@ def predicted(strategy: str, world_size: int, precision: str, model, size) -> di
     return estimate(size, world_size, precision, [strategy], model=model)["strategies"][strategy]
 
 
+@dataclass
+class Models:
+    """What the suite knows of each model before any job: its task, a built copy, size, data flags and FLOPs."""
+
+    tasks: dict[str, Any]
+    built: dict[str, Any]
+    sizes: dict[str, Any]
+    data_args: dict[str, list[str]]
+    flops: dict[str, float]
+
+    @classmethod
+    def prepare(cls, suite: Suite, work: Path, words: int, log) -> Models:
+        from scale_ocr.config import ModelConfig
+        from scale_ocr.memory.estimate import model_size
+        from scale_ocr.tasks import create_task
+
+        tasks = {m: create_task(ModelConfig(arch=m)) for m in suite.models}
+        built = {m: tasks[m].build_model() for m in suite.models}
+        return cls(tasks, built, sizes={m: model_size(built[m]) for m in suite.models},
+                   data_args={m: tasks[m].benchmark_data(work, words, log) for m in suite.models},
+                   flops={m: flops_per_sample(built[m], tasks[m].dummy_inputs(2)) for m in suite.models})
+
+
+def job_metrics(cfg: Config, suite: Suite, models: Models, run_dir: Path, status: str, error: str | None,
+                wall: float, hw: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
+    """A finished job's figures: its steps' throughput and memory, the memory model's prediction, FLOPs and MFU."""
+    metrics: dict[str, Any] = {"wall_seconds": wall}
+    if status == "ok":
+        try:
+            metrics.update(measure(run_dir, suite.warmup, suite.steps))
+        except (OSError, ValueError, KeyError, statistics.StatisticsError) as exc:
+            status, error = "failed", f"unreadable metrics: {exc}"
+    pred = predicted(cfg.strategy, cfg.world_size, cfg.precision, models.built[cfg.model], models.sizes[cfg.model])
+    metrics["predicted"] = {k: pred[k] for k in ("params", "grads", "optimizer", "other", "model_state", "ideal")}
+    measured = (metrics.get("state_bytes") or {}).get("model_state")
+    metrics["measured_over_predicted"] = measured / pred["model_state"] if measured else None
+    metrics["flops_per_sample"] = models.flops[cfg.model]
+    if "samples_per_sec" in metrics:
+        peak = next((v for k, v in PEAK_FLOPS.items() if hw["gpus"] and k in hw["gpus"][0]), None)
+        achieved = models.flops[cfg.model] * metrics["samples_per_sec"]
+        metrics["achieved_tflops"] = achieved / 1e12
+        per_device = (peak[0] if cfg.precision != "fp32" else peak[1]) if peak else None
+        devices = len(hw["gpus"]) if cfg.launcher == "python" else cfg.world_size
+        metrics["mfu"] = achieved / (per_device * devices) if per_device else None
+    return status, error, metrics
+
+
+def _progress(i: int, total: int, cfg: Config, status: str, error: str | None, metrics: dict[str, Any]) -> str:
+    sps = metrics.get("samples_per_sec")
+    ratio = metrics.get("measured_over_predicted")
+    measured = (metrics.get("state_bytes") or {}).get("model_state")
+    return (f"bench [{i}/{total}] {cfg.key}: {status}"
+            + (f" {sps:.1f} samples/s" if sps else "")
+            + (f", model state {measured / 2**20:.1f} MiB = {ratio:.2f} x predicted" if measured and ratio else "")
+            + (f" ({error})" if error else "") + f" [{metrics['wall_seconds']:.0f} s]")
+
+
+def _done_keys(results_file: Path, resume: bool) -> set[str]:
+    """Configurations already measured (``--resume``); without it, an earlier results file is removed."""
+    if resume and results_file.is_file():
+        return {json.loads(ln)["config"]["key"] for ln in results_file.read_text().splitlines() if ln.strip()}
+    results_file.unlink(missing_ok=True)
+    return set()
+
+
 def run_suite(suite: Suite, out_dir: Path, preset: str | None, wandb_mode: str, resume: bool = False,
               log=print) -> Path:
     """Run every configuration of ``suite`` into ``out_dir`` and write the report; returns results.jsonl."""
-    from scale_ocr.config import ModelConfig
-    from scale_ocr.memory.estimate import model_size
-    from scale_ocr.tasks import create_task
-
     out_dir.mkdir(parents=True, exist_ok=True)
     results_file = out_dir / "results.jsonl"
-    done = set()
-    if resume and results_file.is_file():
-        done = {json.loads(ln)["config"]["key"] for ln in results_file.read_text().splitlines() if ln.strip()}
-    elif results_file.exists():
-        results_file.unlink()
+    done = _done_keys(results_file, resume)
     hw, ver = hardware(), versions()
-    cores, gpus = hw["cores"] or 1, len(hw["gpus"])
-    jobs = plan(suite, cores, gpus)
+    jobs = plan(suite, hw["cores"] or 1, len(hw["gpus"]))
     words = max(j.batch_size * j.world_size for j in jobs) * suite.job_steps  # one epoch covers every job
     work = work_dir(out_dir)  # run directories, W&B files and the image cache: not part of the results
-    group = out_dir.name
-    tasks = {m: create_task(ModelConfig(arch=m)) for m in suite.models}
-    models = {m: tasks[m].build_model() for m in suite.models}
-    sizes = {m: model_size(models[m]) for m in suite.models}
-    data_args = {m: tasks[m].benchmark_data(work, words, log) for m in suite.models}
-    flops = {m: flops_per_sample(models[m], tasks[m].dummy_inputs(2)) for m in suite.models}
-    peak = next((v for k, v in PEAK_FLOPS.items() if hw["gpus"] and k in hw["gpus"][0]), None)
+    models = Models.prepare(suite, work, words, log)
     started = time.time()
     for i, cfg in enumerate(jobs, 1):
         if cfg.key in done:
             continue
         run_dir = work / "runs" / cfg.key.replace("/", "-")
-        cmd = command(cfg, suite, data_args[cfg.model], run_dir, group, wandb_mode)
+        cmd = command(cfg, suite, models.data_args[cfg.model], run_dir, out_dir.name, wandb_mode)
         status, error, wall = run_job(cmd, cfg.threads_per_rank, suite.timeout, suite.memory_limit_gb)
-        metrics: dict[str, Any] = {"wall_seconds": wall}
-        if status == "ok":
-            try:
-                metrics.update(measure(run_dir, suite.warmup, suite.steps))
-            except (OSError, ValueError, KeyError, statistics.StatisticsError) as exc:
-                status, error = "failed", f"unreadable metrics: {exc}"
-        size = sizes[cfg.model]
-        pred = predicted(cfg.strategy, cfg.world_size, cfg.precision, models[cfg.model], size)
-        metrics["predicted"] = {k: pred[k] for k in ("params", "grads", "optimizer", "other", "model_state", "ideal")}
-        measured = (metrics.get("state_bytes") or {}).get("model_state")
-        metrics["measured_over_predicted"] = measured / pred["model_state"] if measured else None
-        metrics["flops_per_sample"] = flops[cfg.model]
-        if "samples_per_sec" in metrics:
-            achieved = flops[cfg.model] * metrics["samples_per_sec"]
-            metrics["achieved_tflops"] = achieved / 1e12
-            per_device = (peak[0] if cfg.precision != "fp32" else peak[1]) if peak else None
-            metrics["mfu"] = achieved / (per_device * (gpus if cfg.launcher == "python" else cfg.world_size)) \
-                if per_device else None
-        line = Result({**asdict(cfg), "key": cfg.key, "params": size.params,
+        status, error, metrics = job_metrics(cfg, suite, models, run_dir, status, error, wall, hw)
+        line = Result({**asdict(cfg), "key": cfg.key, "params": models.sizes[cfg.model].params,
                        "steps": suite.steps, "warmup": suite.warmup, "preset": preset,
                        "command": " ".join(cmd[cmd.index(str(TRAIN)):]) if str(TRAIN) in cmd else " ".join(cmd)},
                       status, error, {**metrics, "versions": ver, "hardware": hw, "run_dir": str(run_dir)})
-        with results_file.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(asdict(line)) + "\n")
-        sps = metrics.get("samples_per_sec")
-        ratio = metrics.get("measured_over_predicted")
-        log(f"bench [{i}/{len(jobs)}] {cfg.key}: {status}"
-            + (f" {sps:.1f} samples/s" if sps else "")
-            + (f", model state {measured / 2**20:.1f} MiB = {ratio:.2f} x predicted" if measured and ratio else "")
-            + (f" ({error})" if error else "") + f" [{wall:.0f} s]")
+        append_line(results_file, asdict(line))
+        log(_progress(i, len(jobs), cfg, status, error, metrics))
     log(f"bench: {len(jobs)} configurations in {time.time() - started:.0f} s -> {results_file}")
     return results_file
-
-
-def work_dir(out_dir: Path) -> Path:
-    """Scratch space of a results directory, kept out of the repository (benchmarks/.work is ignored)."""
-    return REPO / "benchmarks" / ".work" / out_dir.resolve().name
-
-
-def default_out(preset: str | None) -> Path:
-    host = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:40]
-    return REPO / "benchmarks" / "results" / f"{preset or 'custom'}-{host}-{dt.date.today():%Y%m%d}"
 
 
 def parse(argv: list[str] | None) -> tuple[Suite, argparse.Namespace]:
@@ -427,8 +299,6 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("--steps and --repeats must be at least 1, --warmup and world sizes non-negative/positive")
     out = args.out or default_out(args.preset)
     run_suite(suite, out, args.preset, args.wandb_mode, args.resume)
-    from benchmarks.report import build_report, log_to_wandb
-
     print(f"bench: report {build_report(out)}")
     if args.wandb_mode != "disabled":
         log_to_wandb(out, args.wandb_mode)
@@ -436,6 +306,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from scale_ocr.errors import report_user_errors
-
-    sys.exit(report_user_errors(main)())
+    run_main(main)

@@ -12,7 +12,8 @@ import pytest
 from conftest import run_cmd
 
 from benchmarks.report import build_report
-from benchmarks.scaling import PRESETS, Config, Suite, classify, plan, work_dir
+from benchmarks.harness import Config, classify, work_dir
+from benchmarks.scaling import PRESETS, Suite, plan
 
 
 def _bench(out: Path, *args: str, timeout: int = 600):
@@ -231,9 +232,9 @@ def test_overhead_alternates_the_order_every_pair(tmp_path, monkeypatch):
     monkeypatch.setattr(overhead, "timed_job", fake)
     monkeypatch.setattr(overhead, "data_args", lambda a, task, work: (["--data-cache", "x"], ["--data-cache", "x"]))
     out = tmp_path / "alternation"
-    a = overhead.parse(["--strategies", "ddp", "--pairs", "3", "--out", str(out)])
+    args = overhead.parse(["--strategies", "ddp", "--pairs", "3", "--out", str(out)])
     try:
-        overhead.run(a)
+        overhead.run(args)
     finally:
         shutil.rmtree(work_dir(out), ignore_errors=True)
     assert ran == ["trainer", "hand", "hand", "trainer", "trainer", "hand"]

@@ -93,7 +93,7 @@ def test_update_searches_a_part_again_and_keeps_the_other_probes(tmp_path, monke
     import shutil
 
     import benchmarks.max_model as mm
-    from benchmarks.scaling import work_dir
+    from benchmarks.harness import work_dir
 
     s = Search(arch="vitstr_tiny", width=64, strategies=("ddp", "zero3"), budget_gb=9.0, depths=(15,),
                checkpointing=(False,), samples=4)
