@@ -1,0 +1,125 @@
+"""The documentation: the CLI reference matches the CLI, the site builds in strict mode, the README's links resolve."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scale_ocr.cli import reference
+
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+MKDOCS_YML = REPO / "mkdocs.yml"
+README_MAX_LINES = 220
+
+
+def _mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_reference_is_current():
+    current = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert current == reference.render(), (
+        f"docs/cli.md differs from the config's flags: run `{reference.REGENERATE}` and commit docs/cli.md")
+
+
+def test_cli_reference_lists_every_command_and_flag():
+    from scale_ocr.cli.args import build_parser
+    from scale_ocr.cli.main import COMMANDS
+
+    text = reference.render()
+    assert all(f"`scale-ocr {name}`" in text for name in COMMANDS)
+    flags = {s for a in build_parser()._actions for s in a.option_strings if s not in ("-h", "--help")}
+    assert {f for f in flags if f"`{f}" not in text} == set()
+
+
+def test_docs_site_builds_in_strict_mode(tmp_path):
+    result = _mkdocs_build(MKDOCS_YML, tmp_path / "site")
+    assert result.returncode == 0, "mkdocs build --strict failed:\n" + result.stderr[-4000:]
+    assert (tmp_path / "site" / "cli.html").is_file()
+
+
+@pytest.mark.parametrize(("link", "fails"), [
+    ("strategies.md", False),
+    ("no-such-page.md", True),
+    ("strategies.md#no-such-heading", True),
+    ("../ds_configs/README.md#why-these-bucket-sizes", False),  # a repository page outside docs/, via the hook
+    ("../ds_configs/README.md#no-such-heading", True),
+    ("../no/such/file.md", True),
+])
+def test_strict_build_fails_on_a_broken_link(tmp_path, link, fails):
+    """The real config (strict, link validation, the hook) against a two-page site with one link in it."""
+    config = yaml.safe_load(MKDOCS_YML.read_text(encoding="utf-8"))
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text(f"# Home\n\nSee [this]({link}).\n", encoding="utf-8")
+    (docs / "strategies.md").write_text("# Strategies\n\n## Same maths\n\nText.\n", encoding="utf-8")
+    config.update(docs_dir=str(docs), hooks=[str(REPO / "docs" / "_hooks.py")],
+                  nav=[{"Home": "index.md"}, {"Strategies": "strategies.md"}])
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    result = _mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert (result.returncode != 0) == fails, result.stderr[-3000:]
+    if fails:
+        assert link.split("#")[-1] in result.stderr
+
+
+def test_readme_is_a_front_door():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; topic text belongs in docs/"
+    assert lines[2:6] == ["```bash", lines[3], lines[4], "```"] and lines[3].startswith("make demo") \
+        and lines[4].startswith("make test"), "README.md starts with `make demo` and `make test`"
+
+
+_FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+_CODE = re.compile(r"^```.*?^```|`[^`\n]*`", re.S | re.M)
+_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped (``-`` and ``_`` kept), spaces to ``-``."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def _anchors(markdown: Path) -> set[str]:
+    text = _FENCE.sub("", markdown.read_text(encoding="utf-8"))  # a "# comment" in a code block is no heading
+    seen: dict[str, int] = {}
+    anchors = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*$", text, re.M):
+        slug = _slug(heading)
+        anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def _broken_links(markdown: Path) -> list[str]:
+    """Relative links of a Markdown file whose target file, or heading, does not exist."""
+    broken = []
+    for target in _LINK.findall(_CODE.sub("", markdown.read_text(encoding="utf-8"))):
+        if re.match(r"^[a-z][a-z+.-]*:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        file = (markdown.parent / path).resolve() if path else markdown
+        if not file.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+            broken.append(f"{target}: {file.name} has no heading with that anchor")
+    return broken
+
+
+def test_readme_links_resolve():
+    assert _broken_links(README) == []
+
+
+def test_link_check_finds_broken_links(tmp_path):
+    page = tmp_path / "page.md"
+    (tmp_path / "other.md").write_text("# Other\n\n## The `x` part (y)\n", encoding="utf-8")
+    page.write_text("# Page\n\n[a](other.md#the-x-part-y) [b](other.md#nope) [c](gone.md) [d](#page) "
+                    "`[e](in-code.md)` [f](https://example.com/x)\n", encoding="utf-8")
+    assert _broken_links(page) == ["other.md#nope: other.md has no heading with that anchor", "gone.md: no such file"]
