@@ -18,7 +18,7 @@ from mkdocs.structure.files import File, Files, InclusionLevel
 
 REPO = Path(__file__).resolve().parent.parent
 SITE_PREFIX = "repo"  # where repository files land in the built site
-SKIP_TOP = {"docs", "README.md", "mkdocs.yml"}  # docs/ is the site itself; the README is the repository's front door
+SKIP_TOP = {"docs", "site", "README.md", "mkdocs.yml"}  # docs/ is the site (site/ its default output); README: the front door
 _SKIP_DIRS = {".git", ".venv", "__pycache__", "runs", "site", "wandb", "node_modules"}
 
 
