@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import run_cmd
 
-from benchmarks.report import build_report
 from benchmarks.harness import Config, classify, work_dir
+from benchmarks.report import build_report
 from benchmarks.scaling import PRESETS, Suite, plan
 
 
