@@ -70,7 +70,6 @@ def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
     forward. Engines that do not (FSDP, DeepSpeed) call this after each step, so all ranks hold the same
     buffers: evaluation, checkpoints and resumes then see one model, not one per rank."""
     import torch.distributed as tdist
-    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
     if not tdist.is_initialized() or tdist.get_world_size() == 1:
         return
@@ -79,10 +78,10 @@ def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
         by_dtype.setdefault(b.dtype, []).append(b)
     for dtype in sorted(by_dtype, key=str):  # the same order on every rank
         group = by_dtype[dtype]
-        flat = _flatten_dense_tensors([b.detach() for b in group])
+        flat = torch.cat([b.detach().reshape(-1) for b in group])  # one broadcast per dtype
         tdist.broadcast(flat, src)
-        for b, value in zip(group, _unflatten_dense_tensors(flat, group), strict=True):
-            b.detach().copy_(value)
+        for b, value in zip(group, flat.split([b.numel() for b in group]), strict=True):
+            b.detach().copy_(value.view_as(b))
 
 
 def local_grads(params) -> list[torch.Tensor]:

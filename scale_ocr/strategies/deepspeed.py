@@ -12,11 +12,12 @@ from typing import Any
 from torch import nn
 
 from scale_ocr.errors import UserError, first_line
-from scale_ocr.memory.meter import StateMeter, optimizer_tensors, tensors_in
+from scale_ocr.memory.meter import StateMeter, optimizer_tensors
 from scale_ocr.memory.model import StateLayout
 from scale_ocr.models.checkpointing import bare_name
-from scale_ocr.models.init import full_shape, init_weights, meta_model_with_rule
+from scale_ocr.models.init import ModelFactory, full_shape, init_weights
 from scale_ocr.optim import OptimizerSpec
+from scale_ocr.strategies import deepspeed_internals as internals
 from scale_ocr.strategies.base import StepStats, Strategy
 from scale_ocr.strategies.common import broadcast_buffers, init_optimizer_state
 from scale_ocr.strategies.ds_config import keep_fp32_weights, load_ds_config, preset_path, resolve_ds_config
@@ -87,24 +88,24 @@ class DeepSpeed(Strategy):
     def configure_for(self, model: nn.Module) -> None:
         self.fp32_for_batchnorm = keep_fp32_weights(self.ds_config, self.raw_config, model)
 
-    def build_model(self, task, seed: int) -> nn.Module:
+    def build_model(self, factory: ModelFactory, seed: int) -> nn.Module:
         """Under ZeRO-3, a model with a per-parameter init rule is built inside ``deepspeed.zero.Init``.
 
         Each module's parameters are partitioned as soon as it is built, so no rank holds the whole model;
         then each parameter is gathered in turn and set from ``(seed, name)``, the weights of a whole build
         (:mod:`scale_ocr.models.init`). Other stages, and models without the rule, are built whole.
         """
-        if self.ds_config.get("zero_optimization", {}).get("stage", 0) != 3 or meta_model_with_rule(task) is None:
-            return super().build_model(task, seed)
+        if self.ds_config.get("zero_optimization", {}).get("stage", 0) != 3 or factory.meta_with_rule() is None:
+            return super().build_model(factory, seed)
         import deepspeed
 
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         self._prepare_swap()
         self._init_comm()  # deepspeed.initialize would wrap our process group later; zero.Init needs it now
         with deepspeed.zero.Init(config_dict_or_path=self.ds_config):
-            model = task.create_model()  # wrappers (activation checkpointing) are not built under zero.Init
+            model = factory.create()  # wrappers (activation checkpointing) are not built under zero.Init
         init_weights(model, seed, gathered=lambda p: deepspeed.zero.GatheredParameters([p], modifier_rank=0))
-        return task.apply_options(model)
+        return factory.apply_options(model)
 
     def setup(self, model: nn.Module, optimizer: OptimizerSpec) -> tuple[nn.Module, Any]:
         import deepspeed
@@ -131,7 +132,7 @@ class DeepSpeed(Strategy):
             raise UserError(f"DeepSpeed rejected {self.source}: {first}") from None
         self.zero_stage = self.engine.zero_optimization_stage()
         disk = (lambda: swap_bytes(self.nvme_paths, self.rank)) if self.nvme_paths else None
-        calls = len(getattr(self.engine.optimizer, "fp16_groups", ())) if self.zero_stage == 3 else 1  # per sub-group
+        calls = internals.zero3_sub_group_count(self.engine.optimizer) if self.zero_stage == 3 else 1  # per sub-group
         self.meter = StateMeter(self._base_optimizer(), self._state_tensors, self.dist.device, samples=2 * max(1, calls),
                                 disk=disk)
         return self.engine, self.optimizer
@@ -147,29 +148,20 @@ class DeepSpeed(Strategy):
         zero_opt, base = self.engine.optimizer, self._base_optimizer()
         params = list(self.engine.module.parameters())
         masters = [p for g in base.param_groups for p in g["params"]]  # ZeRO-3: only the sub-group stepping
-        grads = [p.grad for p in params] + [p.grad for p in masters]
-        for name in ("averaged_gradients", "grads_in_partition", "grad_partitions_flat_buffer",
-                     "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition", "offload_gradient_dict"):
-            grads += list(tensors_in(getattr(zero_opt, name, None)))
-        for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):  # every master partition
-            masters += list(tensors_in(getattr(zero_opt, name, None)))
-        other = [t for v in vars(zero_opt).values() for t in tensors_in(v, 2)] if zero_opt is not base else []
-        for bucket in getattr(zero_opt, "ipg_buckets", {}).values():  # reduce buckets, allocated up front
-            other += list(tensors_in(getattr(bucket, "buffer", None)))
+        grads = [p.grad for p in params] + [p.grad for p in masters] + internals.grad_partitions(zero_opt)
+        masters += internals.fp32_master_partitions(zero_opt)  # every master partition
+        other = internals.attribute_tensors(zero_opt) if zero_opt is not base else []
+        other += internals.reduce_bucket_buffers(zero_opt)  # reduce buckets, allocated up front
         # NVMe offload's pinned staging buffers (the parameter and the optimizer swapper's) are "other" whatever
         # they hold at the moment: the state swapped into them is counted on disk, so categories do not depend
         # on which sub-group happens to be stepping when the meter samples.
-        staging = []
-        for swapper in {id(s): s for p in params if (s := getattr(p, "nvme_swapper", None)) is not None}.values():
-            staging += list(tensors_in(getattr(swapper, "buffers", None)))
-        manager = getattr(getattr(zero_opt, "optimizer_swapper", None), "swap_buffer_manager", None)
-        staging += list(tensors_in(getattr(manager, "all_buffers", None)))
+        staging = internals.nvme_staging_buffers(params, zero_opt)
         in_staging = {t.untyped_storage().data_ptr() for t in staging}
 
         def held(tensors: list) -> list:
             return [t for t in tensors if t is None or t.untyped_storage().data_ptr() not in in_staging]
 
-        return {"params": held([getattr(p, "ds_tensor", p) for p in params]), "grads": held(grads),
+        return {"params": held([internals.param_partition(p) for p in params]), "grads": held(grads),
                 "optimizer": held(masters + optimizer_tensors(base)), "other": staging + other}
 
     def state_layout(self) -> StateLayout:
@@ -223,14 +215,14 @@ class DeepSpeed(Strategy):
             self.engine.step()
 
     def step(self) -> StepStats:
-        skipped_before = self.engine.skipped_steps
+        skipped_before = internals.skipped_steps(self.engine)
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         fp16 = self.engine.fp16_enabled()
         return StepStats(
             grad_norm=float(norm) if norm is not None else float("nan"),
-            skipped=self.engine.skipped_steps > skipped_before,
-            loss_scale=float(self.optimizer.cur_scale) if fp16 else None,
+            skipped=internals.skipped_steps(self.engine) > skipped_before,
+            loss_scale=internals.loss_scale(self.optimizer) if fp16 else None,
         )
 
     def sync_buffers(self) -> None:
@@ -238,7 +230,7 @@ class DeepSpeed(Strategy):
 
     def _base_optimizer(self):
         """The torch optimizer DeepSpeed steps over its flat fp32 partitions."""
-        return getattr(self.engine.optimizer, "optimizer", self.engine.optimizer)
+        return internals.base_optimizer(self.engine.optimizer)
 
     def _link_optimizer_state(self) -> None:
         """Make sure Adam's moments exist and DeepSpeed's per-parameter views point at them.
@@ -247,17 +239,9 @@ class DeepSpeed(Strategy):
         fragments then), and a checkpoint may be read or written before it.
         """
         zero_opt = self.engine.optimizer
-        if hasattr(zero_opt, "_set_fp32_optimizer_param_groups"):  # ZeRO-3 attaches partitions only to step
-            zero_opt._set_fp32_optimizer_param_groups()
-            try:
-                init_optimizer_state(self._base_optimizer())
-            finally:
-                zero_opt._clear_fp32_optimizer_param_groups()
-        else:
+        with internals.fp32_partitions_attached(zero_opt):  # ZeRO-3 attaches partitions only to step
             init_optimizer_state(self._base_optimizer())
-        if hasattr(zero_opt, "_hp_optimizer_states_linked"):
-            zero_opt._hp_optimizer_states_linked = False
-            zero_opt._lazy_init_hp_params_optimizer_state()
+        internals.relink_hp_optimizer_state(zero_opt)
 
     def _adam_step(self) -> float:
         for st in self._base_optimizer().state.values():
@@ -327,9 +311,7 @@ class DeepSpeed(Strategy):
             return
         # ZeRO-3's public setter slices ``value`` by the padded partition size and fails on the last
         # rank whenever numel is not a multiple of the world size; write the slice ourselves.
-        zero_opt = self.engine.optimizer
-        part, _ = zero_opt._get_fp32_opt_state_partition(p, release_swap_buffers=False, optim_state_key=key)
-        start = part.numel() * zero_opt._get_param_partition_rank(p)
+        part, start = internals.fp32_partition(self.engine.optimizer, p, key)
         chunk = value.flatten()[start:start + part.numel()]
         part.data.zero_()
         part.data[: chunk.numel()].copy_(chunk)
@@ -347,7 +329,7 @@ class DeepSpeed(Strategy):
 
     def full_state_dict(self) -> dict[str, Any] | None:
         if self.zero_stage == 3:
-            state = self.engine._zero3_consolidated_16bit_state_dict()  # collective; rank 0 gets it
+            state = internals.zero3_consolidated_state_dict(self.engine)  # collective; rank 0 gets it
         else:
             state = self.engine.module.state_dict()
         if not self.is_main or state is None:

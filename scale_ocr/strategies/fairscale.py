@@ -12,6 +12,7 @@ from scale_ocr.models.checkpointing import bare_name
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import StepStats, Strategy
 from scale_ocr.strategies.common import TorchStepper, init_optimizer_state, torch_state_meter
+from scale_ocr.strategies.deepspeed_internals import ddp_bucket_buffers
 
 
 class Fairscale(Strategy):
@@ -37,7 +38,7 @@ class Fairscale(Strategy):
         self.stepper = TorchStepper(self.optimizer, self.train.grad_accum, self.optim.clip_grad,
                                     self._grad_norm, self._clip, scaler, zero_grad=self._zero_grad)
         self.meter = torch_state_meter(self.module, self.optimizer, self.dist.device, stepping=self.optimizer.optim,
-                                       other=lambda: [b.buffer for b in self.model._bucket_list])
+                                       other=lambda: ddp_bucket_buffers(self.model))
         return self.model, self.optimizer
 
     def state_layout(self) -> StateLayout:
