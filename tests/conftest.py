@@ -16,6 +16,7 @@ from scale_ocr.dist.extensions import use_environment_extensions
 REPO = Path(__file__).resolve().parents[1]
 use_environment_extensions()  # DeepSpeed's ops as `make install` built them, in-process and in every job
 TRAIN = REPO / "scale_ocr" / "train.py"
+HOOKED_TRAIN = REPO / "tests" / "helpers" / "hooked_train.py"  # train.py with test hooks (see its docstring)
 BIN = Path(sys.executable).parent
 
 # Tiny, fast settings shared by every launched run. The rate is pinned: runs are compared across engines to float
@@ -62,15 +63,15 @@ def run_cmd(cmd: list[str], timeout: int = 300, env: dict[str, str] | None = Non
     return subprocess.run(cmd, cwd=REPO, env=env or _env(), capture_output=True, text=True, timeout=timeout)
 
 
-def python_train(args: list[str], **kw) -> subprocess.CompletedProcess:
-    """``python scale_ocr/train.py ARGS`` as a user types it."""
-    return run_cmd([sys.executable, str(TRAIN), *args], **kw)
+def python_train(args: list[str], script: Path = TRAIN, **kw) -> subprocess.CompletedProcess:
+    """``python scale_ocr/train.py ARGS`` as a user types it (``script``: a launcher in its place)."""
+    return run_cmd([sys.executable, str(script), *args], **kw)
 
 
-def torchrun_train(args: list[str], nproc: int = 2, **kw) -> subprocess.CompletedProcess:
+def torchrun_train(args: list[str], nproc: int = 2, script: Path = TRAIN, **kw) -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node N scale_ocr/train.py ARGS``: real ranks over gloo on 127.0.0.1."""
     cmd = [str(BIN / "torchrun"), "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(TRAIN), *args]
+           "--master_port", str(free_port()), str(script), *args]
     return run_cmd(cmd, **kw)
 
 

@@ -17,10 +17,8 @@ first, and executes nothing from the files (:mod:`scale_ocr.checkpoint.safe_dcp`
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +31,6 @@ from scale_ocr.config import CheckpointConfig
 from scale_ocr.dist.distributed import DistInfo
 from scale_ocr.errors import UserError
 from scale_ocr.strategies import Strategy
-
-STALL_ENV = "SCALE_OCR_TEST_STALL_SAVE"  # tests: seconds to sleep mid-write, to kill a rank there
-# tests: save the state a resumed run loaded before anything else, so a test can compare it bitwise with
-# the checkpoint it came from (another strategy and world size re-shard it on load).
-RESAVE_ENV = "SCALE_OCR_TEST_RESAVE_ON_RESUME"
 
 
 def _barrier() -> None:
@@ -96,12 +89,7 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         _barrier()
-        import torch.distributed.checkpoint as dcp  # 1 s of imports a run that never saves need not pay
-
-        dcp.save(strategy.checkpoint_state(), checkpoint_id=str(tmp))
-        torch.save(rng_state(), tmp / f"rng_rank{self.dist.rank}.pt")
-        if os.environ.get(STALL_ENV):
-            time.sleep(float(os.environ[STALL_ENV]))
+        self.write_shards(strategy, tmp)
         _barrier()  # every rank's shards are on disk
         if self.dist.is_main:
             meta = {**trainer_state, **self.identity, "world_size": self.dist.world_size, "format": 1}
@@ -115,6 +103,13 @@ class CheckpointManager:
             self._prune()
         _barrier()
         return final
+
+    def write_shards(self, strategy: Strategy, folder: Path) -> None:
+        """This rank's part of a checkpoint into ``folder``: its shards of model and optimizer, and its RNG states."""
+        import torch.distributed.checkpoint as dcp  # 1 s of imports a run that never saves need not pay
+
+        dcp.save(strategy.checkpoint_state(), checkpoint_id=str(folder))
+        torch.save(rng_state(), folder / f"rng_rank{self.dist.rank}.pt")
 
     def _prune(self) -> None:
         if self.cfg.keep_last <= 0:

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from scale_ocr.checkpoint.manager import RESAVE_ENV, CheckpointManager
+from scale_ocr.checkpoint.manager import CheckpointManager
 from scale_ocr.config import TrainConfig
 from scale_ocr.data.loader import Data
 from scale_ocr.dist.distributed import all_reduce_max, all_reduce_sum
@@ -195,8 +195,6 @@ class Trainer:
         self.schedule.load_state_dict({**meta["schedule"], "step_count": step})
         self.state.best = tuple(meta["best"]) if meta.get("best") else None
         self.resume_samples = samples
-        if os.environ.get(RESAVE_ENV):
-            self.save_checkpoint()
         where = f"at step {meta['step']}"
         if not same:
             where += (f" (epoch {epoch + 1}, {samples} samples into it; step {step} at this run's global batch of "

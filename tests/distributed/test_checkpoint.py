@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BIN, REPO, TRAIN, _env, python_train, read_jsonl, torchrun_train
+from conftest import BIN, HOOKED_TRAIN, REPO, _env, python_train, read_jsonl, torchrun_train
 from conftest import CKPT_BASE as BASE  # shared with the `saved` fixture (tests/conftest.py)
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from scale_ocr.checkpoint.manager import RESAVE_ENV
 from scale_ocr.dist.distributed import free_port
 
 
@@ -36,10 +35,13 @@ def ddp_straight(saved):
 MATRIX = [("ddp", "zero3", 1), ("fsdp", "ddp", 2), ("zero2", "fairscale", 1), ("fairscale", "fsdp", 2)]
 
 
-def _launch(strategy: str, world: int, args: list[str], **kw):
+def _launch(strategy: str, world: int, args: list[str], hooks: tuple[str, ...] = (), **kw):
+    """train.py, or with ``hooks`` (options of tests/helpers/hooked_train.py) the launcher that installs them."""
+    if hooks:
+        kw["script"] = HOOKED_TRAIN
     if world == 2:
-        return torchrun_train(["--strategy", strategy, *BASE, *args], **kw)
-    return python_train(["--strategy", strategy, *BASE, "-b", "8", *args], **kw)
+        return torchrun_train([*hooks, "--strategy", strategy, *BASE, *args], **kw)
+    return python_train([*hooks, "--strategy", strategy, *BASE, "-b", "8", *args], **kw)
 
 
 def read_checkpoint(path: Path) -> dict[str, object]:
@@ -66,7 +68,7 @@ def test_resume_matrix(saver, resumer, world, saved, tmp_path, ddp_straight):
     # One resumed run checks both halves. The test hook makes it save what it loaded, re-sharded by its own
     # engine, before its first step; then it trains on to step 6.
     dst = tmp_path / "dst"
-    proc = _launch(resumer, world, ["--resume", str(ckpt), "--output-dir", str(dst)], env={**_env(), RESAVE_ENV: "1"})
+    proc = _launch(resumer, world, ["--resume", str(ckpt), "--output-dir", str(dst)], hooks=("--resave-on-resume",))
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     # 1. Optimizer state survives the move intact: every tensor (weights, Adam step/exp_avg/exp_avg_sq) is equal.
@@ -112,11 +114,10 @@ def test_resume_at_another_world_size_and_batch_trains_the_rest(saved, tmp_path)
 def test_killed_save_leaves_previous_checkpoint(tmp_path):
     """kill -9 a rank while step 4's checkpoint is being written: step 2's still resumes."""
     run_dir = tmp_path / "run"
-    env = _env()
-    env["SCALE_OCR_TEST_STALL_SAVE"] = "8"  # every save stalls this long: long enough to be caught mid-write
-    cmd = [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(free_port()), str(TRAIN),
-           "--strategy", "fsdp", *BASE, "--save-every", "2", "--output-dir", str(run_dir)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    # Every save stalls 8 s once each rank's files are written: long enough to be caught mid-write.
+    cmd = [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(free_port()), str(HOOKED_TRAIN),
+           "--stall-save", "8", "--strategy", "fsdp", *BASE, "--save-every", "2", "--output-dir", str(run_dir)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     workers: list[int] = []
     try:

@@ -1,0 +1,67 @@
+"""``scale_ocr/train.py`` with test hooks installed first: what a test launches (under torchrun or python) to reach
+a moment a real run cannot be stopped at from outside. Hook options come before the training arguments::
+
+    hooked_train.py [--stall-save SECONDS] [--resave-on-resume] TRAIN_ARGS...
+
+``--stall-save SECONDS``
+    every rank sleeps after writing its files of each checkpoint, before the barrier that completes the save:
+    a rank killed then dies mid-write (the checkpoint's ``step_N.tmp`` is there, ``latest`` not yet moved).
+``--resave-on-resume``
+    a resumed run saves the state it loaded, re-sharded by its own engine, before its first step, so a test can
+    compare it bitwise with the checkpoint it came from.
+
+The hooks patch the classes in this process only; the package knows nothing of them.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def stall_saves(seconds: float) -> None:
+    """Each rank sleeps ``seconds`` once its part of a checkpoint is written, before the save completes."""
+    from scale_ocr.checkpoint.manager import CheckpointManager
+
+    write = CheckpointManager.write_shards
+
+    def write_then_stall(self, strategy, folder) -> None:
+        write(self, strategy, folder)
+        time.sleep(seconds)
+
+    CheckpointManager.write_shards = write_then_stall
+
+
+def resave_on_resume() -> None:
+    """A resumed run saves a checkpoint as soon as its trainer state is restored (before training on)."""
+    from scale_ocr.run.trainer import Trainer
+
+    restore = Trainer.restore
+
+    def restore_then_save(self, meta: dict[str, Any]) -> str:
+        where = restore(self, meta)
+        self.save_checkpoint()
+        return where
+
+    Trainer.restore = restore_then_save
+
+
+def install(argv: list[str]) -> list[str]:
+    """Install the hooks the leading options of ``argv`` ask for; the rest of ``argv`` (train.py's arguments)."""
+    argv = list(argv)
+    while argv and argv[0] in ("--stall-save", "--resave-on-resume"):
+        if argv.pop(0) == "--stall-save":
+            stall_saves(float(argv.pop(0)))
+        else:
+            resave_on_resume()
+    return argv
+
+
+if __name__ == "__main__":
+    sys.path[0] = str(Path(__file__).resolve().parents[2])  # the repository root, as train.py puts it, not tests/helpers
+    train_args = install(sys.argv[1:])
+    from scale_ocr.train import main
+
+    sys.exit(main(train_args))
