@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scale_ocr.errors import UserError
-from scale_ocr.vocab import resolve_vocab
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adam")
@@ -78,34 +77,20 @@ class ModelConfig:
 
     channels_last: bool = opt(
         True, "feed convolutional models (CRNNs, DBNets) their images channels-last (NHWC), which the convolution "
-        "kernels run faster (benchmarks/results/compute-vm-20261202: 13-23% less step time on CPU); equal up to rounding",
+        "kernels run faster (measured: the compute report in benchmarks/results/README.md); equal up to rounding",
         action=argparse.BooleanOptionalAction,
     )
 
     def __post_init__(self) -> None:
-        if self.input_size is None:  # a default that depends on the architecture's task, resolved once here
-            from scale_ocr.tasks import task_class
-
-            object.__setattr__(self, "input_size", tuple(task_class(self.arch).default_input_size))
-        h, w = self.input_size
-        if h < 8 or w < 8:
+        # None means "the task's default", filled in by scale_ocr.run.resolve (a Task also reads it as that).
+        if self.input_size is not None and min(self.input_size) < 8:
+            h, w = self.input_size
             raise UserError(f"--input-size {h}x{w} is too small; use at least 8x8, e.g. 32x128")
-        self._check_size_overrides()
-
-    def _check_size_overrides(self) -> None:
         _require_finite(self, "mlp_ratio")
-        given = {name: getattr(self, name) for name in MODEL_SIZE_FIELDS if getattr(self, name) is not None}
-        if not given:
-            return
-        from scale_ocr.models import accepts, list_models
-
-        for name, value in given.items():
-            flag, kwarg = "--" + name.replace("_", "-"), MODEL_SIZE_FIELDS[name]
-            if not accepts(self.arch, kwarg):
-                takers = ", ".join(m for m in list_models() if accepts(m, kwarg))
-                raise UserError(f"{flag}: {self.arch} has no {kwarg} to set; it applies to {takers}")
-            if value <= 0:
-                raise UserError(f"{flag} {value} must be positive")
+        for name in MODEL_SIZE_FIELDS:  # which models take them is the registry's to say (run.resolve)
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise UserError(f"--{name.replace('_', '-')} {value} must be positive")
 
     def size_overrides(self) -> dict[str, Any]:
         """The model-size overrides given, as the registry builder's keywords."""
@@ -114,15 +99,6 @@ class ModelConfig:
     init_from: str | None = opt(None, "start from the weights of this state dict file (a .pt of torch tensors, e.g. "
                                 "a docTR model's, or a scale-ocr export), checked against the architecture; read "
                                 "as tensors only, nothing in it runs", metavar="PATH")
-
-    @property
-    def charset(self) -> str:
-        """The resolved characters of the vocabulary (CTC blank excluded): names as the model's registry entry
-        defines them (docTR's models: docTR's ``VOCABS``), its own vocabulary when none is given."""
-        from scale_ocr.models.registry import model_vocabs
-
-        names, default = model_vocabs(self.arch)
-        return resolve_vocab(self.vocab or default, self.vocab_file, names)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,8 +131,8 @@ class DataConfig:
     )
     augment: bool | None = opt(
         None, "train-time augmentations (perspective, rotation, blur, colour jitter, noise, inversion); default: the "
-        "task's: off for word recognition (they cost 10 points of exact match within a 3-epoch budget: "
-        "benchmarks/results/convergence-*; turn them on for many epochs over a small real set), on for detection",
+        "task's: off for word recognition (they cost exact match within a 3-epoch budget: the convergence report in "
+        "benchmarks/results/README.md; turn them on for many epochs over a small real set), on for detection",
         action=argparse.BooleanOptionalAction)
     data_cache: str | None = opt(None, "train and validate on a pre-rendered image cache held in memory (no "
                                  "augmentation; `python -m scale_ocr.data.cache` builds one; benchmarks use it)")
@@ -175,7 +151,7 @@ class DataConfig:
             raise UserError("--data-cache replaces --train-path/--val-path; give one or the other")
 
 
-DEFAULT_LR = 1e-3  # AdamW's peak rate for a model whose builder recommends none (models.registry.recommended_lr)
+DEFAULT_LR = 1e-3  # AdamW's peak rate for a model whose registry entry recommends none (models.registry.ModelEntry)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,14 +162,15 @@ class OptimConfig:
     wd: float = opt(1e-2, "weight decay (not applied to biases and norm layers)", aliases=("--weight-decay",))
     sched: str | None = opt(
         None, "learning-rate schedule, stepped once per optimizer step; default: the task's: onecycle for word "
-        "recognition (torch's OneCycleLR shape: 30%% rise from lr/25, cosine anneal; measured against cosine: "
-        "benchmarks/results/convergence-*), cosine for detection", choices=SCHEDULES)
-    warmup_steps: int | None = opt(None, "linear warm-up steps (default: 5%% of the run for cosine, 0 otherwise)")
+        "recognition (torch's OneCycleLR shape: 30% rise from lr/25, cosine anneal; measured against cosine: "
+        "the convergence report in benchmarks/results/README.md), cosine for detection", choices=SCHEDULES)
+    warmup_steps: int | None = opt(None, "linear warm-up steps (default: 5% of the run for cosine, 0 otherwise)")
     clip_grad: float = opt(5.0, "clip the global gradient norm to this value; 0 disables clipping")
 
     @property
     def peak_lr(self) -> float:
-        """``lr``; unset only outside a RunConfig (which fills in the model's rate): the general default."""
+        """``lr``; unset only in a config that :func:`scale_ocr.run.resolve.resolve` has not filled in with the
+        model's rate (an engine described on its own): the general default."""
         return self.lr if self.lr is not None else DEFAULT_LR
 
     def __post_init__(self) -> None:
@@ -351,25 +328,11 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
-        from scale_ocr.tasks import task_class
-
-        task = task_class(self.model.arch)
-        train, val = task.default_samples  # defaults that depend on the task, resolved once here
-        if self.data.train_samples is None or self.data.val_samples is None or self.data.augment is None:
-            augment = task.default_augment if self.data.augment is None else self.data.augment
-            object.__setattr__(self, "data", dataclasses.replace(
-                self.data, train_samples=self.data.train_samples or train, val_samples=self.data.val_samples or val,
-                augment=augment))
-        if self.optim.lr is None:  # the model's recommended peak rate (its builder's default_lr)
-            from scale_ocr.models.registry import recommended_lr
-
-            object.__setattr__(self, "optim", dataclasses.replace(self.optim, lr=recommended_lr(self.model.arch)))
-        if self.optim.sched is None:
-            object.__setattr__(self, "optim", dataclasses.replace(self.optim, sched=task.default_sched))
+        # Checks across sections that need no registry; defaults that depend on the model's task and registry
+        # entry are filled in once, above the registries, by scale_ocr.run.resolve.resolve.
         if self.strategy.static_graph and self.train.grad_accum > 1:  # torch 2.14: an internal assert in backward
             raise UserError(f"--static-graph cannot be combined with --grad-accum {self.train.grad_accum}: DDP's static "
                             "graph does not support skipping the all-reduce between micro-batches; drop one of them")
-        task.check_config(self)  # e.g. synthetic words that CTC cannot align
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved configuration as plain JSON-ready data."""
@@ -377,7 +340,8 @@ class RunConfig:
 
     @classmethod
     def from_flat(cls, values: dict[str, Any]) -> RunConfig:
-        """Build from a flat ``{field_name: value}`` mapping (CLI namespace or a flat file)."""
+        """Build from a flat ``{field_name: value}`` mapping (CLI namespace or a flat file), unresolved: task and
+        model defaults are still None until :func:`scale_ocr.run.resolve.resolve`."""
         sections = {}
         for name, section in SECTIONS.items():
             names = {f.name for f in dataclasses.fields(section)}

@@ -60,9 +60,10 @@ def run(cfg: RunConfig, dist: DistInfo, stop: StopSignal, watchdog: Watchdog | N
 
 def train(cfg: RunConfig, dist: DistInfo, strategy, task: Task, checkpoints: CheckpointManager,
           resume_from: Path | None, control: StepControl, watchdog: Watchdog | None) -> dict:
-    if resume_from is not None and task.cfg.init_from:  # the checkpoint holds the weights: the file is not read
-        task.cfg = dataclasses.replace(task.cfg, init_from=None)
-    model = strategy.build_model(task, cfg.train.seed)  # same initial weights on every rank
+    factory = task.model_factory()
+    if resume_from is not None:  # the checkpoint holds the weights: an --init-from file is not read
+        factory = dataclasses.replace(factory, load_weights=None)
+    model = strategy.build_model(factory, cfg.train.seed)  # same initial weights on every rank
     torch.manual_seed(cfg.train.seed + 1 + dist.rank)  # per-rank augmentation randomness
     data = task.build_data(cfg.data, cfg.train.batch_size, cfg.train.seed, dist)
     wrapped, optimizer = strategy.setup(model, build_optimizer_spec(cfg.optim))

@@ -12,6 +12,7 @@ from typing import Any
 
 from scale_ocr.config import SECTIONS, RunConfig
 from scale_ocr.errors import UserError
+from scale_ocr.run.resolve import resolve
 from scale_ocr.run.run_dir import check_output_dir
 
 
@@ -203,7 +204,8 @@ def _load_file(path: str) -> dict[str, Any]:
 
 
 def parse_config(argv: list[str] | None = None) -> RunConfig:
-    """Defaults, then ``--config FILE``, then flags, into one frozen :class:`RunConfig`."""
+    """Defaults, then ``--config FILE``, then flags, into one frozen :class:`RunConfig`, resolved (the model's and
+    task's defaults filled in: :func:`scale_ocr.run.resolve.resolve`)."""
     parser = build_parser()
     ns = vars(parser.parse_args(argv))
     values: dict[str, Any] = {}
@@ -215,6 +217,6 @@ def parse_config(argv: list[str] | None = None) -> RunConfig:
         if k in fields and fields[k][0].get("nargs") == "+":
             ns[k] = tuple(ns[k])  # argparse gives lists; the frozen config holds tuples
     values.update(ns)
-    cfg = RunConfig.from_flat(values)
+    cfg = resolve(RunConfig.from_flat(values))
     check_output_dir(cfg.output.output_dir)  # here, not in OutputConfig: the config classes do no I/O
     return cfg

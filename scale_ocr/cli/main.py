@@ -51,7 +51,7 @@ def _models(argv: list[str]) -> int:
     import importlib.util
 
     from scale_ocr.models import doctr_zoo, list_models
-    from scale_ocr.models.registry import recommended_lr
+    from scale_ocr.models.factory import recommended_lr
 
     docs = [n for n in doctr_zoo.names() if fnmatch.fnmatch(n, args.pattern)]
     have_doctr = importlib.util.find_spec("doctr") is not None
@@ -187,9 +187,9 @@ def _predict_pages(argv: list[str]) -> int:
     import argparse
     import json
 
+    from scale_ocr.data.files import open_rgb
     from scale_ocr.errors import UserError
     from scale_ocr.tasks.page_ocr import overlay, read_pages
-    from scale_ocr.tasks.recognition import open_rgb
 
     parser = argparse.ArgumentParser(
         prog="scale-ocr predict", description="Page OCR: prints one JSON object per page, {\"page\": path, "

@@ -179,3 +179,12 @@ def reject(problem: Problem, on_bad_sample: str, report: ScanReport) -> None:
     if on_bad_sample != "skip":
         raise UserError(problem[1])
     report.skip(problem[0])
+
+
+def open_rgb(name: str):
+    """An image file as RGB, or one line naming the file."""
+    try:
+        with Image.open(name) as im:
+            return im.convert("RGB")
+    except (FileNotFoundError, UnidentifiedImageError, OSError) as exc:
+        raise UserError(f"{name} cannot be read as an image ({type(exc).__name__})") from None

@@ -1,6 +1,6 @@
-"""Model registry and the architectures it holds (importing this package registers them)."""
+"""Models by name: the registry (a leaf), the factory that builds from it, and the architectures it holds."""
 
-from scale_ocr.models import detection, recognition  # noqa: F401 - registers the models
-from scale_ocr.models.registry import accepts, builder, create_model, list_models, register_model
+from scale_ocr.models.factory import accepts, create_model, list_models, model_entry
+from scale_ocr.models.registry import register_model
 
-__all__ = ["accepts", "builder", "create_model", "list_models", "register_model"]
+__all__ = ["accepts", "create_model", "list_models", "model_entry", "register_model"]

@@ -26,6 +26,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from torch.utils.checkpoint import checkpoint
 
 from scale_ocr.errors import UserError
+from scale_ocr.models.registry import capable
 
 
 @contextmanager
@@ -57,7 +58,7 @@ def bare_name(name: str) -> str:
 
 def apply_activation_checkpointing(model: nn.Module, arch: str) -> int:
     """Wrap each of ``model.checkpoint_units()`` in place; returns how many were wrapped."""
-    if not hasattr(model, "checkpoint_units"):
+    if not capable(model, "checkpoint_units"):
         raise UserError(f"--activation-checkpointing: {arch} does not say where to checkpoint (no "
                         "checkpoint_units()); train it without the flag")
     parents = {id(child): (parent, name) for parent in model.modules() for name, child in parent.named_children()}

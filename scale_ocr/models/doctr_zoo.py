@@ -36,8 +36,9 @@ import torch
 from torch import nn
 
 from scale_ocr.errors import UserError
+from scale_ocr.models.detection.sizes import check_input_size
+from scale_ocr.models.registry import PREFIX, ModelEntry
 
-PREFIX = "doctr:"
 INSTALL_HINT = "pip install 'scale-ocr[doctr]'"
 # docTR's recognition architectures (doctr.models.recognition) and the module of each one's post-processor.
 RECOGNIZERS: dict[str, str] = {
@@ -157,29 +158,16 @@ def _detector_builder(name: str, arch: str) -> Callable[..., nn.Module]:
     def build(input_size: tuple[int, int]) -> nn.Module:
         from doctr.models import detection
 
-        from scale_ocr.models.detection.dbnet import check_input_size
-
         check_input_size(*input_size)  # docTR's FPNs need multiples of 32 as scale_ocr's DBNet does
         model = getattr(detection, arch)(pretrained=False, pretrained_backbone=False)
         model.__class__ = _adapted_detector(type(model))
         return model
 
     build.__name__ = name
-    build.task = "doctr_detection"
-    build.doctr_arch = arch
     return build
 
 
-def doctr_builder(name: str) -> Callable[..., nn.Module]:
-    """The registry builder of ``doctr:<arch>``: a recognizer's ``builder(num_classes, input_size, vocab)`` or a
-    detector's ``builder(input_size)`` -> docTR's model."""
-    arch = name[len(PREFIX):]
-    if arch not in RECOGNIZERS and arch not in DETECTORS:
-        raise UserError(f"unknown docTR model {name!r}; choose one of: {', '.join(names())}")
-    _doctr()
-    if arch in DETECTORS:
-        return _detector_builder(name, arch)
-
+def _recognizer_builder(name: str, arch: str) -> Callable[..., nn.Module]:
     def build(num_classes: int, input_size: tuple[int, int], vocab: str) -> nn.Module:
         from doctr.models import recognition
 
@@ -191,8 +179,17 @@ def doctr_builder(name: str) -> Callable[..., nn.Module]:
         return model
 
     build.__name__ = name
-    build.task = "doctr_recognition"
-    build.doctr_arch = arch
-    build.vocabs = vocabs
-    build.default_vocab = lambda: default_cfg(arch)["vocab"]
     return build
+
+
+def doctr_entry(name: str) -> ModelEntry:
+    """The registry entry of ``doctr:<arch>``: a recognizer's ``build(num_classes, input_size, vocab)`` or a
+    detector's ``build(input_size)`` -> docTR's model, under the doctr_recognition or doctr_detection task."""
+    arch = name[len(PREFIX):]
+    if arch not in RECOGNIZERS and arch not in DETECTORS:
+        raise UserError(f"unknown docTR model {name!r}; choose one of: {', '.join(names())}")
+    _doctr()
+    if arch in DETECTORS:
+        return ModelEntry(name, _detector_builder(name, arch), task="doctr_detection")
+    return ModelEntry(name, _recognizer_builder(name, arch), task="doctr_recognition", vocabs=vocabs,
+                      default_vocab=lambda: default_cfg(arch)["vocab"])

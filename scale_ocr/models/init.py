@@ -14,11 +14,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from scale_ocr.models.checkpointing import bare_name
+from scale_ocr.models.registry import capable
 
 
 def full_shape(param: torch.Tensor) -> tuple[int, ...]:
@@ -33,18 +35,38 @@ def full_numel(param: torch.Tensor) -> int:
 
 def has_init_rule(model: nn.Module) -> bool:
     """Whether ``model`` says how to initialise each parameter by name (and so can be built on meta)."""
-    return callable(getattr(model, "init_param", None)) and not any(True for _ in model.buffers())
+    return capable(model, "init_param") and not any(True for _ in model.buffers())
 
 
-def meta_model_with_rule(task) -> nn.Module | None:
-    """``task``'s model built on the meta device (no memory, no initialisation work) when it has a
-    per-parameter init rule, so it can be materialised anywhere and filled by :func:`init_weights`; None when
-    it has not, and must be built whole from the global RNG (or from the weights ``--init-from`` names)."""
-    if getattr(task.cfg, "init_from", None):
-        return None
-    with torch.device("meta"):
-        model = task.build_model()
-    return model if has_init_rule(model) else None
+@dataclass(frozen=True)
+class ModelFactory:
+    """How to build a run's model, handed to a strategy, which never learns whose model it is (a task's).
+
+    Attributes:
+        create: builds the bare architecture; an engine may call it inside its own context (``zero.Init``).
+        apply_options: wraps a built model as the run asks (activation checkpointing, channels-last images)
+            without renaming parameters.
+        load_weights: ``--init-from``: fills a whole built model from a file and returns a line saying so; when
+            set, the model is built whole and loaded before an engine shards it.
+    """
+
+    create: Callable[[], nn.Module]
+    apply_options: Callable[[nn.Module], nn.Module] = lambda model: model
+    load_weights: Callable[[nn.Module], str] | None = None
+
+    def build(self) -> nn.Module:
+        """The model with its options, built whole where the current device context puts it."""
+        return self.apply_options(self.create())
+
+    def meta_with_rule(self) -> nn.Module | None:
+        """The model built on the meta device (no memory, no initialisation work) when it has a per-parameter
+        init rule, so it can be materialised anywhere and filled by :func:`init_weights`; None when it has not,
+        and must be built whole from the global RNG (or from the weights ``--init-from`` names)."""
+        if self.load_weights is not None:
+            return None
+        with torch.device("meta"):
+            model = self.build()
+        return model if has_init_rule(model) else None
 
 
 def param_seed(seed: int, name: str) -> int:

@@ -1,72 +1,118 @@
-"""One model registry: ``@register_model`` on a builder, ``create_model(name)`` to build."""
+"""The model registry, a leaf: typed entries by name, filled by ``@register_model``; it builds nothing itself.
+
+Building by name, listing and the ``doctr:`` source live in :mod:`scale_ocr.models.factory` (timm's
+``_registry``/``_factory`` split): this module imports no model, so every model module can register here
+without an import circle.
+"""
 
 from __future__ import annotations
 
-import fnmatch
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from torch import nn
 
-from scale_ocr.errors import UserError
+from scale_ocr.config import DEFAULT_LR
 
-_MODELS: dict[str, Callable[..., nn.Module]] = {}
-
-
-def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    """Register a builder under its function name (``<arch>_<backbone>[_<size>]``)."""
-    name = fn.__name__
-    if name in _MODELS:
-        raise ValueError(f"model {name!r} is registered twice")
-    _MODELS[name] = fn
-    return fn
+#: Names of docTR's own models start with it (``doctr:crnn_vgg16_bn``); the factory builds them.
+PREFIX = "doctr:"
 
 
-def list_models(pattern: str = "*") -> list[str]:
-    """scale_ocr's own registered model names matching a shell-style pattern, sorted (docTR's ``doctr:`` models:
-    :func:`scale_ocr.models.doctr_zoo.names`)."""
-    return sorted(n for n in _MODELS if fnmatch.fnmatch(n, pattern) and ":" not in n)
+@dataclass(frozen=True)
+class ModelEntry:
+    """What the registry knows of one model before building it.
 
-
-def builder(name: str) -> Callable[..., nn.Module]:
-    """The registered builder of ``name`` (its attributes, such as ``task``, describe the model).
-
-    ``doctr:<arch>`` names docTR's own model of that name (:mod:`scale_ocr.models.doctr_zoo`, the optional extra),
-    registered the first time it is asked for.
+    Attributes:
+        name: the registered name, ``<arch>_<backbone>[_<size>]`` or ``doctr:<arch>``.
+        build: the builder; its keyword arguments are what the model lets a run set (``accepts``).
+        task: the name of the task that trains it (data, targets, metrics), a key of the task registry.
+        default_lr: the peak learning rate ``--lr`` defaults to (measured to learn fastest with the default recipe).
+        vocabs: the named vocabularies ``--vocab NAME`` may use; None: scale_ocr's.
+        default_vocab: the vocabulary used when none is given; None: latin.
     """
-    from scale_ocr.models import doctr_zoo
 
-    if name not in _MODELS and name.startswith(doctr_zoo.PREFIX):
-        _MODELS[name] = doctr_zoo.doctr_builder(name)
-    if name not in _MODELS:
-        raise UserError(f"unknown model {name!r}; choose one of: {', '.join(list_models())}, or docTR's "
-                        f"{', '.join(doctr_zoo.names())} (with {doctr_zoo.INSTALL_HINT})")
-    return _MODELS[name]
+    name: str
+    build: Callable[..., nn.Module]
+    task: str = "recognition"
+    default_lr: float = DEFAULT_LR
+    vocabs: Callable[[], dict[str, str]] | None = None
+    default_vocab: Callable[[], str] | None = None
 
-
-def recommended_lr(name: str) -> float:
-    """The peak learning rate ``--lr`` defaults to for ``name``: its builder's ``default_lr`` (a rate measured to
-    learn fastest with the default recipe and batch), else ``DEFAULT_LR``."""
-    from scale_ocr.config import DEFAULT_LR
-
-    return float(getattr(builder(name), "default_lr", DEFAULT_LR))
+    def accepts(self, keyword: str) -> bool:
+        """Whether the builder takes ``keyword`` (a capability, such as a settable width)."""
+        return keyword in inspect.signature(self.build).parameters
 
 
-def model_vocabs(name: str) -> tuple[dict[str, str], str]:
-    """The vocabulary names ``--vocab`` may use for ``name`` and the one it defaults to: the builder's ``vocabs()``
-    and ``default_vocab()`` (docTR's models: docTR's VOCABS and the model's own), else scale_ocr's and latin."""
-    from scale_ocr.vocab import VOCABS
-
-    b = builder(name)
-    return (b.vocabs() if hasattr(b, "vocabs") else VOCABS,
-            b.default_vocab() if hasattr(b, "default_vocab") else "latin")
+_MODELS: dict[str, ModelEntry] = {}
 
 
-def create_model(name: str, **kwargs) -> nn.Module:
-    """Build a registered model with random weights (nothing is downloaded)."""
-    return builder(name)(**kwargs)
+def add_entry(entry: ModelEntry) -> ModelEntry:
+    """Register ``entry``; a name registered twice is a programming error."""
+    if entry.name in _MODELS:
+        raise ValueError(f"model {entry.name!r} is registered twice")
+    _MODELS[entry.name] = entry
+    return entry
 
 
-def accepts(name: str, keyword: str) -> bool:
-    """Whether ``name``'s builder takes ``keyword`` (a capability, such as a settable width)."""
-    return keyword in inspect.signature(builder(name)).parameters
+def register_model(fn: Callable[..., nn.Module] | None = None, *, task: str = "recognition",
+                   default_lr: float = DEFAULT_LR) -> Any:
+    """Register a builder under its function name: ``@register_model`` or ``@register_model(task=..., default_lr=...)``."""
+
+    def add(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        add_entry(ModelEntry(builder.__name__, builder, task, default_lr))
+        return builder
+
+    return add(fn) if fn is not None else add
+
+
+def find_entry(name: str) -> ModelEntry | None:
+    """The entry registered under ``name``, if any (the factory adds ``doctr:`` entries on first use)."""
+    return _MODELS.get(name)
+
+
+def registered_names() -> list[str]:
+    return list(_MODELS)
+
+
+class ModelCapabilities(Protocol):
+    """Optional members a model may define; each one turns a capability on, and none is required.
+
+    The callers ask :func:`capable` rather than ``hasattr``, so a capability is spelled in one place.
+    """
+
+    #: Feed it channels-last images (convolutional models): ``--channels-last``.
+    channels_last: bool
+
+    def sharding_units(self) -> list[nn.Module]:
+        """The blocks FSDP2 shards one by one before the root (default: the direct children)."""
+        ...
+
+    def checkpoint_units(self) -> list[nn.Module]:
+        """The blocks activation checkpointing wraps (ViT blocks, backbone stages)."""
+        ...
+
+    def init_param(self, name: str, tensor: Any, generator: Any) -> None:
+        """Initialise one parameter by name: the model can then be built on meta and filled shard by shard."""
+        ...
+
+    def to_doctr_state_dict(self, state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """``(docTR architecture, state in docTR's layout)``: the model has a docTR twin to export to."""
+        ...
+
+    def from_doctr_state_dict(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The inverse: a docTR state dict in this model's layout (``--init-from`` a docTR file)."""
+        ...
+
+
+CAPABILITIES = frozenset(name for name in (*ModelCapabilities.__annotations__, *vars(ModelCapabilities))
+                         if not name.startswith("_"))
+
+
+def capable(model: nn.Module, capability: str) -> bool:
+    """Whether ``model`` has one of the optional members named in :class:`ModelCapabilities`."""
+    if capability not in CAPABILITIES:
+        raise ValueError(f"{capability!r} is not a model capability; known: {', '.join(sorted(CAPABILITIES))}")
+    value = getattr(model, capability, None)
+    return bool(value) if capability == "channels_last" else value is not None

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from scale_ocr.errors import UserError
+from scale_ocr.models.registry import capable
 
 
 def key_prefix(key: str, names: dict[str, str]) -> str:
@@ -88,7 +89,7 @@ def load_initial_weights(model: nn.Module, path: str | Path, arch: str) -> int:
     for a model with a docTR twin, in docTR's; returns the count. Anything short of an exact match is one line."""
     state = read_state_dict(path)
     problem = mismatch(model, state)
-    if problem and hasattr(model, "from_doctr_state_dict"):
+    if problem and capable(model, "from_doctr_state_dict"):
         try:
             translated = model.from_doctr_state_dict(state)
         except (KeyError, ValueError, IndexError):
@@ -112,12 +113,12 @@ def fp32_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 def doctr_state_dict(model: nn.Module, arch: str) -> tuple[str, dict[str, torch.Tensor]]:
     """``(docTR architecture, state dict in docTR's layout)`` of a bare model, fp32, or one line when it has no
     docTR twin."""
-    from scale_ocr.models import doctr_zoo
+    from scale_ocr.models.registry import PREFIX
 
     state = fp32_state_dict(model)
-    if arch.startswith(doctr_zoo.PREFIX):
-        return arch[len(doctr_zoo.PREFIX):], state
-    if hasattr(model, "to_doctr_state_dict"):
+    if arch.startswith(PREFIX):
+        return arch[len(PREFIX):], state
+    if capable(model, "to_doctr_state_dict"):
         return model.to_doctr_state_dict(state)
     raise UserError(f"{arch} has no docTR counterpart to export to (scale_ocr's CRNNs and DBNets and docTR's own "
                     "doctr: models have; scale_ocr's ViTSTRs are CTC models, docTR's decode tokens); export it as .safetensors (the default format)")

@@ -23,6 +23,7 @@ from scale_ocr.dist.distributed import DistInfo
 from scale_ocr.errors import UserError
 from scale_ocr.memory.meter import StateBytes, StateMeter
 from scale_ocr.memory.model import StateLayout
+from scale_ocr.models.init import ModelFactory, init_weights
 from scale_ocr.optim import OptimizerSpec
 
 
@@ -86,26 +87,22 @@ class Strategy(ABC):
     def is_main(self) -> bool:
         return self.dist.is_main
 
-    def build_model(self, task, seed: int) -> nn.Module:
-        """The task's model with its initial weights, the same on every rank and under every strategy.
+    def build_model(self, factory: ModelFactory, seed: int) -> nn.Module:
+        """The model ``factory`` builds, with its initial weights, the same on every rank and under every strategy.
 
         A model with a per-parameter rule (``init_param``) is initialised from ``(seed, name)``
         (:mod:`scale_ocr.models.init`), which a sharding engine can reproduce shard by shard; others from
-        the global RNG seeded with ``seed``; with ``--init-from``, every model is built whole and then set from
-        the file (the engines shard it afterwards).
+        the global RNG seeded with ``seed``; with ``--init-from`` (``factory.load_weights``), every model is built
+        whole and then set from the file (the engines shard it afterwards).
         """
-        from scale_ocr.models.init import init_weights, meta_model_with_rule
-
-        model = meta_model_with_rule(task)
+        model = factory.meta_with_rule()
         if model is None:
             torch.manual_seed(seed)
-            model = task.build_model()
-            if task.cfg.init_from:  # --init-from: every rank reads the same file into the whole model
-                from scale_ocr.models.weights_io import load_initial_weights
-
-                n = load_initial_weights(model, task.cfg.init_from, task.arch)
+            model = factory.build()
+            if factory.load_weights is not None:  # every rank reads the same file into the whole model
+                loaded = factory.load_weights(model)
                 if self.is_main:
-                    print(f"scale-ocr: initial weights: {n} tensors from {task.cfg.init_from}", flush=True)
+                    print(f"scale-ocr: {loaded}", flush=True)
             return model
         init_weights(model.to_empty(device="cpu"), seed)  # each weight initialised once, by its rule
         return model

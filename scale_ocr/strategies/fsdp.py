@@ -7,8 +7,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from scale_ocr.memory.model import StateLayout
+from scale_ocr.models.init import ModelFactory, init_weights
+from scale_ocr.models.registry import capable
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.precision import compute_weight_dtype
 from scale_ocr.strategies.base import StepStats, Strategy
@@ -36,7 +39,7 @@ def apply_fsdp(model: nn.Module, mesh, reshard_after_forward: bool, precision: s
 
     dtype = compute_weight_dtype(precision, model)
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
-    units = model.sharding_units() if hasattr(model, "sharding_units") else list(model.children())
+    units = model.sharding_units() if capable(model, "sharding_units") else list(model.children())
     for unit in units:
         if any(p.requires_grad for p in unit.parameters()):
             fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
@@ -58,7 +61,6 @@ class FSDP(Strategy):
     def __init__(self, *args, reshard_after_forward: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.reshard_after_forward = reshard_after_forward
-        self.sharded: nn.Module | None = None  # the model build_model already sharded, if it did
         self._mesh = None
 
     def mesh(self):
@@ -68,25 +70,22 @@ class FSDP(Strategy):
             self._mesh = init_device_mesh(self.dist.device.type, (self.world_size,))
         return self._mesh
 
-    def build_model(self, task, seed: int) -> nn.Module:
+    def build_model(self, factory: ModelFactory, seed: int) -> nn.Module:
         """Built on the meta device when the model has a per-parameter init rule: no rank ever holds it whole.
 
         It is sharded there, then only this rank's shards are allocated and filled
         (:func:`scale_ocr.models.init.init_weights`): exactly the weights a whole build with the same seed has.
         Models without the rule are built whole and sharded by ``setup``.
         """
-        from scale_ocr.models.init import init_weights, meta_model_with_rule
-
-        model = meta_model_with_rule(task)
+        model = factory.meta_with_rule()
         if model is None:
-            return super().build_model(task, seed)
-        self.sharded = apply_fsdp(model, self.mesh(), self.reshard_after_forward,
-                                  self.train.precision).to_empty(device=self.dist.device)
-        init_weights(self.sharded, seed)
-        return self.sharded
+            return super().build_model(factory, seed)
+        sharded = apply_fsdp(model, self.mesh(), self.reshard_after_forward, self.train.precision)
+        init_weights(sharded.to_empty(device=self.dist.device), seed)
+        return sharded
 
     def setup(self, model: nn.Module, optimizer: OptimizerSpec) -> tuple[nn.Module, Any]:
-        if model is self.sharded:
+        if isinstance(model, FSDPModule):  # build_model sharded it already
             self.model = model
         else:
             self.model = apply_fsdp(model.to(self.dist.device), self.mesh(), self.reshard_after_forward,

@@ -22,6 +22,11 @@ from torch.utils.data import DataLoader
 
 from scale_ocr.config import MODEL_SIZE_FIELDS, DataConfig, ModelConfig
 from scale_ocr.dist.distributed import DistInfo
+from scale_ocr.errors import UserError
+from scale_ocr.models.factory import create_model, list_models, model_entry, model_vocabs
+from scale_ocr.models.init import ModelFactory
+from scale_ocr.models.registry import capable
+from scale_ocr.vocab import resolve_vocab
 
 
 @dataclass
@@ -52,9 +57,12 @@ class Task(ABC):
     percent_metrics: ClassVar[frozenset[str]] = frozenset()  # printed as percentages
 
     def __init__(self, model_cfg: ModelConfig) -> None:
+        check_size_overrides(model_cfg)
         self.cfg = model_cfg
         self.arch = model_cfg.arch
-        self.input_size = tuple(model_cfg.input_size)
+        self.input_size = tuple(model_cfg.input_size or self.default_input_size)
+        names, default = model_vocabs(self.arch)  # the model's own named vocabularies (docTR's for its models)
+        self.charset = resolve_vocab(model_cfg.vocab or default, model_cfg.vocab_file, names)
 
     @classmethod
     def check_config(cls, cfg) -> None:
@@ -67,18 +75,27 @@ class Task(ABC):
 
     def build_model(self) -> nn.Module:
         """The model of this run: the registry's architecture with this run's options applied."""
-        return self.apply_options(self.create_model())
+        return self.model_factory().build()
+
+    def model_factory(self) -> ModelFactory:
+        """How a strategy builds this run's model: the bare architecture, its options, and ``--init-from``."""
+        return ModelFactory(self.create_model, self.apply_options,
+                            self._load_initial_weights if self.cfg.init_from else None)
+
+    def _load_initial_weights(self, model: nn.Module) -> str:
+        from scale_ocr.models.weights_io import load_initial_weights
+
+        count = load_initial_weights(model, self.cfg.init_from, self.arch)
+        return f"initial weights: {count} tensors from {self.cfg.init_from}"
 
     def create_model(self) -> nn.Module:
         """The bare architecture at this run's size (an engine may build it inside its own context)."""
-        from scale_ocr.models import create_model
-
         return create_model(self.arch, **self.model_kwargs(), **self.cfg.size_overrides())
 
     def apply_options(self, model: nn.Module) -> nn.Module:
         """Wrap a bare model as this run asks (activation checkpointing, channels-last images); parameter names do
         not change."""
-        if self.cfg.channels_last and getattr(model, "channels_last", False):
+        if self.cfg.channels_last and capable(model, "channels_last"):
             model.register_forward_pre_hook(channels_last_images)
         if self.cfg.activation_checkpointing:
             from scale_ocr.models.checkpointing import apply_activation_checkpointing
@@ -142,6 +159,15 @@ class Task(ABC):
     @abstractmethod
     def predict(self, model: nn.Module, images: list[str], batch_size: int = 16) -> list[dict[str, Any]]:
         """One result per image file (the task decides its fields), in batches, on CPU."""
+
+
+def check_size_overrides(model: ModelConfig) -> None:
+    """Refuse a size override (``--model-width`` ...) that the model's builder does not take, in one line."""
+    entry = model_entry(model.arch)
+    for name, kwarg in MODEL_SIZE_FIELDS.items():
+        if getattr(model, name) is not None and not entry.accepts(kwarg):
+            takers = ", ".join(m for m in list_models() if model_entry(m).accepts(kwarg))
+            raise UserError(f"--{name.replace('_', '-')}: {model.arch} has no {kwarg} to set; it applies to {takers}")
 
 
 def channels_last_images(module: nn.Module, args: tuple) -> tuple:

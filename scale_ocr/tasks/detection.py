@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader
 from scale_ocr.config import DataConfig, ModelConfig
 from scale_ocr.dist.distributed import DistInfo, all_reduce_sum
 from scale_ocr.errors import UserError
-from scale_ocr.tasks import register_task
 from scale_ocr.tasks.base import EvalResult, Task
+from scale_ocr.tasks.registry import register_task
 
 NUM_EXAMPLES = 4  # validation pages shown in the W&B table, boxes drawn on them
 TARGET_KEYS = ("prob_target", "prob_mask", "thresh_target", "thresh_mask")
@@ -98,12 +98,11 @@ class DetectionTask(Task):
 
         super().__init__(model_cfg)
         self.post = PostProcess()
-        self.charset = model_cfg.charset  # what synthetic pages write
         self.mean, self.std = MEAN, STD  # the pages' normalisation
 
     @classmethod
     def check_config(cls, cfg) -> None:
-        from scale_ocr.models.detection.dbnet import check_input_size
+        from scale_ocr.models.detection.sizes import check_input_size
 
         check_input_size(*cfg.model.input_size)
         if cfg.data.data_cache:
@@ -219,7 +218,7 @@ class DetectionTask(Task):
         is fully convolutional, and a detector trained on small pages finds small words better run larger.
         """
         from scale_ocr.data.det_transforms import build_det_transform
-        from scale_ocr.models.detection.dbnet import check_input_size
+        from scale_ocr.models.detection.sizes import check_input_size
 
         h, w = input_size or self.input_size
         check_input_size(h, w, "--det-size")
@@ -236,7 +235,7 @@ class DetectionTask(Task):
 
     def predict(self, model: nn.Module, images: list[str], batch_size: int = 4) -> list[dict[str, Any]]:
         """``{"image", "boxes": [{"polygon": [[x, y] x 4] in the page's pixels, "score"}]}`` per page."""
-        from scale_ocr.tasks.recognition import open_rgb
+        from scale_ocr.data.files import open_rgb
 
         results = []
         for i in range(0, len(images), batch_size):

@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from scale_ocr.config import ModelConfig
-from scale_ocr.tasks import register_task
+from scale_ocr.models.factory import parse_model_name
 from scale_ocr.tasks.detection import DetectionTask, PageBatch
+from scale_ocr.tasks.registry import register_task
 
 
 def padded_polygons(polygons: list[np.ndarray], h: int, w: int) -> dict[str, torch.Tensor]:
@@ -38,11 +39,10 @@ class DoctrDetectionTask(DetectionTask):
     default_input_size = (1024, 1024)  # docTR's input shape for all its detectors
 
     def __init__(self, model_cfg: ModelConfig) -> None:
-        from scale_ocr.models import builder
         from scale_ocr.models.doctr_zoo import default_cfg, det_postprocessor
 
         super().__init__(model_cfg)
-        self.doctr_arch = builder(self.arch).doctr_arch
+        self.doctr_arch = parse_model_name(self.arch)[1]
         cfg = default_cfg(self.doctr_arch)
         self.mean, self.std = tuple(cfg["mean"]), tuple(cfg["std"])
         self._post = det_postprocessor(self.doctr_arch)

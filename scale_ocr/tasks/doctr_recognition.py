@@ -17,8 +17,9 @@ import torch
 from torch import nn
 
 from scale_ocr.config import ModelConfig
-from scale_ocr.tasks import register_task
+from scale_ocr.models.factory import parse_model_name
 from scale_ocr.tasks.recognition import RecognitionTask, WordBatch
+from scale_ocr.tasks.registry import register_task
 
 
 @register_task
@@ -28,11 +29,10 @@ class DoctrRecognitionTask(RecognitionTask):
     name = "doctr_recognition"
 
     def __init__(self, model_cfg: ModelConfig) -> None:
-        from scale_ocr.models import builder
         from scale_ocr.models.doctr_zoo import default_cfg, postprocessor
 
         super().__init__(model_cfg)
-        self.doctr_arch = builder(self.arch).doctr_arch
+        self.doctr_arch = parse_model_name(self.arch)[1]
         cfg = default_cfg(self.doctr_arch)
         self.mean, self.std, self.pad_fill = tuple(cfg["mean"]), tuple(cfg["std"]), 0
         self._post = postprocessor(self.doctr_arch, self.vocab.chars)

@@ -28,8 +28,8 @@ def check_models(detector: LoadedModel, recognizer: LoadedModel) -> None:
 
     Page OCR composes exactly these two tasks, so it compares their names (no trainer code does).
     """
-    from scale_ocr.models import list_models
-    from scale_ocr.tasks import task_name
+    from scale_ocr.models.factory import list_models
+    from scale_ocr.tasks.registry import task_name
 
     for loaded, role, flag, want in ((detector, "detector", "--det", "detection"),
                                      (recognizer, "recognizer", "--reco", "recognition")):

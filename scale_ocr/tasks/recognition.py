@@ -13,11 +13,12 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from scale_ocr.config import DataConfig, ModelConfig
+from scale_ocr.data.files import open_rgb
 from scale_ocr.data.transforms import MEAN, STD
 from scale_ocr.dist.distributed import DistInfo, all_reduce_sum
 from scale_ocr.errors import UserError
-from scale_ocr.tasks import register_task
 from scale_ocr.tasks.base import EvalResult, Task
+from scale_ocr.tasks.registry import register_task
 from scale_ocr.text_metrics import TextMetric
 from scale_ocr.vocab import Vocab
 
@@ -88,7 +89,7 @@ class RecognitionTask(Task):
 
     def __init__(self, model_cfg: ModelConfig) -> None:
         super().__init__(model_cfg)
-        self.vocab = Vocab(model_cfg.charset)
+        self.vocab = Vocab(self.charset)
 
     @classmethod
     def check_config(cls, cfg) -> None:
@@ -244,14 +245,3 @@ class RecognitionTask(Task):
             for i in range(0, len(crops), batch_size):
                 out += self.decode(model(torch.stack([tf(c) for c in crops[i:i + batch_size]]))["logits"])
         return out
-
-
-def open_rgb(name: str):
-    """An image file as RGB, or one line naming the file."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(name) as im:
-            return im.convert("RGB")
-    except (FileNotFoundError, UnidentifiedImageError, OSError) as exc:
-        raise UserError(f"{name} cannot be read as an image ({type(exc).__name__})") from None

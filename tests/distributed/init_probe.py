@@ -28,7 +28,7 @@ def probe(strategy, dist, arch: str, width: str, depth: str, compare: str) -> di
     task = create_task(ModelConfig(arch=arch, model_width=int(width), model_depth=int(depth)))
     spec = build_optimizer_spec(OptimConfig())
     before = peak_rss()
-    model = strategy.build_model(task, seed=7)
+    model = strategy.build_model(task.model_factory(), seed=7)
     growth = peak_rss() - before  # the build alone: engines allocate optimizer state in setup (ZeRO's fp32 masters)
     n = sum(full_numel(p) for p in model.parameters())
     if compare != "1":

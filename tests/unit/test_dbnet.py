@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from scale_ocr.errors import UserError
-from scale_ocr.models import builder, create_model, list_models
+from scale_ocr.models import create_model, list_models, model_entry
 from scale_ocr.models.detection import build_targets, db_loss
 from scale_ocr.models.detection.dbnet import DBNet
 
@@ -35,7 +35,7 @@ def _extent(mask: np.ndarray) -> tuple[int, int, int, int]:
 
 def test_detection_models_are_registered():
     assert DB_MODELS == ["db_mobilenet_v3_large", "db_resnet50"]
-    assert all(builder(name).task == "detection" for name in DB_MODELS)
+    assert all(model_entry(name).task == "detection" for name in DB_MODELS)
 
 
 @pytest.mark.parametrize("name", DB_MODELS)

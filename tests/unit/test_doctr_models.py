@@ -12,7 +12,7 @@ from doctr.datasets import VOCABS
 
 from scale_ocr.config import ModelConfig
 from scale_ocr.errors import UserError
-from scale_ocr.models import builder, create_model
+from scale_ocr.models import create_model, model_entry
 from scale_ocr.models.weights_io import doctr_state_dict, load_initial_weights
 from scale_ocr.tasks import create_task, task_from_identity
 from scale_ocr.tasks.recognition import Collate
@@ -101,9 +101,9 @@ def test_without_the_extra_a_doctr_name_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "doctr", None)  # import doctr -> ImportError
     monkeypatch.setitem(sys.modules, "doctr.models", None)
     with pytest.raises(UserError, match=r"pip install 'scale-ocr\[doctr\]'"):
-        builder("doctr:vitstr_small")
+        model_entry("doctr:vitstr_small")
     with pytest.raises(UserError, match="unknown docTR model 'doctr:nope'; choose one of: doctr:crnn_vgg16_bn"):
-        builder("doctr:nope")
+        model_entry("doctr:nope")
 
 
 @pytest.mark.parametrize("arch", ["db_mobilenet_v3_large", "fast_tiny"])

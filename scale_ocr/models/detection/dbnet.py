@@ -8,30 +8,21 @@ inference only the probability map is needed, so the threshold head is skipped i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torchvision import models as tvm
 
-from scale_ocr.errors import UserError
 from scale_ocr.models.detection.loss import db_loss
+from scale_ocr.models.detection.sizes import check_input_size
 from scale_ocr.models.registry import register_model
 from scale_ocr.models.weights_io import rename_prefixes
 
-STRIDE = 32  # the deepest feature level; every FPN level must divide the input exactly
 # features[0:4] ends at index 3 (stride 4), [4:7] at 6 (stride 8), [7:13] at 12 (stride 16), [13:17] at 16
 # (stride 32, the final 960-channel 1x1 conv): the same taps as docTR's db_mobilenet_v3_large.
 MOBILENET_V3_LARGE_STAGES = ((0, 4), (4, 7), (7, 13), (13, 17))
-
-
-def check_input_size(height: int, width: int, flag: str = "--input-size") -> None:
-    """Raise a UserError, naming ``flag``, unless both sides are positive multiples of 32."""
-    if height % STRIDE or width % STRIDE or height <= 0 or width <= 0:
-        h, w = (max(STRIDE, round(s / STRIDE) * STRIDE) for s in (height, width))
-        raise UserError(f"{flag} {height}x{width}: DBNet needs height and width that are multiples of "
-                        f"{STRIDE}, e.g. {h}x{w}")
 
 
 def _conv_bn_relu(c_in: int, c_out: int, kernel: int) -> nn.Sequential:
@@ -144,14 +135,7 @@ class DBNet(nn.Module):
         return out
 
 
-def _detection(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    # Tells a generic caller (train.py, the benchmarks) which data, targets and metrics to use.
-    fn.task = "detection"
-    return fn
-
-
-@register_model
-@_detection
+@register_model(task="detection")
 def db_mobilenet_v3_large(input_size: tuple[int, int] = (512, 512), **_) -> DBNet:
     """DBNet on a MobileNetV3-Large backbone (about 4.2M parameters); other kwargs are ignored."""
     check_input_size(*input_size)
@@ -164,8 +148,7 @@ def db_mobilenet_v3_large(input_size: tuple[int, int] = (512, 512), **_) -> DBNe
         for j in range(a, b)})
 
 
-@register_model
-@_detection
+@register_model(task="detection")
 def db_resnet50(input_size: tuple[int, int] = (512, 512), **_) -> DBNet:
     """DBNet on a ResNet-50 backbone, docTR's default detector; other kwargs are ignored."""
     check_input_size(*input_size)

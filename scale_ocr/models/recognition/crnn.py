@@ -117,7 +117,13 @@ def _crnn(features: nn.Module, num_classes: int, input_size: tuple[int, int], rn
     return model
 
 
-@register_model
+# CTC's blank plateau: at AdamW 1e-3 a MobileNet CRNN predicts only blanks for hundreds of steps; at 3e-3 it
+# leaves the plateau about twice as soon (benchmarks/convergence.py; 400 steps at batch 32: loss 3.36 against
+# 4.12). The VGG backbone keeps the general default until measured.
+MOBILENET_CRNN_LR = 3e-3
+
+
+@register_model(default_lr=MOBILENET_CRNN_LR)
 def crnn_mobilenet_v3_small(num_classes: int = 95, input_size: tuple[int, int] = (32, 128),
                             rnn_units: int = 128) -> CRNN:
     """CRNN on a MobileNetV3-Small backbone (about 2.2M parameters with the default vocabulary)."""
@@ -125,18 +131,12 @@ def crnn_mobilenet_v3_small(num_classes: int = 95, input_size: tuple[int, int] =
                  "crnn_mobilenet_v3_small")
 
 
-@register_model
+@register_model(default_lr=MOBILENET_CRNN_LR)
 def crnn_mobilenet_v3_large(num_classes: int = 95, input_size: tuple[int, int] = (32, 128),
                             rnn_units: int = 128) -> CRNN:
     """CRNN on a MobileNetV3-Large backbone."""
     return _crnn(tvm.mobilenet_v3_large(weights=None).features, num_classes, input_size, rnn_units,
                  "crnn_mobilenet_v3_large")
-
-
-# CTC's blank plateau: at AdamW 1e-3 a MobileNet CRNN predicts only blanks for hundreds of steps; at 3e-3 it
-# leaves the plateau about twice as soon (benchmarks/convergence.py; 400 steps at batch 32: loss 3.36 against
-# 4.12). The VGG backbone keeps the general default until measured.
-crnn_mobilenet_v3_small.default_lr = crnn_mobilenet_v3_large.default_lr = 3e-3
 
 
 @register_model
