@@ -254,7 +254,7 @@ def _benchmarks(module: str, command: str):
 
     from scale_ocr.errors import UserError
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]  # the checkout: scale_ocr/cli/main.py -> ../..
     if not (root / "benchmarks" / f"{module}.py").is_file():
         raise UserError(f"scale-ocr {command} needs the source checkout (its benchmarks/ folder); clone the "
                         "repository and install it with `pip install -e .`")

@@ -45,7 +45,7 @@ NORM_STEPS = 5
 PARAM_RTOL = 1e-2  # relative L2 distance of all parameters after the last step
 # (Not a max-abs bound: Adam's update is about lr per element whatever the gradient's size, so an
 # element whose gradient is ~0 can move by lr in either direction from last-bit noise alone.)
-TRAIN_PY = Path(__file__).resolve().parent / "train.py"
+TRAIN_PY = Path(__file__).resolve().parents[1] / "train.py"  # scale_ocr/train.py, the launch script
 
 
 @dataclass

@@ -38,7 +38,7 @@ def probe(strategy, dist, arch: str, width: str, depth: str, compare: str) -> di
     whole = strategy.full_state_dict()
     diff = None
     if dist.is_main:
-        reference_model = Strategy.build_model(strategy, task, seed=7)  # the base class: built whole
+        reference_model = Strategy.build_model(strategy, task.model_factory(), seed=7)  # the base class: built whole
         reference = reference_model.state_dict()
         assert list(reference) == list(whole), (list(reference)[:5], list(whole)[:5])
         diff = max((reference[k].float() - whole[k].float()).abs().max().item() for k in reference)

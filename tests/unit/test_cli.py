@@ -36,3 +36,10 @@ def test_help_lists_flags():
     assert proc.returncode == 0
     for flag in ("--strategy", "--train-path", "--ds-config", "--grad-accum", "--precision", "--input-size"):
         assert flag in proc.stdout
+
+
+def test_benchmark_commands_find_the_checkout():
+    """`scale-ocr bench` and `max-model` run the checkout's benchmarks (the path from cli/main.py to the root)."""
+    for command, prog in (("bench", "benchmarks.scaling"), ("max-model", "benchmarks.max_model")):
+        proc = run_cmd([sys.executable, "-m", "scale_ocr", command, "--help"], timeout=120)
+        assert proc.returncode == 0 and f"python -m {prog}" in proc.stdout, proc.stdout + proc.stderr
