@@ -126,7 +126,7 @@ def _task(s: Search, depth: int, checkpointing: bool):
 def _meta_size(s: Search, depth: int):
     import torch
 
-    from scale_ocr.memory.estimate import model_size
+    from scale_ocr.strategies.estimate import model_size
 
     with torch.device("meta"):
         model = _task(s, depth, False).build_model()
@@ -135,14 +135,14 @@ def _meta_size(s: Search, depth: int):
 
 def activation_line(s: Search, checkpointing: bool) -> dict[bool, tuple[float, float]]:
     """Activations per rank as ``a + b * depth``, measured at depths 1 and 2 from real forwards; keyed by
-    whether the engine's autocast casts fp32 weights (:class:`scale_ocr.memory.estimate.Activations`).
+    whether the engine's autocast casts fp32 weights (:class:`scale_ocr.strategies.estimate.Activations`).
 
     With checkpointing, a unit's own activations come back during its backward: one block's worth (the
     difference without checkpointing) is added on top of the inputs checkpointing keeps.
     """
     import torch
 
-    from scale_ocr.memory.estimate import measure_activations
+    from scale_ocr.strategies.estimate import measure_activations
 
     def measure_at(depth: int, ac: bool):
         task = _task(s, depth, ac)
@@ -161,8 +161,8 @@ def activation_line(s: Search, checkpointing: bool) -> dict[bool, tuple[float, f
 def predicted_need(s: Search, strategy: str, depth: int, acts: dict[bool, tuple[float, float]]) -> dict[str, float]:
     """Bytes a rank needs at ``depth``: the memory model's state + activations + a unit in flight + margin,
     as ``--strategy auto`` counts them (:func:`scale_ocr.strategies.auto.rank_need`)."""
-    from scale_ocr.memory.estimate import estimate
     from scale_ocr.strategies.auto import rank_need
+    from scale_ocr.strategies.estimate import estimate
 
     model, size = _meta_size(s, depth)
     row = estimate(size, s.world_size, s.precision, [strategy], model=model)["strategies"][strategy]

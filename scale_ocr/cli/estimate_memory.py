@@ -1,6 +1,6 @@
 """``scale-ocr estimate-memory``: per-rank memory of each strategy for a model, before launching.
 
-The planner itself is :mod:`scale_ocr.memory.estimate`; this module is its command line and table.
+The planner itself is :mod:`scale_ocr.strategies.estimate`; this module is its command line and table.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from scale_ocr.config import MODEL_SIZE_FIELDS
 from scale_ocr.errors import UserError
-from scale_ocr.memory.estimate import GB, ModelSize, estimate, measure_activations, model_size
+from scale_ocr.strategies.estimate import GB, ModelSize, estimate, measure_activations, model_size
 
 
 def format_table(doc: dict[str, Any]) -> str:

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from scale_ocr.cli.estimate_memory import main as estimate_main
-from scale_ocr.memory.estimate import model_size
 from scale_ocr.memory.meter import count_state
 from scale_ocr.memory.model import ideal_model_state
 from scale_ocr.models import create_model
+from scale_ocr.strategies.estimate import model_size
 
 
 def _estimate(*args: str) -> dict:
@@ -202,7 +202,7 @@ def test_freed_tensor_memory_goes_back_to_the_os_under_a_memory_cap(mode, retain
 def test_freed_gradients_and_activations_peak_at_the_larger_of_the_two():
     """Engines whose gradients are set to None after the step (single, FSDP2) never hold them with all the
     activations; DDP's bucket-view gradients and DeepSpeed's partitions live across steps and add up."""
-    from scale_ocr.memory.estimate import Activations, ModelSize, estimate
+    from scale_ocr.strategies.estimate import Activations, ModelSize, estimate
 
     size = ModelSize(params=10_000_000, largest_layer=1_000_000)
     for acts in (1e7, 1e9):  # fewer activation bytes than gradient bytes, then more

@@ -1,8 +1,10 @@
-"""``scale-ocr estimate-memory``: per-rank memory of every strategy before launching anything.
+"""Per-rank memory of every strategy before launching anything (``scale-ocr estimate-memory``, ``--strategy auto``).
 
-Prints, per strategy, the engine model's parameters / gradients / optimizer state / engine buffers,
-the ZeRO paper's ideal, DeepSpeed's own estimate for the DeepSpeed strategies, and optionally the
-activations of one real forward at the given batch and input size.
+It describes each strategy's engine (which needs no process group) and applies the memory model
+(:mod:`scale_ocr.memory`) to it, so it sits beside the strategies, above the model of memory. Per strategy:
+the engine model's parameters / gradients / optimizer state / engine buffers, the ZeRO paper's ideal,
+DeepSpeed's own estimate for the DeepSpeed strategies, and optionally the activations of one real forward
+at the given batch and input size (the table: :mod:`scale_ocr.cli.estimate_memory`).
 """
 
 from __future__ import annotations
