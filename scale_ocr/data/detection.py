@@ -34,11 +34,13 @@ from scale_ocr.data.files import (
     BadSample,
     ScanReport,
     decode_listed,
+    orientation_of,
     read_labels,
     reject,
     reload_image,
     resolve_image,
 )
+from scale_ocr.data.images import quarter_turned
 from scale_ocr.errors import UserError
 
 TOLERANCE = 1.0  # pixels a point may lie outside the image (rounding in labelling tools) before it is refused
@@ -136,6 +138,31 @@ def _fields(labels: Path, name: str, entry: object):
     return listed, words, dims, digest
 
 
+def _turned(img_path: Path) -> str:
+    """A note for messages when the image's EXIF orientation turns its stored pixels a quarter turn, else ""."""
+    orientation = orientation_of(img_path)
+    return (f"; its EXIF orientation {orientation} turns the stored pixels a quarter turn and labels are in the "
+            "upright image's pixels, as viewers show it") if quarter_turned(orientation) else ""
+
+
+def _dimensions_problem(labels: Path, name: str, dims: list, img_path: Path, w: int, h: int) -> BadSample:
+    """``bad_dimensions`` for ``img_dimensions`` that are not the upright image's ``[h, w]``.
+
+    When they are the stored pixels' size and EXIF orientation turns the image, swapping them would train the
+    polygons on sideways pixels, so the message says which pixels the labels must follow instead.
+    """
+    orientation = orientation_of(img_path)
+    if quarter_turned(orientation) and [int(v) for v in dims] == [w, h]:
+        return BadSample("bad_dimensions", f"{labels}: \"img_dimensions\" of {name!r} is {dims}, the size of the "
+                                           f"stored pixels, but its EXIF orientation {orientation} turns them a "
+                                           f"quarter turn: upright, as viewers show it and as it is trained, the "
+                                           f"image is {w} wide and {h} high; label the upright image (polygons and "
+                                           "img_dimensions), or if the labels follow the stored pixels, remove the "
+                                           f"file's orientation tag (exiftool -Orientation= FILE), {SKIP}")
+    return BadSample("bad_dimensions", f"{labels}: \"img_dimensions\" of {name!r} is {dims} but the image is "
+                                       f"{w} wide and {h} high; write [{h}, {w}] (height first), {SKIP}")
+
+
 def check_page(path: Path, name: str, entry: object) -> Page:
     """Check one labels.json entry against its decoded image.
 
@@ -151,10 +178,9 @@ def check_page(path: Path, name: str, entry: object) -> Page:
     img, problem = decode_listed(path, name, img_path, PAGE_LIMITS)
     if problem:
         raise BadSample(*problem)
-    w, h = img.size
+    w, h = img.size  # upright: EXIF orientation applied
     if dims is not None and [int(v) for v in dims] != [h, w]:
-        raise BadSample("bad_dimensions", f"{labels}: \"img_dimensions\" of {name!r} is {dims} but the image is "
-                                          f"{w} wide and {h} high; write [{h}, {w}] (height first), {SKIP}")
+        raise _dimensions_problem(labels, name, dims, img_path, w, h)
     if digest is not None and re.fullmatch(r"[0-9a-fA-F]{64}", digest):
         if hashlib.sha256(img_path.read_bytes()).hexdigest() != digest.lower():
             raise BadSample("hash_mismatch", f"{labels}: \"img_hash\" of {name!r} is not the SHA-256 of "
@@ -166,8 +192,8 @@ def check_page(path: Path, name: str, entry: object) -> Page:
         if off.any():
             x, y = pts[int(np.argmax(off.any(axis=1)))]
             raise BadSample("outside_image", f"{where} has the point ({x:g}, {y:g}) outside the {w}x{h} image "
-                                             f"(x in 0..{w}, y in 0..{h}, {TOLERANCE:g} px tolerance); fix the "
-                                             f"coordinates (absolute pixels, x first) {SKIP}")
+                                             f"(x in 0..{w}, y in 0..{h}, {TOLERANCE:g} px tolerance{_turned(img_path)}"
+                                             f"); fix the coordinates (absolute pixels, x first) {SKIP}")
         quad = np.clip(_quad(pts, where), 0, [w, h])
         if _shoelace(quad) < MIN_AREA:  # it lay along the edge, in the tolerance band: clamped, it is a line
             raise _degenerate(where)

@@ -8,15 +8,18 @@ start-up within size limits, and a bad sample is either one :class:`UserError` l
 from __future__ import annotations
 
 import json
+import struct
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
+from scale_ocr.data.images import exif_orientation, to_rgb
 from scale_ocr.errors import UserError
 
-DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError)
+# struct.error: a malformed EXIF block, read for the orientation.
+DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, struct.error)
 
 Problem = tuple[str, str]  # (skip-count reason, the one-line sentence shown under --on-bad-sample error)
 
@@ -79,10 +82,13 @@ class BadImage(BadSample):
 
 
 def load_image(path: Path, limits: ImageLimits = WORD_LIMITS) -> Image.Image:
-    """Decode ``path`` fully to RGB, refusing images larger than ``limits``.
+    """Decode ``path`` fully to upright 8-bit RGB, refusing images larger than ``limits``.
 
+    The one decode path of every task: training, evaluation, ``predict`` and page OCR. How EXIF orientation,
+    transparency, 16-bit, palette, CMYK and multi-frame files decode is :func:`scale_ocr.data.images.to_rgb`'s.
     ``verify()`` alone passes a PNG whose pixel data is cut short, so the start-up scan decodes
-    every image with this same function the loader uses; the size is checked from the header first.
+    every image with this same function the loader uses; the size is checked from the header first
+    (a quarter turn by EXIF orientation changes neither limit).
 
     Raises:
         BadImage: ``too_large`` or ``corrupt_image``.
@@ -95,7 +101,7 @@ def load_image(path: Path, limits: ImageLimits = WORD_LIMITS) -> Image.Image:
                 w, h = im.size
                 if max(w, h) > limits.max_side or w * h > limits.max_pixels:
                     raise BadImage("too_large", f"is {w}x{h} pixels, larger than {limits.kind} can be ({limits})")
-                return im.convert("RGB")
+                return to_rgb(im)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise BadImage("too_large", f"declares a decompression bomb's size, far larger than {limits.kind} "
                                     f"can be ({limits})") from None
@@ -181,10 +187,21 @@ def reject(problem: Problem, on_bad_sample: str, report: ScanReport) -> None:
     report.skip(problem[0])
 
 
-def open_rgb(name: str):
-    """An image file as RGB, or one line naming the file."""
+def open_rgb(name: str, limits: ImageLimits = PAGE_LIMITS) -> Image.Image:
+    """An image file decoded as training decodes it (:func:`load_image`), or one line naming the file."""
     try:
-        with Image.open(name) as im:
-            return im.convert("RGB")
-    except (FileNotFoundError, UnidentifiedImageError, OSError) as exc:
-        raise UserError(f"{name} cannot be read as an image ({type(exc).__name__})") from None
+        return load_image(Path(name), limits)
+    except BadImage as exc:
+        raise UserError(f"{name} {exc}") from None
+
+
+def orientation_of(path: Path) -> int:
+    """The EXIF orientation of an image file that decoded before (its header only), for messages about its size.
+
+    1 if it cannot be read now: only a message's hint depends on it.
+    """
+    try:
+        with Image.open(path) as im:
+            return exif_orientation(im)
+    except DECODE_ERRORS:
+        return 1

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from scale_ocr.config import DataConfig, ModelConfig
-from scale_ocr.data.files import open_rgb
+from scale_ocr.data.files import WORD_LIMITS, open_rgb
 from scale_ocr.data.transforms import MEAN, STD
 from scale_ocr.dist.distributed import DistInfo, all_reduce_sum
 from scale_ocr.errors import UserError
@@ -230,7 +230,7 @@ class RecognitionTask(Task):
         results = []
         for i in range(0, len(images), batch_size):  # decoded a batch at a time: a folder can be large
             chunk = images[i:i + batch_size]
-            words = self.recognize(model, [open_rgb(name) for name in chunk], batch_size)
+            words = self.recognize(model, [open_rgb(name, WORD_LIMITS) for name in chunk], batch_size)
             results += [{"image": n, "word": w, "confidence": c} for n, (w, c) in zip(chunk, words, strict=True)]
         return results
 
