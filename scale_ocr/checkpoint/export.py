@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from scale_ocr.checkpoint.identity import build_checked, dcp_model_elements, safetensors_elements, tensors_elements
 from scale_ocr.config import MODEL_SIZE_FIELDS
 from scale_ocr.errors import UserError
-from scale_ocr.tasks import Task, task_from_identity
+from scale_ocr.tasks import Task
 
 
 @dataclass
@@ -44,11 +45,6 @@ def _checkpoint_dir(path: Path) -> Path:
     return path
 
 
-def _build(identity: dict) -> tuple[nn.Module, Task]:
-    task = task_from_identity(identity)
-    return task.build_model(), task
-
-
 def load_checkpoint_model(path: Path) -> LoadedModel:
     """The model of a checkpoint folder (``step_N``, a ``checkpoints`` folder or a run directory)."""
     from torch.distributed.checkpoint.api import CheckpointException
@@ -63,7 +59,9 @@ def load_checkpoint_model(path: Path) -> LoadedModel:
     listed = verify_manifest(ckpt)  # before reading anything in it
     try:
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        model, task = _build(meta)
+        # The identity is checked against the registry and the checkpoint's own tensor shapes before a build.
+        held = dcp_model_elements(safe_dcp.read_metadata_file(ckpt / ".metadata"))
+        model, task = build_checked(meta, held, ckpt, meta_file)
     except (ValueError, KeyError, TypeError) as exc:  # older checkpoints have no manifest to catch this earlier
         raise UserError(f"{meta_file} is unreadable ({type(exc).__name__}); the checkpoint is damaged") from None
     state = {"model": model.state_dict()}
@@ -88,13 +86,14 @@ def load_export(path: Path) -> LoadedModel:
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
+            held = safetensors_elements(f)  # from the header: what the claimed model must hold
         tensors = load_file(str(path))
     except Exception as exc:  # noqa: BLE001 - truncated or foreign files
         raise UserError(f"{path} is not a readable safetensors export ({type(exc).__name__})") from None
     try:
         identity = (json.loads(meta["identity"]) if "identity" in meta  # scale-ocr/1 exports: recognition only
                     else {"arch": meta["arch"], "vocab": meta["vocab"], "input_size": json.loads(meta["input_size"])})
-        model, task = _build(identity)
+        model, task = build_checked(identity, held, path, path)
     except (KeyError, ValueError, TypeError):
         raise UserError(f"{path} lacks scale-ocr metadata (the model's identity); export it with "
                         "`scale-ocr export`") from None
@@ -123,8 +122,8 @@ def load_run_weights(path: Path) -> LoadedModel:
         # config.json records the task's own identity keys (the recognizer's vocabulary's characters) at its
         # top level, and the architecture, input size and size overrides in its model section.
         section = config["model"]
-        model, task = _build({**config, "arch": section["arch"], "input_size": section["input_size"],
-                              **{k: section[k] for k in MODEL_SIZE_FIELDS if section.get(k) is not None}})
+        identity = {**config, "arch": section["arch"], "input_size": section["input_size"],
+                    **{k: section[k] for k in MODEL_SIZE_FIELDS if section.get(k) is not None}}
     except FileNotFoundError:
         raise UserError(f"{path} has no config.json beside it to say which model it holds; pass the run's "
                         "checkpoint folder or a `scale-ocr export` file") from None
@@ -139,6 +138,11 @@ def load_run_weights(path: Path) -> LoadedModel:
         raise UserError(f"{path} cannot be read ({type(exc).__name__}); it is truncated or not a torch file") from None
     if not isinstance(state, dict):
         raise UserError(f"{path} is not a state dict written by scale-ocr")
+    try:  # config.json is checked against the registry and the weights' shapes before a build
+        model, task = build_checked(identity, tensors_elements(state), path, config_file)
+    except (ValueError, KeyError, TypeError):
+        raise UserError(f"{config_file} does not describe a model (model.arch, model.input_size); "
+                        "the run directory is damaged") from None
     return _with_weights(model, task, state, path)
 
 
@@ -155,9 +159,10 @@ def load_any(path: str | Path) -> LoadedModel:
 
 def save_export(model: nn.Module, task: Task, out: str | Path) -> Path:
     """Write ``model`` as consolidated fp32 safetensors with ``task``'s identity as metadata (``scale-ocr/2``)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     from scale_ocr.models.weights_io import fp32_state_dict
+    from scale_ocr.run.safe_files import write_atomic
 
     tensors = fp32_state_dict(model)
     identity = task.identity()
@@ -166,7 +171,11 @@ def save_export(model: nn.Module, task: Task, out: str | Path) -> Path:
             "identity": json.dumps(identity), "format": "scale-ocr/2"}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out), metadata=meta)
+    # Whole or not at all (a temp file renamed over OUT), never through a link; a full disk is one line.
+    # The serialised bytes are held in memory once: OCR models are small next to the host's memory.
+    data = save(tensors, metadata=meta)
+    kept = "the model it was exported from is untouched" + (f" and the previous {out.name} is kept" if out.exists() else "")
+    write_atomic(out, data, what="the export", needed=len(data), kept=kept)
     return out
 
 

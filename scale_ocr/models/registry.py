@@ -8,8 +8,9 @@ without an import circle.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from torch import nn
@@ -18,6 +19,16 @@ from scale_ocr.config import DEFAULT_LR
 
 #: Names of docTR's own models start with it (``doctr:crnn_vgg16_bn``); the factory builds them.
 PREFIX = "doctr:"
+
+#: The largest value each size keyword of a builder may take (``--model-width`` ..., or what a model file's
+#: config.json, export metadata or trainer.json claims), and ``input_side`` each side of the input size. They stop
+#: a crafted or damaged file from making scale-ocr build something absurd before its weights are compared
+#: (:mod:`scale_ocr.checkpoint.identity`), and are generous for real models: the largest ViTSTR trained here is
+#: width 2048, depth 15, 32 heads, MLP ratio 4 (0.756B parameters under FSDP2,
+#: benchmarks/results/large-model-vm-20261201) and the depth searches reach 64 blocks; the bounds allow 8x that
+#: width (above ViT-22B's 6144), 4x that depth, 16x the heads, 4x the MLP ratio, and 8192-pixel sides (a whole
+#: A4 page scanned at 600 dpi, 4961x7016). At the width and depth bounds a ViTSTR holds 0.8 trillion parameters.
+SIZE_BOUNDS = MappingProxyType({"width": 16384, "depth": 256, "heads": 512, "mlp_ratio": 16.0, "input_side": 8192})
 
 
 @dataclass(frozen=True)
@@ -31,6 +42,7 @@ class ModelEntry:
         default_lr: the peak learning rate ``--lr`` defaults to (measured to learn fastest with the default recipe).
         vocabs: the named vocabularies ``--vocab NAME`` may use; None: scale_ocr's.
         default_vocab: the vocabulary used when none is given; None: latin.
+        bounds: the largest value of each size keyword and input side (:data:`SIZE_BOUNDS` unless registered).
     """
 
     name: str
@@ -39,10 +51,23 @@ class ModelEntry:
     default_lr: float = DEFAULT_LR
     vocabs: Callable[[], dict[str, str]] | None = None
     default_vocab: Callable[[], str] | None = None
+    bounds: Mapping[str, float] = field(default_factory=lambda: SIZE_BOUNDS)
 
     def accepts(self, keyword: str) -> bool:
         """Whether the builder takes ``keyword`` (a capability, such as a settable width)."""
         return keyword in inspect.signature(self.build).parameters
+
+    def size_problem(self, keyword: str, value: Any) -> str | None:
+        """Why ``value`` cannot be this model's ``keyword`` (a size keyword, or ``input_side``); None when it can."""
+        if keyword != "input_side" and not self.accepts(keyword):
+            return f"{self.name} has no {keyword} to set"
+        integral = keyword != "mlp_ratio"
+        if isinstance(value, bool) or not isinstance(value, int if integral else (int, float)) \
+                or not 0 < value <= self.bounds[keyword]:
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "…"  # a crafted file's value
+            kind = "a whole number" if integral else "a number"
+            return f"{keyword} {shown} is not {kind} above 0 and at most {self.bounds[keyword]:g} ({self.name}'s bound)"
+        return None
 
 
 _MODELS: dict[str, ModelEntry] = {}

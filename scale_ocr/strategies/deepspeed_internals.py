@@ -28,6 +28,7 @@ FP16 = "deepspeed.runtime.fp16.fused_optimizer.FP16_Optimizer"
 ENGINE = "deepspeed.runtime.engine.DeepSpeedEngine"
 ZERO_INIT = "deepspeed.runtime.zero.partition_parameters.Init"  # sets the ds_* attributes on each parameter
 SHARDED_DDP = "fairscale.nn.data_parallel.sharded_ddp.ShardedDataParallel"
+DS_CONFIG = "deepspeed.runtime.config"  # a module: its removed-key tables
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,9 @@ PRIVATE_ATTRIBUTES: tuple[Private, ...] = (
     # Read directly by scale_ocr.models.init (full_shape, full_numel); listed so the test guards them too.
     Private(ZERO_INIT, "ds_shape", "scale_ocr.models.init.full_shape"),
     Private(ZERO_INIT, "ds_numel", "scale_ocr.models.init.full_numel"),
+    # A module's private names, not a class's: the keys DeepSpeed removed, each with its reason.
+    Private(DS_CONFIG, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", "removed_config_keys"),
+    Private(DS_CONFIG, "_REMOVED_ZERO_CONFIG_KEYS", "removed_config_keys"),
     Private(SHARDED_DDP, "_bucket_list", "ddp_bucket_buffers"),
     Private("fairscale.nn.misc.param_bucket.GradBucket", "buffer", "ddp_bucket_buffers"),
 )
@@ -211,6 +215,16 @@ def nvme_staging_buffers(params: Iterable[torch.nn.Parameter], zero_opt: Any) ->
     manager = getattr(getattr(zero_opt, "optimizer_swapper", None), "swap_buffer_manager", None)
     staging += list(tensors_in(getattr(manager, "all_buffers", None)))
     return staging
+
+
+# --- DeepSpeed: its JSON -----------------------------------------------------------------------------------------
+
+@_relies_on
+def removed_config_keys() -> tuple[dict[str, str], dict[str, str]]:
+    """The top-level and ``zero_optimization`` keys DeepSpeed removed and refuses, each with DeepSpeed's reason."""
+    from deepspeed.runtime import config
+
+    return dict(config._REMOVED_TOP_LEVEL_CONFIG_KEYS), dict(config._REMOVED_ZERO_CONFIG_KEYS)
 
 
 # --- fairscale -------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from scale_ocr.errors import UserError
+from scale_ocr.strategies.ds_keys import check_keys
 from scale_ocr.strategies.nvme import nvme_sections
 
 PRESET_DIRS = (
@@ -79,6 +80,7 @@ def resolve_ds_config(raw: dict[str, Any], *, source: str, micro_batch: int, gra
     "cuda": communication runs on its own stream, beside backward) and off on CPU ranks, where there is no second
     stream to overlap on and ZeRO-3 trained 4.9% faster without it (benchmarks/results/engine-knobs-vm-20261202).
     """
+    check_keys(raw, source)  # unknown or removed keys, against the installed DeepSpeed's own config classes
     cfg = copy.deepcopy(raw)
     _fill(cfg, "train_micro_batch_size_per_gpu", micro_batch, source, "--batch-size")
     _fill(cfg, "gradient_accumulation_steps", grad_accum, source, "--grad-accum")

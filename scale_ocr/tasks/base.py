@@ -162,12 +162,18 @@ class Task(ABC):
 
 
 def check_size_overrides(model: ModelConfig) -> None:
-    """Refuse a size override (``--model-width`` ...) that the model's builder does not take, in one line."""
+    """Refuse a size override (``--model-width`` ...) that the model's builder does not take, or a size or input side
+    beyond the registry's bounds (:data:`scale_ocr.models.registry.SIZE_BOUNDS`), in one line."""
     entry = model_entry(model.arch)
     for name, kwarg in MODEL_SIZE_FIELDS.items():
         if getattr(model, name) is not None and not entry.accepts(kwarg):
             takers = ", ".join(m for m in list_models() if model_entry(m).accepts(kwarg))
             raise UserError(f"--{name.replace('_', '-')}: {model.arch} has no {kwarg} to set; it applies to {takers}")
+        if getattr(model, name) is not None and (problem := entry.size_problem(kwarg, getattr(model, name))):
+            raise UserError(f"--{name.replace('_', '-')}: {problem}")
+    for side in model.input_size or ():
+        if problem := entry.size_problem("input_side", side):
+            raise UserError(f"--input-size: {problem}")
 
 
 def channels_last_images(module: nn.Module, args: tuple) -> tuple:

@@ -1,0 +1,140 @@
+"""The keys a DeepSpeed JSON may hold, read from the installed DeepSpeed, and a user's JSON checked against them.
+
+* ``zero_optimization``: the fields of DeepSpeed's pydantic model ``DeepSpeedZeroConfig`` and their aliases
+  (``stage3_prefetch_bucket_size`` ...). DeepSpeed itself refuses any other key there (the model forbids extras),
+  but only inside ``deepspeed.initialize``, after the process group and the model exist, with a pydantic traceback on
+  every rank; here it is one line before anything starts, naming the key and the closest known one.
+* Top level: every key ``DeepSpeedConfig`` asks its dict for, found by letting it parse a dict that records each
+  key asked for (so a DeepSpeed release that reads a new key is followed without editing a list), plus the two keys
+  only ``deepspeed.initialize`` reads (:data:`READ_BY_INITIALIZE`). DeepSpeed ignores any other top-level key, so an
+  unknown one is a warning, not an error: a key read only on a branch the recording did not take would otherwise be
+  refused wrongly, and JSON has no comments, so configs carry ``"_comment"`` keys that DeepSpeed is meant to ignore.
+* Keys DeepSpeed removed (``elasticity``, ``amp``, ``zero_optimization.mics_shard_size`` ...) are errors with
+  DeepSpeed's own sentence, as DeepSpeed refuses them too, later.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import os
+import sys
+from typing import Any
+
+from scale_ocr.errors import UserError
+
+#: Top-level keys that ``deepspeed.initialize`` reads from the config itself (DeepSpeed 0.19.8,
+#: ``deepspeed/__init__.py``), which ``DeepSpeedConfig`` does not: the data- and sequence-parallel mesh sizes.
+#: ``tests/unit/test_ds_keys.py`` fails when ``initialize`` reads a key that is neither here nor recorded.
+READ_BY_INITIALIZE = ("data_parallel_size", "sequence_parallel_size")
+
+
+class _Recorder(dict):
+    """A dict that adds every key looked up in it to ``asked`` (``get``, ``[]``, ``in``, ``in .keys()``)."""
+
+    def __init__(self, asked: set[str], **items: Any) -> None:
+        super().__init__(**items)
+        self.asked = asked
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.asked.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        self.asked.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: Any) -> bool:
+        self.asked.add(key)
+        return super().__contains__(key)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        self.asked.add(key)
+        return super().setdefault(key, default)
+
+    def keys(self) -> Any:
+        return _RecordingKeys(self.asked, {k: None for k in dict.__iter__(self)})
+
+    def __copy__(self) -> _Recorder:  # DeepSpeedConfig parses a copy of the dict it is given
+        return self
+
+
+class _RecordingKeys(dict):
+    def __init__(self, asked: set[str], items: dict) -> None:
+        super().__init__(items)
+        self.asked = asked
+
+    def __contains__(self, key: Any) -> bool:
+        self.asked.add(key)
+        return super().__contains__(key)
+
+
+@functools.lru_cache(maxsize=1)
+def top_level_keys() -> frozenset[str]:
+    """Every top-level key the installed DeepSpeed reads (including those it removed and refuses)."""
+    import logging
+
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.utils import logger
+
+    asked: set[str] = set()
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # its "Config mesh_device ..." info line
+    try:
+        DeepSpeedConfig(_Recorder(asked, train_batch_size=1, train_micro_batch_size_per_gpu=1,
+                                  gradient_accumulation_steps=1))
+    finally:
+        logger.setLevel(level)
+    return frozenset(k for k in asked if isinstance(k, str)) | frozenset(READ_BY_INITIALIZE)
+
+
+@functools.lru_cache(maxsize=1)
+def zero_keys() -> frozenset[str]:
+    """Every key ``zero_optimization`` may hold: ``DeepSpeedZeroConfig``'s fields and their aliases."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    fields = DeepSpeedZeroConfig.model_fields
+    return frozenset(fields) | frozenset(f.alias for f in fields.values() if f.alias)
+
+
+def closest(key: str, known: frozenset[str]) -> str:
+    """The known key nearest to ``key`` (difflib's ratio), as a message suggests it."""
+    return (difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.0) or ["?"])[0]
+
+
+def _shown(key: Any) -> str:
+    text = repr(key)
+    return text if len(text) <= 60 else text[:60] + "…"
+
+
+def check_keys(raw: dict[str, Any], source: str) -> None:
+    """Refuse unknown or removed ``zero_optimization`` keys and removed top-level keys; warn of unknown top-level ones.
+
+    Nothing is checked without DeepSpeed installed: there is no engine to compare with, and none to run either.
+
+    Raises:
+        UserError: the first such key, with the closest known one or DeepSpeed's own reason.
+    """
+    try:
+        from scale_ocr.strategies.deepspeed_internals import removed_config_keys
+
+        known, zero = top_level_keys(), zero_keys()
+        removed_top, removed_zero = removed_config_keys()
+    except ImportError:
+        return
+    section = raw.get("zero_optimization")
+    for where, keys, allowed, removed in (("", raw, known, removed_top),
+                                          ("zero_optimization.", section if isinstance(section, dict) else {},
+                                           zero, removed_zero)):
+        for key in keys:
+            if key in removed:
+                raise UserError(f"{source}: {_shown(where + key)}: {removed[key].strip()}")
+            if key not in allowed and where:
+                raise UserError(f"{source}: unknown key {_shown(where + key)}; did you mean "
+                                f"{where + closest(key, allowed)!r}? (DeepSpeed refuses unknown zero_optimization keys)")
+    unknown = [key for key in raw if key not in known]
+    if unknown and os.environ.get("RANK", "0") == "0":
+        print(f"scale-ocr: warning: {source}: DeepSpeed ignores the unknown top-level key{'s' * (len(unknown) > 1)} "
+              f"{', '.join(f'{_shown(k)} (did you mean {closest(k, known)!r}?)' for k in unknown[:3])}"
+              f"{f' and {len(unknown) - 3} more' if len(unknown) > 3 else ''}; remove or respell {'them' if len(unknown) > 1 else 'it'}",
+              file=sys.stderr, flush=True)
