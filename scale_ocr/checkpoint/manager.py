@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +29,8 @@ from scale_ocr.checkpoint.manifest import verify_manifest, write_manifest
 from scale_ocr.config import CheckpointConfig
 from scale_ocr.dist.distributed import DistInfo
 from scale_ocr.errors import UserError
+from scale_ocr.run.safe_files import DiskFault, disk_fault, pending, remove_tree, take_pending, tree_bytes, write_atomic
 from scale_ocr.strategies import Strategy
-
-
-def _barrier() -> None:
-    if tdist.is_initialized():
-        tdist.barrier()
 
 
 def rng_state() -> dict[str, Any]:
@@ -81,28 +76,70 @@ class CheckpointManager:
         return self.cfg.save_every > 0 and step % self.cfg.save_every == 0
 
     def save(self, strategy: Strategy, trainer_state: dict[str, Any]) -> Path:
-        """Write a complete checkpoint for ``trainer_state["step"]`` (a collective)."""
+        """Write a complete checkpoint for ``trainer_state["step"]`` (a collective).
+
+        Raises:
+            DiskFault: on every rank together, when any rank's write (or a rank-0 write held since, see
+                :func:`~scale_ocr.run.safe_files.defer`) met a full disk: the partial ``step_N.tmp`` is
+                removed and ``latest`` still names the previous checkpoint.
+        """
         step = trainer_state["step"]
         final = self.dir / f"step_{step:08d}"
         tmp = self.dir / f"step_{step:08d}.tmp"
-        if self.dist.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        _barrier()
-        self.write_shards(strategy, tmp)
-        _barrier()  # every rank's shards are on disk
-        if self.dist.is_main:
-            meta = {**trainer_state, **self.identity, "world_size": self.dist.world_size, "format": 1}
-            (tmp / "trainer.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-            write_manifest(tmp)  # after the barrier: it covers every rank's files, and trainer.json
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.replace(final)
-            pointer = self.dir / "latest.tmp"
-            pointer.write_text(final.name + "\n", encoding="utf-8")
-            pointer.replace(self.dir / "latest")
-            self._prune()
-        _barrier()
+        previous = self.latest_name()
+        kept = (f"the partial checkpoint was removed and {previous}, the newest complete one, is kept" if previous
+                else "the partial checkpoint was removed (no earlier checkpoint exists)")
+        needed = tree_bytes(self.dir.parent / previous) if previous and self.dist.is_main else None
+
+        def attempt(write) -> DiskFault | None:
+            from torch.distributed.checkpoint.api import CheckpointException
+
+            try:
+                write()
+            except (Exception, CheckpointException) as exc:  # noqa: BLE001 - CheckpointException is a BaseException
+                fault = disk_fault(exc, final, "checkpoint", kept, needed)
+                if fault is None:
+                    raise
+                return fault
+            return None
+
+        # Each stage ends in an agreement in place of a barrier: a fault on any rank ends every rank together.
+        self._agree((pending() or attempt(lambda: self._begin(tmp))) if self.dist.is_main else None, tmp)
+        self._agree(attempt(lambda: self.write_shards(strategy, tmp)), tmp)  # every rank's shards are on disk
+        self._agree(attempt(lambda: self._complete(tmp, final, trainer_state)) if self.dist.is_main else None, tmp)
         return final
+
+    def _begin(self, tmp: Path) -> None:
+        remove_tree(tmp)
+        tmp.mkdir(parents=True)
+
+    def _complete(self, tmp: Path, final: Path, trainer_state: dict[str, Any]) -> None:
+        """Rank 0, once every rank's files are on disk: trainer.json and the manifest, then the rename and ``latest``."""
+        meta = {**trainer_state, **self.identity, "world_size": self.dist.world_size, "format": 1}
+        (tmp / "trainer.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        write_manifest(tmp)  # after the barrier: it covers every rank's files, and trainer.json
+        remove_tree(final)
+        tmp.replace(final)
+        try:
+            write_atomic(self.dir / "latest", final.name + "\n", what="checkpoint pointer", kept="")
+        except BaseException:
+            remove_tree(final)  # complete but never `latest`: removed like a partial one
+            raise
+        self._prune()
+
+    def _agree(self, fault: DiskFault | None, tmp: Path) -> None:
+        """Every rank learns whether any rank met a disk fault; if one did, all raise it (rank 0 prints it)."""
+        texts = [str(fault) if fault is not None else None]
+        if tdist.is_initialized() and self.dist.world_size > 1:
+            texts = [None] * self.dist.world_size
+            tdist.all_gather_object(texts, str(fault) if fault is not None else None)
+        first = next((t for t in texts if t), None)
+        if first is None:
+            return
+        take_pending()  # raised now, with the message held or this one
+        if self.dist.is_main:
+            remove_tree(tmp)
+        raise DiskFault(first)
 
     def write_shards(self, strategy: Strategy, folder: Path) -> None:
         """This rank's part of a checkpoint into ``folder``: its shards of model and optimizer, and its RNG states."""
@@ -116,7 +153,7 @@ class CheckpointManager:
             return
         done = sorted(p for p in self.dir.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
         for old in done[: -self.cfg.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+            remove_tree(old)
 
     def latest_name(self) -> str | None:
         """``checkpoints/step_N`` of this run's newest complete checkpoint, None before the first."""
@@ -130,8 +167,8 @@ class CheckpointManager:
         """Remove ``step_N.tmp`` folders that an interrupted save left (rank 0, holding the run lock)."""
         removed = []
         for tmp in sorted(self.dir.glob("step_*.tmp")):
-            if tmp.is_dir():
-                shutil.rmtree(tmp, ignore_errors=True)
+            if tmp.is_dir() or tmp.is_symlink():
+                remove_tree(tmp)
                 removed.append(tmp.name)
         return removed
 

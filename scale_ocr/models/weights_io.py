@@ -128,16 +128,16 @@ def save_doctr(model: nn.Module, arch: str, info: dict[str, Any], out: str | Pat
     """Write ``model`` as a plain state dict docTR's class loads with ``strict=True``, and beside it ``OUT.json``
     with what that class must be built with (``info``: vocabulary, input shape, normalisation)."""
     import json
-    import os
+
+    from scale_ocr.run.safe_files import write_atomic
 
     doctr_arch, state = doctr_state_dict(model, arch)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    torch.save(state, tmp)
-    tmp.replace(out)  # atomic: a reader sees the old file or the new one, never half of one
-    sidecar, tmp = out.with_suffix(".json"), out.with_name(f".{out.stem}.json.tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"doctr_arch": doctr_arch, **info}, ensure_ascii=False, indent=1) + "\n",
-                   encoding="utf-8")
-    tmp.replace(sidecar)
+    kept = "the checkpoint it was exported from is untouched"
+    # atomic: a reader sees the old file or the new one, never half of one; a full disk is one line
+    write_atomic(out, lambda f: torch.save(state, f), what="the export", kept=kept,
+                 needed=sum(v.numel() * v.element_size() for v in state.values()))
+    write_atomic(out.with_suffix(".json"), json.dumps({"doctr_arch": doctr_arch, **info}, ensure_ascii=False,
+                                                      indent=1) + "\n", what="the export's sidecar", kept=kept)
     return out, doctr_arch

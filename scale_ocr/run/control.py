@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as tdist
 
+from scale_ocr.run.safe_files import DiskFault, pending, take_pending
+
 # EX_TEMPFAIL from sysexits.h: "try again later". Schedulers and torchrun treat it as a failure, so a
 # job under `--max-restarts` or a requeueing SLURM script starts again and `--resume auto` continues.
 EXIT_PREEMPTED = 75
@@ -57,6 +59,7 @@ class Agreement:
     stop: bool = False  # a preemption signal reached some rank
     nonfinite: bool = False  # some rank's loss or the global gradient norm was NaN/inf
     save: bool = False  # rank 0's checkpoint timer fired
+    disk: bool = False  # a rank-0 write met a full disk (scale_ocr.run.safe_files.defer): every rank ends
 
 
 class StepControl:
@@ -81,12 +84,15 @@ class StepControl:
         """A checkpoint was just written; the timer restarts."""
         self.last_save = time.monotonic()
 
-    def agree(self, loss_finite: bool, norm_finite: bool) -> Agreement:
+    def agree(self, loss_finite: bool, norm_finite: bool, disk_fault: bool = False) -> Agreement:
         timed = (self.save_minutes is not None and self.is_main
                  and time.monotonic() - self.last_save >= 60 * self.save_minutes)
-        flags = torch.tensor([self.stop.received is not None, not (loss_finite and norm_finite), timed],
+        disk_fault = disk_fault or pending() is not None  # a rank-0 write held a disk fault (safe_files.defer)
+        flags = torch.tensor([self.stop.received is not None, not (loss_finite and norm_finite), timed, disk_fault],
                              dtype=torch.int32)
         if self.active:
             tdist.all_reduce(flags, op=tdist.ReduceOp.MAX, group=self.group)
-        stop, nonfinite, save = (bool(v) for v in flags.tolist())
-        return Agreement(stop, nonfinite, save)
+        stop, nonfinite, save, disk = (bool(v) for v in flags.tolist())
+        if disk:  # every rank ends now with the fault rank 0 held (rank 0 prints it)
+            raise take_pending() or DiskFault("rank 0 could not write to the run directory (its line says why)")
+        return Agreement(stop, nonfinite, save, disk)

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from scale_ocr.errors import UserError
+from scale_ocr.run.safe_files import check_entry, clear_pending, disk_fault, open_own
 
 
 def check_output_dir(path: str | os.PathLike[str]) -> None:
@@ -34,6 +35,22 @@ def check_output_dir(path: str | os.PathLike[str]) -> None:
 
 LOCK_NAME = ".scale-ocr.lock"
 RUN_MARKERS = ("config.json", "metrics.jsonl", "metrics.json", "checkpoints", "last_model.pt")
+# Every entry a run writes; each must be a plain file (or folder) of this user, never a link (see safe_files).
+RUN_FILES = (*RUN_MARKERS, "best_model.pt", "wandb_run_id")
+
+
+def check_run_entries(run_dir: Path) -> None:
+    """Refuse a run directory holding a link or another user's file where this run writes (rank 0, holding the lock).
+
+    Checked before the directory is tidied, resumed or moved aside, so nothing in it is touched first.
+    """
+    for name in RUN_FILES:
+        check_entry(run_dir / name, directory=name == "checkpoints")
+    ckpts = run_dir / "checkpoints"
+    if ckpts.is_dir():
+        for entry in sorted(ckpts.iterdir()):
+            if entry.name == "latest" or entry.name.startswith("step_"):
+                check_entry(entry, directory=entry.name != "latest")
 
 
 class RunLock:
@@ -58,22 +75,30 @@ class RunLock:
         import time
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_own(self.path, os.O_RDWR | os.O_CREAT)  # never through a link, never another user's file
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(fd)
             try:
-                holder = json.loads(self.path.read_text(encoding="utf-8"))
+                holder = json.loads(os.pread(fd, 1 << 16, 0).decode("utf-8"))
                 return (f"pid {holder['pid']} on {holder['host']}, started {holder['started']}: "
                         f"{' '.join(holder['argv'])[:120]}")
-            except (OSError, ValueError, KeyError):
+            except (OSError, ValueError, KeyError, TypeError):
                 return "another process"
+            finally:
+                os.close(fd)
         info = {"pid": os.getpid(), "host": socket.gethostname(), "argv": sys.argv,
                 "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-        os.ftruncate(fd, 0)
-        os.write(fd, (json.dumps(info) + "\n").encode())
         self.fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, (json.dumps(info) + "\n").encode())
+        except OSError as exc:
+            self.release()
+            fault = disk_fault(exc, self.path, "the run's lock file", "nothing was written to the run directory")
+            if fault is None:
+                raise
+            raise fault from None
         return None
 
     def release(self) -> None:
@@ -131,6 +156,7 @@ def claim(run_dir: Path, checkpoints, dist) -> tuple[RunLock, Path | None]:
     """
     from scale_ocr.dist.distributed import all_reduce_sum
 
+    clear_pending()  # a disk fault held by an earlier run in this process is not this run's
     lock, problem = RunLock(run_dir), None
     if dist.is_main:
         try:
@@ -138,6 +164,7 @@ def claim(run_dir: Path, checkpoints, dist) -> tuple[RunLock, Path | None]:
             if holder is not None:
                 raise UserError(f"--output-dir {run_dir} is in use by another scale-ocr job ({holder}); wait for it "
                                 "to end, or pick another --output-dir")
+            check_run_entries(run_dir)
             for name in checkpoints.clean_partial():
                 print(f"scale-ocr: removed {checkpoints.dir / name}, left by an interrupted save", flush=True)
             source = checkpoints.resolve()

@@ -14,6 +14,7 @@ from torch import nn
 from scale_ocr.config import RunConfig
 from scale_ocr.dist.distributed import DistInfo
 from scale_ocr.models.init import full_numel
+from scale_ocr.run.safe_files import DiskFault, raise_or_defer, write_atomic
 
 
 def library_versions() -> dict[str, str | None]:
@@ -66,7 +67,11 @@ def describe_run(cfg: RunConfig, dist: DistInfo, strategy, model: nn.Module, dat
 def write_run_config(run_dir: Path, doc: dict[str, Any]) -> None:
     """Write ``config.json`` in the run directory."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+    try:
+        write_atomic(run_dir / "config.json", json.dumps(doc, indent=2, default=str) + "\n", what="the run's config",
+                     kept="nothing was trained yet")
+    except DiskFault as fault:
+        raise_or_defer(fault)  # the other ranks end with this one, at their first step's agreement
 
 
 def run_summary_line(s: dict[str, Any], run_dir: Path, task) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import resource
 import sys
 import time
@@ -29,6 +28,7 @@ from scale_ocr.optim import LRSchedule
 from scale_ocr.precision import autocast_factory, emulates_gemm, gemm_factory
 from scale_ocr.run.control import EXIT_PREEMPTED, StepControl, StopSignal
 from scale_ocr.run.profiling import StepProfiler
+from scale_ocr.run.safe_files import DiskFault, defer, pending, take_pending, write_atomic
 from scale_ocr.run.watchdog import Watchdog
 from scale_ocr.strategies import Strategy
 from scale_ocr.tasks import Task
@@ -366,8 +366,7 @@ class Trainer:
         self.data.train_sampler.skip_global(0)
         if not self.cfg.eval:
             state = self.strategy.full_state_dict() if self.cfg.save_model else None  # collective: every rank
-            if state is not None:
-                _save(state, self.run_dir / "last_model.pt")
+            self._write_models(state, improved=False)
             return
         result = self.validate()
         state = self.strategy.full_state_dict() if self.cfg.save_model else None  # collective: every rank
@@ -376,13 +375,29 @@ class Trainer:
         improved = math.isfinite(score[1]) and (self.state.best is None or score > self.state.best)
         if improved:
             self.state.best = score
-        if state is not None:
-            _save(state, self.run_dir / "last_model.pt")
-            if improved:
-                _save(state, self.run_dir / "best_model.pt")
+        self._write_models(state, improved)
         if self.strategy.is_main:
             tqdm.write(f"epoch {self.state.epoch + 1}: val_loss={result.metrics['val_loss']:.4f} "
                        f"{self.task.format_metrics(result.metrics)}")
+
+    def _write_models(self, state: dict[str, Any] | None, improved: bool) -> None:
+        """``last_model.pt`` (and ``best_model.pt`` when ``improved``) on rank 0, then every rank learns whether a
+        write met a full disk since the last agreement, and if one did, every rank ends now."""
+        if state is not None:
+            try:
+                _save(state, self.run_dir / "last_model.pt")
+                if improved:
+                    _save(state, self.run_dir / "best_model.pt")
+            except DiskFault as fault:
+                defer(fault)
+        self._end_on_disk_fault(all_reduce_max(float(pending() is not None), self.device) > 0)  # one per epoch
+
+    @staticmethod
+    def _end_on_disk_fault(agreed: bool) -> None:
+        """When the ranks agreed that a rank-0 write met a full disk, end this rank with the fault rank 0 held
+        (every rank raises it; rank 0 prints it)."""
+        if agreed:
+            raise take_pending() or DiskFault("rank 0 could not write to the run directory (its line says why)")
 
     def finish(self, wall: float) -> dict[str, Any]:
         peak = all_reduce_max(peak_memory_bytes(self.device), self.device)
@@ -440,6 +455,6 @@ def _save(state: dict[str, Any], path: Path) -> None:
         print(f"scale-ocr: warning: not writing {path.name}: {len(bad)} tensors hold NaN/inf (first: {bad[0]}); "
               "the previous file, if any, is kept", file=sys.stderr, flush=True)
         return
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    torch.save(state, tmp)
-    tmp.replace(path)
+    needed = sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v))
+    write_atomic(path, lambda f: torch.save(state, f), what="the model", needed=needed,
+                 kept=f"the previous {path.name}, if any, and every checkpoint written are kept")

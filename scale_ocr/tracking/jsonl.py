@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
+
+from scale_ocr.run.safe_files import check_entry, disk_fault, open_own, raise_or_defer, take_pending, write_atomic
 
 
 def clean(value: Any) -> Any:
@@ -30,24 +34,42 @@ class JsonlLogger:
     def __init__(self, run_dir: Path, append: bool = False, keep: int | None = None) -> None:
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        path = run_dir / "metrics.jsonl"
+        path = self.path = run_dir / "metrics.jsonl"
+        check_entry(path)  # a link or another user's file is refused before it is read or written
         lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if append and path.is_file() else []
         if keep is not None and len(lines) > keep:
             lines = lines[:keep]
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text("".join(lines), encoding="utf-8")
-            tmp.replace(path)  # atomic: a crash here leaves the old file, never a truncated one
+            # atomic: a crash here leaves the old file, never a truncated one
+            write_atomic(path, "".join(lines), what="metrics", kept="the previous metrics.jsonl is kept")
         self.count = len(lines)
-        self.file = path.open("a" if append else "w", encoding="utf-8")
+        # Opened once, appended per step with one write each: never through a link, truncated only once known ours.
+        self.fd: int | None = open_own(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        if not append:
+            os.ftruncate(self.fd, 0)
 
     def records(self) -> int:
         """Records in metrics.jsonl so far (a checkpoint stores it, see ``keep``)."""
         return self.count
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
+        if self.fd is None:  # a disk fault stopped the stream; the run ends at the ranks' next agreement
+            return
         record = {"step": step, "time": round(time.time(), 3), **{k: clean(v) for k, v in metrics.items()}}
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        data = (json.dumps(record) + "\n").encode("utf-8")
+        end = os.fstat(self.fd).st_size
+        try:
+            while data:
+                data = data[os.write(self.fd, data):]
+        except OSError as exc:
+            fault = disk_fault(exc, self.path, "metrics", f"metrics.jsonl up to step {step} (before this record) "
+                               "and every checkpoint written are kept", len(data))
+            if fault is None:
+                raise
+            with suppress(OSError):
+                os.ftruncate(self.fd, end)  # no half record: every line stays JSON
+            self.close()
+            raise_or_defer(fault)
+            return
         self.count += 1
 
     def log_examples(self, examples: list[dict[str, Any]], step: int) -> None:
@@ -56,10 +78,14 @@ class JsonlLogger:
         self.log({"val/examples": rows}, step)
 
     def summary(self, metrics: dict[str, Any]) -> None:
+        held = take_pending()  # a fault held for an agreement the run never reached (its last steps)
+        if held is not None:
+            raise held
         text = json.dumps({k: clean(v) for k, v in metrics.items()}, indent=2)
-        tmp = self.run_dir / "metrics.json.tmp"
-        tmp.write_text(text + "\n", encoding="utf-8")
-        tmp.replace(self.run_dir / "metrics.json")
+        write_atomic(self.run_dir / "metrics.json", text + "\n", what="the run summary",
+                     kept="metrics.jsonl and every checkpoint written are kept")
 
     def close(self) -> None:
-        self.file.close()
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from scale_ocr.config import LoggingConfig
+from scale_ocr.run.safe_files import DiskFault, disk_fault, raise_or_defer, write_atomic
 from scale_ocr.tracking.jsonl import clean
 
 RUN_ID_FILE = "wandb_run_id"
@@ -87,8 +88,13 @@ class WandbLogger:
             return
         try:
             fn(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - logging must never stop training
+        except Exception as exc:  # noqa: BLE001 - logging must never stop training, but a full disk stops the run
             self.broken = True
+            fault = disk_fault(exc, Path(getattr(self.run, "dir", None) or "."), "W&B's files in",
+                               "metrics.jsonl and every checkpoint written are kept")
+            if fault is not None:
+                raise_or_defer(fault)
+                return
             warn(f"W&B {what} failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
                  "continuing with metrics.jsonl only")
 
@@ -151,7 +157,10 @@ def open_wandb(cfg: LoggingConfig, run_dir: Path, run_config: dict[str, Any], re
     run = _init(wandb, mode, kwargs)
     if run is None:
         return None
-    id_file.write_text(run.id + "\n")
+    try:
+        write_atomic(id_file, run.id + "\n", what="the W&B run id", kept="nothing was trained yet")
+    except DiskFault as fault:
+        raise_or_defer(fault)
     return WandbLogger(run)
 
 

@@ -1,0 +1,252 @@
+"""Files of a run directory: ours or refused, written whole or not at all, and a full disk as one line.
+
+Every file scale-ocr writes in a run directory (the lock, ``config.json``, ``metrics.jsonl``/``.json``,
+``last_model.pt``/``best_model.pt``, checkpoint pointers, ``wandb_run_id``) and every export goes through here:
+
+- **No links, no foreign files.** An entry that is a symbolic link, not a regular file, or owned by another
+  user is refused with one line naming it (:func:`check_entry`). Files opened in place (the lock, the
+  ``metrics.jsonl`` stream) are opened with ``O_NOFOLLOW`` and checked with ``fstat`` before a byte is
+  written or truncated, so neither a link nor a hard link to someone else's file is ever written through.
+  Ownership is checked for root too: root is exactly the user whom a planted file could turn against a
+  file it does not mean to touch.
+- **Whole or nothing.** Other files are written to ``.NAME.tmpPID`` in the same directory (``O_EXCL |
+  O_NOFOLLOW``), flushed and fsynced, then renamed over the name (:func:`write_atomic`). A rename replaces a
+  link that appeared after the check instead of following it, so the check cannot race into harm.
+- **Disk faults.** ENOSPC, EDQUOT, EFBIG and EIO (or torch's errno-less ``unexpected pos`` that they become
+  inside ``torch.save``) turn into :class:`DiskFault`: one line naming the file, the bytes needed when
+  known and what is kept, exit :data:`EXIT_DISK_FULL`. A rank-0-only write in a multi-rank job cannot end
+  its rank alone (the others would wait in their next collective), so it :func:`defer` s the fault and
+  the loop's next agreement ends every rank together (:func:`take_pending`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import shutil
+import stat
+from collections.abc import Callable
+from contextlib import suppress
+from pathlib import Path
+from typing import BinaryIO
+
+from scale_ocr.errors import RunStopped, UserError
+
+# EX_IOERR from sysexits.h: an input/output error. Here: the disk is full, over quota or over the file size
+# limit (or failing); nothing kept was damaged, so rerunning after freeing space continues from the last checkpoint.
+EXIT_DISK_FULL = 74
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+# torch.save to a path reports a failed write without its errno; these are the words it uses.
+_TORCH_WRITE_FAILURES = ("unexpected pos", "PytorchStreamWriter failed writing", "iostream error",
+                         "file write failed")
+_REASONS = {errno.ENOSPC: "the file system is full", errno.EDQUOT: "the disk quota is used up",
+            errno.EFBIG: "the file size limit (ulimit -f) is reached", errno.EIO: "the device reported an I/O error"}
+
+
+class DiskFault(RunStopped):
+    """A write failed for lack of space (or a failing disk): one line, exit :data:`EXIT_DISK_FULL`."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, EXIT_DISK_FULL)
+
+
+def _refuse(path: Path, problem: str) -> UserError:
+    return UserError(f"{path} {problem}; scale-ocr never writes through a link or into another user's file: "
+                     "remove it (or move the run away) and rerun, or pick another --output-dir or output path")
+
+
+def _judge(path: Path, st: os.stat_result) -> None:
+    if stat.S_ISLNK(st.st_mode):
+        raise _refuse(path, f"is a symbolic link (to {os.readlink(path)})")
+    if st.st_uid != os.geteuid():
+        raise _refuse(path, f"belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})")
+
+
+def check_entry(path: str | os.PathLike[str], directory: bool = False) -> None:
+    """Refuse ``path`` if it is a link, another user's, or not a regular file (a directory with ``directory``).
+
+    Nothing there is fine: it will be created.
+    """
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    _judge(path, st)
+    if not (stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)):
+        raise _refuse(path, "is not a directory" if directory else "is not a regular file")
+
+
+def open_own(path: str | os.PathLike[str], flags: int, mode: int = 0o644) -> int:
+    """``os.open`` that never follows a link and keeps the descriptor only of our own regular file.
+
+    Do not pass ``O_TRUNC``: truncate with ``os.ftruncate`` after this returns, once the file is known to be ours.
+    """
+    path = Path(path)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            check_entry(path)  # raises: a link
+        raise
+    st = os.fstat(fd)
+    try:
+        _judge(path, st)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse(path, "is not a regular file")
+    except UserError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | str | Callable[[BinaryIO], None], *, what: str,
+                 kept: str, needed: int | None = None) -> None:
+    """Write ``path`` whole or not at all: a temp file beside it, fsynced, renamed over it.
+
+    Args:
+        path: the file.
+        data: its content, or a function that writes it to the binary file it is given.
+        what: what the file is, for the message (``"the model"``).
+        kept: what a failed write leaves intact, for the message.
+        needed: bytes the file needs, when known.
+
+    Raises:
+        UserError: ``path`` is a link or another user's file.
+        DiskFault: the disk is full, over quota or the file size limit (the temp file is removed).
+    """
+    path = Path(path)
+    check_entry(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with suppress(FileNotFoundError):
+        os.unlink(tmp)  # left by a killed process of the same pid: a link is removed, never followed
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with suppress(OSError):
+            os.unlink(tmp)
+        fault = disk_fault(exc, path, what, kept, needed)
+        if fault is not None:
+            raise fault from None
+        raise
+
+
+def _errno_of(exc: BaseException) -> int | None:
+    """The disk errno in ``exc``'s chain (DCP's per-rank failures included); 0 for torch's errno-less write
+    failure; None when ``exc`` is not a disk fault."""
+    stack, seen, torch_write = [exc], set(), False
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
+            return e.errno
+        torch_write = torch_write or any(s in str(e) for s in _TORCH_WRITE_FAILURES)
+        failures = getattr(e, "failures", None)  # CheckpointException: rank -> (exception, traceback)
+        if isinstance(failures, dict):
+            stack += [v[0] if isinstance(v, tuple) else v for v in failures.values()]
+        stack += [e.__cause__, e.__context__]
+    return 0 if torch_write else None
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes an unprivileged user may still write on ``path``'s file system (None when unknown)."""
+    for p in (path, *path.parents):
+        with suppress(OSError):
+            st = os.statvfs(p)
+            return st.f_bavail * st.f_frsize
+    return None
+
+
+def _guess(path: Path, needed: int | None) -> int:
+    """Which fault an errno-less failed write was: little space left, else a file size limit, else I/O."""
+    free = free_bytes(path)
+    if free is not None and free < max(needed or 0, 1 << 20):
+        return errno.ENOSPC
+    if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
+        return errno.EFBIG
+    return errno.EIO
+
+
+def size_text(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} bytes"
+
+
+def disk_fault(exc: BaseException, path: Path, what: str, kept: str, needed: int | None = None) -> DiskFault | None:
+    """``exc`` as a one-line :class:`DiskFault` about writing ``path``, or None when it is not a disk fault."""
+    code = _errno_of(exc)
+    if code is None:
+        return None
+    code = code or _guess(path, needed)
+    reason = _REASONS[code]
+    if code == errno.EFBIG:
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        reason += "" if limit == resource.RLIM_INFINITY else f" ({size_text(limit)} a file)"
+    facts = [f"{errno.errorcode[code]}: {reason}"]
+    if needed:
+        facts.append(f"{size_text(needed)} needed")
+    free = free_bytes(path)
+    if free is not None and code in (errno.ENOSPC, errno.EDQUOT):
+        facts.append(f"{size_text(free)} free there")
+    fix = {errno.EIO: "check the disk (dmesg) and run the same command again",
+           errno.EFBIG: "raise the file size limit (ulimit -f) and run the same command again"}.get(
+        code, "free space there (or pick another path) and run the same command again")
+    return DiskFault(f"could not write {what} {path} ({', '.join(facts)}); {kept}; {fix}")
+
+
+def tree_bytes(path: Path) -> int | None:
+    """Bytes of the files under ``path`` (None when it does not exist): the size a save of the same state needs."""
+    if not path.is_dir():
+        return None
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a folder this run created (a partial checkpoint); a link is unlinked, never followed."""
+    if path.is_symlink():
+        path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+_pending: list[DiskFault] = []  # a rank-0-only write that failed, until every rank ends together
+
+
+def defer(fault: DiskFault) -> None:
+    """Hold ``fault`` until the ranks' next agreement (the first one is the one reported)."""
+    if not _pending:
+        _pending.append(fault)
+
+
+def pending() -> DiskFault | None:
+    return _pending[0] if _pending else None
+
+
+def take_pending() -> DiskFault | None:
+    """The held fault, forgotten here (it is about to be raised)."""
+    return _pending.pop() if _pending else None
+
+
+def clear_pending() -> None:
+    """A new run starts with nothing held (several runs may share one process, as tests do)."""
+    _pending.clear()
+
+
+def raise_or_defer(fault: DiskFault) -> None:
+    """Raise at once in a one-process job; hold it for the next agreement when peers would otherwise wait."""
+    import torch.distributed as tdist
+
+    if tdist.is_initialized() and tdist.get_world_size() > 1:
+        defer(fault)
+    else:
+        raise fault
