@@ -195,8 +195,12 @@ class TrainConfig:
                      action=argparse.BooleanOptionalAction)
     eval_every: int = opt(0, "also validate every N optimizer steps within an epoch (val/* metrics at that step, as "
                           "Lightning's val_check_interval; 0: only at each epoch's end); not timed as training")
-    max_bad_steps: int = opt(5, "stop after this many consecutive steps whose loss or gradient was NaN/inf (each such "
-                             "step is skipped on every rank; the last good checkpoint is kept)")
+    max_bad_steps: int = opt(5, "stop after this many consecutive bad steps: a NaN/inf loss or gradient (the update is "
+                             "skipped on every rank), or updated weights NaN/inf or past --max-weight-growth (no "
+                             "checkpoint is written until a step is good again); the last good checkpoint is kept")
+    max_weight_growth: float = opt(1000.0, "a step whose updated weights' global L2 norm exceeds this many times its "
+                                   "value when training started (or resumed; floored at 1) is a bad step, as a NaN "
+                                   "is: --lr 1e30 throws weights to 1e28 while loss and gradient are still finite")
     save_model: bool = opt(True, "write last_model.pt (and best_model.pt) at each epoch's end; the whole model is "
                            "gathered on rank 0 in fp32 for it (4 bytes per parameter): memory probes and benchmarks "
                            "turn it off (--no-save-model); resumable checkpoints are separate (--save-every)",
@@ -221,6 +225,8 @@ class TrainConfig:
             raise UserError(f"--log-every {self.log_every}: use at least 1")
         if self.max_bad_steps < 1:
             raise UserError(f"--max-bad-steps {self.max_bad_steps}: use at least 1")
+        if not self.max_weight_growth > 1:  # NaN too
+            raise UserError(f"--max-weight-growth {self.max_weight_growth:g}: use a number above 1 (inf: no bound)")
         if self.profile_steps < 0:
             raise UserError(f"--profile-steps {self.profile_steps}: use 0 (off) or more")
         if self.eval_every < 0:

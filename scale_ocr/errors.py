@@ -52,6 +52,31 @@ def is_peer_lost(exc: BaseException) -> bool:
                                    "wait timeout after"))  # the store: peers never arrived
 
 
+SHOWN_LIMIT = 80  # characters of a user's string (a label, a file name) quoted in a message
+LINE_LIMIT = 2000  # characters of one printed error line; beyond, it is cut and its length stated
+
+
+def printable(text: str, limit: int | None = None) -> str:
+    """``text`` safe for a terminal, a log or W&B: what Python does not call printable is escaped as ``repr``
+    escapes it (newline, CR, ESC and other C0/C1 codes, bidi overrides, line separators), printable unicode stays.
+
+    A text longer than ``limit`` characters is cut, ending in ``…`` and its full length in characters.
+    """
+    cut = text if limit is None or len(text) <= limit else text[:limit] + "…"
+    safe = cut if cut.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in cut)
+    return safe if cut is text else f"{safe} ({len(text)} characters)"
+
+
+def shown(value: object, limit: int = SHOWN_LIMIT) -> str:
+    """A user-supplied value as a message shows it: a string quoted as ``repr`` quotes it, anything else (a path,
+    a number) as ``str`` writes it; control characters escaped and cut to ``limit`` characters, e.g.
+    ``'abc…' (1000000 characters)``. Use it for every file name, label and config value put in a message."""
+    if not isinstance(value, str):
+        return printable(str(value), limit)
+    cut = value if len(value) <= limit else value[:limit] + "…"
+    return repr(cut) if cut is value else f"{cut!r} ({len(value)} characters)"
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its type's name when it has none), for a one-line report."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -101,8 +126,8 @@ def report_user_errors(main: F) -> F:
         try:
             return main(*args, **kwargs)
         except UserError as exc:
-            if os.environ.get("RANK", "0") == "0":
-                print(f"scale-ocr: {exc.prefix}: {_one_line(exc)}", file=sys.stderr, flush=True)
+            if os.environ.get("RANK", "0") == "0":  # the whole message on one line, whatever a call site put in it
+                print(f"scale-ocr: {exc.prefix}: {printable(str(exc).strip(), LINE_LIMIT)}", file=sys.stderr, flush=True)
             return exc.exit_code
         except KeyboardInterrupt:
             if os.environ.get("RANK", "0") == "0":
@@ -112,7 +137,7 @@ def report_user_errors(main: F) -> F:
         except Exception as exc:  # noqa: BLE001 - DataLoader workers wrap our errors in their own type
             if UserError.__name__ + ":" in str(exc):
                 if os.environ.get("RANK", "0") == "0":
-                    print(f"scale-ocr: error: {_one_line(exc)}", file=sys.stderr, flush=True)
+                    print(f"scale-ocr: error: {printable(_one_line(exc), LINE_LIMIT)}", file=sys.stderr, flush=True)
                 return EXIT_USER_ERROR
             if is_peer_lost(exc):
                 report_peer_lost(exc)

@@ -22,7 +22,7 @@ from scale_ocr.cli.args import parse_config
 from scale_ocr.config import RunConfig
 from scale_ocr.dist.distributed import DistInfo, destroy_distributed, init_distributed, peek_launch
 from scale_ocr.dist.extensions import use_environment_extensions
-from scale_ocr.errors import report_user_errors
+from scale_ocr.errors import printable, report_user_errors, shown
 from scale_ocr.memory.budget import cap_device_memory
 from scale_ocr.memory.host import return_freed_memory
 from scale_ocr.optim import LRSchedule, build_optimizer_spec, default_warmup, lr_factor
@@ -54,7 +54,7 @@ def run(cfg: RunConfig, dist: DistInfo, stop: StopSignal, watchdog: Watchdog | N
         strategy.teardown()
         lock.release()
     if dist.is_main:
-        print(run_summary_line(summary, run_dir, task), flush=True)
+        print(printable(run_summary_line(summary, run_dir, task)), flush=True)
     return summary
 
 
@@ -85,7 +85,7 @@ def train(cfg: RunConfig, dist: DistInfo, strategy, task: Task, checkpoints: Che
         if meta is not None:
             where = trainer.restore(meta)
             if dist.is_main:
-                print(f"scale-ocr: resumed from {resume_from} {where}", flush=True)
+                print(f"scale-ocr: resumed from {shown(resume_from, 400)} {where}", flush=True)
         summary = {"strategy": cfg.strategy.strategy, "arch": cfg.model.arch, "task": task.name,
                    "train_precision": cfg.train.precision,
                    "launcher": dist.launcher, "backend": dist.backend, "device": str(dist.device),

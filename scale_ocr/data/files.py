@@ -16,12 +16,13 @@ from pathlib import Path
 from PIL import Image, UnidentifiedImageError
 
 from scale_ocr.data.images import exif_orientation, to_rgb
-from scale_ocr.errors import UserError
+from scale_ocr.errors import UserError, shown
 
 # struct.error: a malformed EXIF block, read for the orientation.
 DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, struct.error)
 
 Problem = tuple[str, str]  # (skip-count reason, the one-line sentence shown under --on-bad-sample error)
+PATH_LIMIT = 400  # characters of an image path in a message (a labels.json key may be any length)
 
 
 @dataclass(frozen=True)
@@ -119,11 +120,11 @@ def resolve_image(path: Path, name: str) -> tuple[Path | None, Problem | None]:
     """
     labels = path / "labels.json"
     if not name or "\x00" in name:
-        return None, ("bad_name", f"{labels}: the key {name!r} is not a file name; "
+        return None, ("bad_name", f"{labels}: the key {shown(name)} is not a file name; "
                                   "name each image relative to images/, e.g. \"img_0001.png\", "
                                   "or pass --on-bad-sample skip")
     images = path / "images"
-    outside = (None, ("outside_folder", f"{labels}: the key {name!r} points outside {images}; keep every "
+    outside = (None, ("outside_folder", f"{labels}: the key {shown(name)} points outside {images}; keep every "
                                         "image inside it and name it relative to it, or pass --on-bad-sample skip"))
     if Path(name).is_absolute() or ".." in Path(name).parts:
         return outside
@@ -131,7 +132,7 @@ def resolve_image(path: Path, name: str) -> tuple[Path | None, Problem | None]:
         resolved = (images / name).resolve()
         inside = resolved.is_relative_to(images.resolve())
     except (OSError, RuntimeError):  # a symlink loop; RuntimeError before Python 3.13
-        return None, ("bad_name", f"{labels}: the key {name!r} is a symlink loop under {images}; "
+        return None, ("bad_name", f"{labels}: the key {shown(name)} is a symlink loop under {images}; "
                                   "fix the link or pass --on-bad-sample skip")
     return (resolved, None) if inside else outside
 
@@ -139,14 +140,14 @@ def resolve_image(path: Path, name: str) -> tuple[Path | None, Problem | None]:
 def decode_listed(path: Path, name: str, img_path: Path,
                   limits: ImageLimits) -> tuple[Image.Image | None, Problem | None]:
     """Decode the image of an already contained key, or (None, problem) if it is missing or unusable."""
-    shown = path / "images" / name  # as the user wrote it, not as symlinks resolve
+    as_listed = shown(path / "images" / name, PATH_LIMIT)  # as the user wrote it, not as symlinks resolve
     if not img_path.is_file():
-        return None, ("missing_image", f"{shown} is listed in {path / 'labels.json'} but does not exist; "
+        return None, ("missing_image", f"{as_listed} is listed in {path / 'labels.json'} but does not exist; "
                                        "fix the label file or pass --on-bad-sample skip")
     try:
         return load_image(img_path, limits), None
     except BadImage as exc:
-        return None, (exc.reason, f"{shown} {exc}; replace or remove it, or pass --on-bad-sample skip")
+        return None, (exc.reason, f"{as_listed} {exc}; replace or remove it, or pass --on-bad-sample skip")
 
 
 def reload_image(path: Path, limits: ImageLimits) -> Image.Image:
@@ -154,7 +155,7 @@ def reload_image(path: Path, limits: ImageLimits) -> Image.Image:
     try:
         return load_image(path, limits)
     except BadImage as exc:
-        raise UserError(f"{path} {exc} although it passed the start-up check; it changed during the run, "
+        raise UserError(f"{shown(path, PATH_LIMIT)} {exc} although it passed the start-up check; it changed during the run, "
                         "restore it and resume from the last checkpoint") from None
 
 

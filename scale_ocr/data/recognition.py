@@ -17,7 +17,7 @@ from scale_ocr.data.files import (
     reload_image,
     resolve_image,
 )
-from scale_ocr.errors import UserError
+from scale_ocr.errors import UserError, shown
 from scale_ocr.models.recognition.ctc import ctc_frames, ctc_frames_needed
 from scale_ocr.vocab import Vocab
 
@@ -30,19 +30,19 @@ def _label_problem(path: Path, name: str, word: object, vocab: Vocab,
     """(reason, sentence) when the label cannot be trained on, else None."""
     labels = path / "labels.json"
     if not isinstance(word, str):
-        return "bad_label", f"{labels}: the label of {name!r} is not a string; labels map file names to words"
+        return "bad_label", f"{labels}: the label of {shown(name)} is not a string; labels map file names to words"
     if not word:
-        return "empty_label", f"{labels}: {name!r} has an empty label; remove it or pass --on-bad-sample skip"
+        return "empty_label", f"{labels}: {shown(name)} has an empty label; remove it or pass --on-bad-sample skip"
     unknown = vocab.unknown_chars(word)
     if unknown:
         return "unknown_chars", (
-            f"{labels}: the label {word!r} of {name!r} has characters {unknown!r} outside the "
+            f"{labels}: the label {shown(word)} of {shown(name)} has characters {shown(unknown)} outside the "
             "vocabulary; add them with --vocab/--vocab-file or pass --on-bad-sample skip"
         )
     need = ctc_frames_needed(word)
     if input_size is not None and need > ctc_frames(input_size):
         return "too_long", (
-            f"{labels}: the label {word!r} of {name!r} needs {need} CTC frames ({len(word)} characters + "
+            f"{labels}: the label {shown(word)} of {shown(name)} needs {need} CTC frames ({len(word)} characters + "
             f"{need - len(word)} repeats) but a {input_size[1]}-pixel-wide input gives {ctc_frames(input_size)}; "
             "shorten it, widen --input-size or pass --on-bad-sample skip"
         )

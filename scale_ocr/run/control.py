@@ -13,9 +13,14 @@ rank writes a checkpoint together and the job exits with :data:`EXIT_PREEMPTED`.
 
 from __future__ import annotations
 
+import json
+import math
 import signal
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as tdist
@@ -60,6 +65,7 @@ class Agreement:
     nonfinite: bool = False  # some rank's loss or the global gradient norm was NaN/inf
     save: bool = False  # rank 0's checkpoint timer fired
     disk: bool = False  # a rank-0 write met a full disk (scale_ocr.run.safe_files.defer): every rank ends
+    bad_weights: bool = False  # the updated weights are NaN/inf or grew past their bound (see WeightCheck)
 
 
 class StepControl:
@@ -84,15 +90,80 @@ class StepControl:
         """A checkpoint was just written; the timer restarts."""
         self.last_save = time.monotonic()
 
-    def agree(self, loss_finite: bool, norm_finite: bool, disk_fault: bool = False) -> Agreement:
+    def agree(self, loss_finite: bool, norm_finite: bool, disk_fault: bool = False,
+              weights: WeightCheck | None = None) -> Agreement:
+        """OR every rank's flags; ``weights`` measures the updated weights first and learns what the ranks agreed."""
+        weights_ok = weights.after_step() if weights is not None else True  # a collective on sharded engines
         timed = (self.save_minutes is not None and self.is_main
                  and time.monotonic() - self.last_save >= 60 * self.save_minutes)
         disk_fault = disk_fault or pending() is not None  # a rank-0 write held a disk fault (safe_files.defer)
-        flags = torch.tensor([self.stop.received is not None, not (loss_finite and norm_finite), timed, disk_fault],
-                             dtype=torch.int32)
+        flags = torch.tensor([self.stop.received is not None, not (loss_finite and norm_finite), timed, disk_fault,
+                              not weights_ok], dtype=torch.int32)
         if self.active:
             tdist.all_reduce(flags, op=tdist.ReduceOp.MAX, group=self.group)
-        stop, nonfinite, save, disk = (bool(v) for v in flags.tolist())
+        stop, nonfinite, save, disk, bad_weights = (bool(v) for v in flags.tolist())
         if disk:  # every rank ends now with the fault rank 0 held (rank 0 prints it)
             raise take_pending() or DiskFault("rank 0 could not write to the run directory (its line says why)")
-        return Agreement(stop, nonfinite, save, disk)
+        if weights is not None:
+            weights.ok = not bad_weights
+        return Agreement(stop, nonfinite, save, disk, bad_weights)
+
+
+class WeightCheck:
+    """The weights after each step: finite, and their global norm at most ``growth`` times its value at the start.
+
+    A loss and a gradient can both be finite on the step that throws the weights to 1e28 (``--lr 1e30``): only
+    the next step's loss shows it, and by then a checkpoint of those weights may be written. The norm is one read
+    of the weights (the strategy's :meth:`~scale_ocr.strategies.Strategy.weight_norm`), the same on every rank.
+
+    Args:
+        measure: the strategy's ``weight_norm`` (a collective; None: the engine cannot tell).
+        growth: how many times its starting value the norm may reach (the start floored at 1).
+    """
+
+    def __init__(self, measure: Callable[[], torch.Tensor | None], growth: float) -> None:
+        self.measure = measure
+        self.start = self.norm = self._read()
+        finite_start = self.start is not None and math.isfinite(self.start)
+        self.bound = growth * max(self.start, 1.0) if finite_start else math.inf
+        self.ok = True  # as every rank agreed after the last step
+
+    def _read(self) -> float | None:
+        norm = self.measure()
+        return None if norm is None else float(norm)
+
+    def after_step(self) -> bool:
+        """Measure the updated weights; True when they are acceptable (the ranks then agree on it)."""
+        self.norm = self._read()
+        return self.norm is None or (math.isfinite(self.norm) and self.norm <= self.bound)
+
+    def describe(self) -> str:
+        """What is wrong with the weights, for a message."""
+        if self.norm is not None and math.isfinite(self.norm):
+            return f"have a norm of {self.norm:.3g}, past {self.bound:.3g} (--max-weight-growth x {max(self.start, 1.0):.3g})"
+        if self.norm is not None and math.isnan(self.norm):
+            return "hold NaN"
+        return "have an infinite norm (a weight is inf, or beyond ~1e19, whose square fp32 cannot hold)"
+
+    def fine(self, what: str, is_main: bool) -> bool:
+        """False, with a warning on rank 0, when the weights every rank agreed on are not fit to write as ``what``."""
+        if not self.ok and is_main:
+            print(f"scale-ocr: warning: not writing {what}: the weights {self.describe()}; the previous one, if any, "
+                  "is kept", file=sys.stderr, flush=True)
+        return self.ok
+
+    @staticmethod
+    def of_checkpoint(folder: Path) -> str:
+        """What a checkpoint's trainer.json says of its weights and loss, for the divergence message."""
+        try:
+            meta = json.loads((folder / "trainer.json").read_text(encoding="utf-8"))
+            w, loss = meta["weights"], meta["loss"]
+            return f" (weights finite, norm {w['norm']:.3g}; loss {loss:.4g})" if w["finite"] and w["within_bound"] else ""
+        except (OSError, ValueError, KeyError, TypeError):  # written by an older version, or not measured
+            return ""
+
+    def record(self) -> dict[str, float | bool | None]:
+        """For trainer.json, so a checkpoint's weights can be checked: finite, their norm, the bound (None: unmeasured)."""
+        finite = None if self.norm is None else math.isfinite(self.norm)
+        return {"finite": finite, "norm": self.norm if finite else None,
+                "bound": self.bound if math.isfinite(self.bound) else None, "within_bound": self.ok}

@@ -26,7 +26,7 @@ from scale_ocr.dist.distributed import all_reduce_max, all_reduce_sum
 from scale_ocr.errors import RunStopped, UserError
 from scale_ocr.optim import LRSchedule
 from scale_ocr.precision import autocast_factory, emulates_gemm, gemm_factory
-from scale_ocr.run.control import EXIT_PREEMPTED, StepControl, StopSignal
+from scale_ocr.run.control import EXIT_PREEMPTED, StepControl, StopSignal, WeightCheck
 from scale_ocr.run.profiling import StepProfiler
 from scale_ocr.run.safe_files import DiskFault, defer, pending, take_pending, write_atomic
 from scale_ocr.run.watchdog import Watchdog
@@ -130,6 +130,7 @@ class Trainer:
         self.profiler = (StepProfiler(run_dir, self.timing_end + 1, total_steps, self.device, strategy.is_main)
                          if cfg.profile_steps else None)
         self.state = RunState()
+        self.weights = WeightCheck(strategy.weight_norm, cfg.max_weight_growth)  # measured again when fit() starts
         # A live bar on a terminal; plain log lines (one per --log-every) in files and CI logs.
         self.interactive = strategy.is_main and sys.stderr.isatty()
 
@@ -152,6 +153,7 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         start = time.perf_counter()
+        self.weights = WeightCheck(self.strategy.weight_norm, self.cfg.max_weight_growth)  # as resumed, if it was
         bar = tqdm(total=self.total_steps, desc="train", disable=not self.interactive, dynamic_ncols=True,
                    mininterval=1.0)
         bar.update(self.state.step)
@@ -166,7 +168,7 @@ class Trainer:
         # A run that saved along the way (by steps or by time) ends with a checkpoint of its last step,
         # so `--resume auto` on a finished run knows there is nothing left to train.
         if (self.checkpoints is not None and (self.checkpoints.cfg.save_every or self.last_saved >= 0)
-                and self.last_saved != self.state.step):
+                and self.last_saved != self.state.step and self.weights.fine("the final checkpoint", self.strategy.is_main)):
             self.save_checkpoint()
         return self.finish(time.perf_counter() - start)
 
@@ -178,6 +180,9 @@ class Trainer:
             "steps_per_epoch": self.steps_per_epoch,
             "schedule": self.schedule.state_dict(), "best": list(self.state.best) if self.state.best else None,
             "metrics_records": self.logger.records(),  # lines of metrics.jsonl this state accounts for
+            # Saved only after a good step: this records that its weights were finite and within the bound.
+            "weights": self.weights.record(),
+            "loss": float(self.state.epoch_loss[-1]) if self.state.epoch_loss else None,
         }
 
     def restore(self, meta: dict[str, Any]) -> str:
@@ -236,13 +241,13 @@ class Trainer:
             if self.timing_start is not None:
                 self.state.timed_data_seconds += waited
             stats = self.strategy.step()
-            agreed = self.control.agree(bool(torch.isfinite(loss)), self._norm_finite(stats))
+            agreed = self.control.agree(bool(torch.isfinite(loss)), self._norm_finite(stats), weights=self.weights)
             lr = self.schedule.lr  # the rate this step used
             self.schedule.step()
             self.state.step += 1
             self.state.epoch_step += 1
-            if agreed.nonfinite:
-                self._bad_step(stats)
+            if agreed.nonfinite or agreed.bad_weights:
+                self._bad_step(stats, agreed.nonfinite)
             else:
                 self.state.bad_steps = 0
                 window.add(loss, stats, lr)
@@ -277,21 +282,25 @@ class Trainer:
         # scale and skips the step); only unscaled NaN/inf gradients are a bad step.
         return stats.loss_scale is not None or math.isfinite(float(stats.grad_norm))
 
-    def _bad_step(self, stats) -> None:
-        """A NaN/inf loss or gradient: the engine skipped the update on every rank; count it, stop on a streak."""
+    def _bad_step(self, stats, nonfinite: bool) -> None:
+        """A NaN/inf loss or gradient (the engine skipped the update on every rank), or updated weights that are
+        NaN/inf or past their bound (nothing is written until a step is good again): count it, stop on a streak."""
         self.state.bad_steps += 1
         self.state.skipped_steps += 1
         self.logger.log({"train/nonfinite_steps": self.state.skipped_steps}, self.state.step)
+        what = (f"non-finite loss or gradient (grad_norm={float(stats.grad_norm)}); update skipped on every rank"
+                if nonfinite else f"the updated weights {self.weights.describe()}; no checkpoint until a good step")
         if self.strategy.is_main:
-            print(f"scale-ocr: warning: step {self.state.step}: non-finite loss or gradient (grad_norm="
-                  f"{float(stats.grad_norm)}); update skipped on every rank ({self.state.bad_steps} in a row, "
+            print(f"scale-ocr: warning: step {self.state.step}: {what} ({self.state.bad_steps} in a row, "
                   f"--max-bad-steps {self.cfg.max_bad_steps})", file=sys.stderr, flush=True)
         if self.state.bad_steps >= self.cfg.max_bad_steps:
-            kept = (f"the last good checkpoint, {self.checkpoints.latest_name()}, is kept"
-                    if self.checkpoints is not None and self.checkpoints.latest_name() else "no checkpoint was saved")
+            name = self.checkpoints.latest_name() if self.checkpoints is not None else None
+            kept = f"the last good checkpoint, {name}{WeightCheck.of_checkpoint(self.run_dir / name)}, is kept" if name else \
+                "no checkpoint was saved"
             raise RunStopped(f"training diverged: {self.state.bad_steps} consecutive steps up to step "
-                             f"{self.state.step} had a NaN/inf loss or gradient; {kept} and no model was written "
-                             "from this state; lower --lr or --clip-grad and resume from it", EXIT_DIVERGED)
+                             f"{self.state.step} had a NaN/inf loss or gradient, or weights NaN/inf or past "
+                             f"--max-weight-growth; {kept} and no model was written from this state; lower --lr or "
+                             "--clip-grad and resume from it", EXIT_DIVERGED)
 
     def _preempted(self) -> None:
         name = self.control.stop.received or "a preemption signal on another rank"
@@ -383,7 +392,7 @@ class Trainer:
     def _write_models(self, state: dict[str, Any] | None, improved: bool) -> None:
         """``last_model.pt`` (and ``best_model.pt`` when ``improved``) on rank 0, then every rank learns whether a
         write met a full disk since the last agreement, and if one did, every rank ends now."""
-        if state is not None:
+        if state is not None and self.weights.fine("last_model.pt", self.strategy.is_main):
             try:
                 _save(state, self.run_dir / "last_model.pt")
                 if improved:

@@ -33,6 +33,14 @@ def cpp_compiler() -> str | None:
     return next((found for name in names if (found := shutil.which(name))), None)
 
 
+def tensor_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of all ``tensors`` together in fp32; DTensor shards are reduced over their mesh."""
+    if not tensors:
+        return torch.zeros(())
+    norm = torch.nn.utils.get_total_norm(tensors, norm_type=2.0)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
 @dataclass(frozen=True)
 class StepStats:
     """What one optimizer step reports.
@@ -138,6 +146,17 @@ class Strategy(ABC):
     @abstractmethod
     def step(self) -> StepStats:
         """Clip to ``optim.clip_grad`` (if > 0), step the optimizer, and zero the gradients."""
+
+    def weight_norm(self) -> torch.Tensor | None:
+        """Global L2 norm of the trainable weights as the last step left them: a 0-d tensor (perhaps on the device),
+        NaN/inf when some weight is, the same on every rank. A collective: every rank calls it.
+
+        The loop checks it after each step (a step that leaves the weights non-finite or far grown is a bad step),
+        so it must cost about one read of the local weights. This default reads ``self.model``'s parameters: whole
+        replicas (single, DDP, fairscale, whose OSS broadcasts updated weights), or FSDP2's DTensor shards, whose
+        norm is a partial DTensor that ``full_tensor()`` reduces over the ranks. None: this engine cannot tell now.
+        """
+        return tensor_norm([p for p in self.model.parameters() if p.requires_grad])
 
     @abstractmethod
     def full_state_dict(self) -> dict[str, Any] | None:

@@ -18,7 +18,7 @@ from scale_ocr.models.checkpointing import bare_name
 from scale_ocr.models.init import ModelFactory, full_shape, init_weights
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies import deepspeed_internals as internals
-from scale_ocr.strategies.base import StepStats, Strategy
+from scale_ocr.strategies.base import StepStats, Strategy, tensor_norm
 from scale_ocr.strategies.common import broadcast_buffers, init_optimizer_state
 from scale_ocr.strategies.ds_config import keep_fp32_weights, load_ds_config, preset_path, resolve_ds_config
 from scale_ocr.strategies.nvme import check_async_io, nvme_sections, prepare_swap, remove_swap, swap_bytes
@@ -224,6 +224,22 @@ class DeepSpeed(Strategy):
             skipped=internals.skipped_steps(self.engine) > skipped_before,
             loss_scale=internals.loss_scale(self.optimizer) if fp16 else None,
         )
+
+    def weight_norm(self):
+        """ZeRO-0/1/2: every rank holds the whole (16-bit or fp32) module weights. ZeRO-3: the squares of this rank's
+        partitions (``ds_tensor``), summed over the ranks. None under NVMe parameter offload (partitions swapped out)."""
+        import torch.distributed as tdist
+
+        params = [p for p in self.engine.module.parameters() if p.requires_grad]
+        if self.zero_stage < 3:
+            return tensor_norm(params)
+        if self.ds_config.get("zero_optimization", {}).get("offload_param", {}).get("device") == "nvme":
+            return None  # decided by the config, never by tensors, so every rank takes the same branch
+        parts = [internals.param_partition(p) for p in params]
+        square = tensor_norm(parts).float().square().reshape(1).to(self.dist.device)  # partitions pad with zeros
+        if tdist.is_initialized():
+            tdist.all_reduce(square)
+        return square.sqrt()[0]
 
     def sync_buffers(self) -> None:
         broadcast_buffers(self.engine.module)  # as DDP: one set of BatchNorm statistics, rank 0's

@@ -16,7 +16,7 @@ from scale_ocr.config import DataConfig, ModelConfig
 from scale_ocr.data.files import WORD_LIMITS, open_rgb
 from scale_ocr.data.transforms import MEAN, STD
 from scale_ocr.dist.distributed import DistInfo, all_reduce_sum
-from scale_ocr.errors import UserError
+from scale_ocr.errors import UserError, printable
 from scale_ocr.tasks.base import EvalResult, Task
 from scale_ocr.tasks.registry import register_task
 from scale_ocr.text_metrics import TextMetric
@@ -235,7 +235,8 @@ class RecognitionTask(Task):
         return results
 
     def format_prediction(self, result: dict[str, Any]) -> str:
-        return f"{result['image']}\t{result['word']}\t{result['confidence']:.4f}"
+        # Tab-separated, one line per image whatever its file name holds (a newline would forge a line).
+        return f"{printable(result['image'])}\t{printable(result['word'])}\t{result['confidence']:.4f}"
 
     def recognize(self, model: nn.Module, crops: list, batch_size: int = 64) -> list[tuple[str, float]]:
         """Words and confidences for PIL crops (page OCR feeds the detector's crops here)."""

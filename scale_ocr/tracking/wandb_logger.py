@@ -20,16 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from scale_ocr.config import LoggingConfig
+from scale_ocr.errors import printable
 from scale_ocr.run.safe_files import DiskFault, disk_fault, raise_or_defer, write_atomic
 from scale_ocr.tracking.jsonl import clean
 
 RUN_ID_FILE = "wandb_run_id"
+EXAMPLE_LIMIT = 200  # characters of a label or prediction in the W&B examples table
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECASE)
 
 
 def warn(message: str) -> None:
     """One visible line on stderr (rank 0 only calls this)."""
-    print(f"scale-ocr: warning: {message}", file=sys.stderr, flush=True)
+    print(f"scale-ocr: warning: {printable(message, 1000)}", file=sys.stderr, flush=True)
 
 
 def has_api_key(env: dict[str, str] | os._Environ = os.environ) -> bool:
@@ -102,7 +104,8 @@ class WandbLogger:
         self._guard("log", self.run.log, {k: clean(v) for k, v in metrics.items()}, step=step)
 
     def log_examples(self, examples: list[dict[str, Any]], step: int) -> None:
-        """A table with one row per example; (H, W, 3) arrays become images, the rest stays as it is."""
+        """A table with one row per example; (H, W, 3) arrays become images, texts (labels, predictions) are shown
+        escaped and cut as messages show them (:func:`scale_ocr.errors.printable`), the rest stays as it is."""
         if not examples:
             return
 
@@ -112,7 +115,8 @@ class WandbLogger:
             columns = list(examples[0])
             t = wandb.Table(columns=columns)
             for row in examples:
-                t.add_data(*(wandb.Image(v) if hasattr(v, "shape") else v for v in (row[c] for c in columns)))
+                t.add_data(*(wandb.Image(v) if hasattr(v, "shape") else printable(v, EXAMPLE_LIMIT)
+                             if isinstance(v, str) else v for v in (row[c] for c in columns)))
             self.run.log({"val/examples": t}, step=step)
 
         self._guard("table", table)

@@ -97,18 +97,38 @@ def test_resume_auto_is_the_default_and_metrics_are_not_repeated(tmp_path, capsy
 
 
 def test_diverging_run_stops_with_its_last_good_checkpoint(tmp_path, capsys):
+    # From the first step: --lr 1e30 throws the weights to ~1e28 while that step's loss and gradient are finite.
+    # The weight check makes that step bad, so no checkpoint of those weights is ever written.
+    wild = tmp_path / "wild"
+    code = main([*SMALL, "--lr", "1e30", "--save-every", "1", "--max-bad-steps", "3", "--max-steps", "8",
+                 "--output-dir", str(wild)])
+    err = capsys.readouterr().err
+    line = _one_line(err)
+    assert code == 4 and "training diverged" in line and "no checkpoint was saved" in line
+    assert "step 1: the updated weights" in err, err
+    assert not list(wild.glob("checkpoints/step_*")) and not (wild / "last_model.pt").exists()
+    # Two good steps, then the same rate from step 2: step_00000002 is the last good checkpoint, and says so.
     run_dir = tmp_path / "run"
+    assert main([*SMALL, "--save-every", "1", "--max-steps", "2", "--output-dir", str(run_dir)]) == 0
+    capsys.readouterr()
+    good_model = (run_dir / "last_model.pt").stat().st_mtime_ns
     code = main([*SMALL, "--lr", "1e30", "--save-every", "1", "--max-bad-steps", "3", "--max-steps", "8",
                  "--output-dir", str(run_dir)])
     err = capsys.readouterr().err
     line = _one_line(err)
-    assert code == 4 and "training diverged" in line and "step_00000001" in line
-    assert err.count("update skipped on every rank") == 3
-    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000001"
-    dcp_to_torch_save(str(run_dir / "checkpoints" / "step_00000001"), str(tmp_path / "full.pt"))
+    assert code == 4 and "training diverged" in line and "step_00000002 (weights finite, norm" in line, line
+    assert "step 3: the updated weights" in err and err.count("scale-ocr: warning: step") == 3, err
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000002"
+    meta = json.loads((run_dir / "checkpoints" / "step_00000002" / "trainer.json").read_text())
+    assert meta["weights"]["finite"] and meta["weights"]["within_bound"] and meta["loss"] < 1e3, meta
+    dcp_to_torch_save(str(run_dir / "checkpoints" / "step_00000002"), str(tmp_path / "full.pt"))
     state = torch.load(tmp_path / "full.pt", weights_only=True)["model"]
-    assert all(torch.isfinite(v).all() for v in state.values() if torch.is_tensor(v) and v.is_floating_point())
-    assert not (run_dir / "last_model.pt").exists() and not (run_dir / "best_model.pt").exists()
+    weights = [v.float() for k, v in state.items() if torch.is_tensor(v) and v.is_floating_point()
+               and "running_" not in k]
+    norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(w) for w in weights])))
+    assert abs(norm - meta["weights"]["norm"]) <= 1e-3 * norm  # the recorded norm is these weights'
+    assert norm < meta["weights"]["bound"] / 100 and max(float(w.abs().max()) for w in weights) < 100
+    assert (run_dir / "last_model.pt").stat().st_mtime_ns == good_model  # the good run's, not rewritten
 
 
 def _launch(args: list[str]) -> subprocess.Popen:
