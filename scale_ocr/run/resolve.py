@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from scale_ocr.config import RunConfig
-from scale_ocr.models.factory import model_entry
+from scale_ocr.models.factory import recommended_lr
 from scale_ocr.tasks import task_class
 from scale_ocr.tasks.base import check_size_overrides
 
@@ -27,7 +27,7 @@ def resolve(cfg: RunConfig) -> RunConfig:
         model=dataclasses.replace(cfg.model, input_size=tuple(cfg.model.input_size or task.default_input_size)),
         data=dataclasses.replace(data, train_samples=data.train_samples or train, val_samples=data.val_samples or val,
                                  augment=task.default_augment if data.augment is None else data.augment),
-        optim=dataclasses.replace(optim, lr=optim.lr if optim.lr is not None else model_entry(cfg.model.arch).default_lr,
+        optim=dataclasses.replace(optim, lr=optim.lr if optim.lr is not None else recommended_lr(cfg.model.arch),
                                   sched=optim.sched or task.default_sched),
     )
     task.check_config(resolved)  # e.g. synthetic words that CTC cannot align

@@ -166,10 +166,13 @@ def check_size_overrides(model: ModelConfig) -> None:
     beyond the registry's bounds (:data:`scale_ocr.models.registry.SIZE_BOUNDS`), in one line."""
     entry = model_entry(model.arch)
     for name, kwarg in MODEL_SIZE_FIELDS.items():
-        if getattr(model, name) is not None and not entry.accepts(kwarg):
+        value = getattr(model, name)
+        if value is None:
+            continue
+        if not entry.accepts(kwarg):
             takers = ", ".join(m for m in list_models() if model_entry(m).accepts(kwarg))
             raise UserError(f"--{name.replace('_', '-')}: {model.arch} has no {kwarg} to set; it applies to {takers}")
-        if getattr(model, name) is not None and (problem := entry.size_problem(kwarg, getattr(model, name))):
+        if problem := entry.size_problem(kwarg, value):
             raise UserError(f"--{name.replace('_', '-')}: {problem}")
     for side in model.input_size or ():
         if problem := entry.size_problem("input_side", side):
