@@ -1,5 +1,6 @@
 # Two commands do everything on a fresh machine: `make demo` and `make test`.
-# Both create .venv if it is missing and install scale-ocr with the pinned torch/torchvision (and the doctr extra).
+# Both create .venv if it is missing and install scale-ocr with the pinned torch/torchvision (and the doctr and ray
+# extras), and, as root with apt-get, the cluster engines the launcher tests start on this host.
 
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
@@ -7,12 +8,12 @@ STAMP   := $(VENV)/.installed
 NPROC   ?= 2
 FULL    ?= 0
 
-.PHONY: install ops demo test test-fast lint clean
+.PHONY: install ops engines demo test test-fast lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev,doctr]"
-	@$(MAKE) --no-print-directory ops
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev,doctr,ray]"
+	@$(MAKE) --no-print-directory ops engines
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -32,6 +33,20 @@ ops:
 		fi; \
 	fi
 	-@$(PY) -m scale_ocr.dist.extensions 2>&1 | grep "^scale-ocr"
+
+# The cluster engines that tests/cluster/ runs for real on this host (docs/launchers.md): a SLURM controller and node
+# daemon with munge, sshd + pdsh (DeepSpeed's default multi-node launcher) and Open MPI. Installed through apt-get
+# when missing and we are root; otherwise each of those tests skips with one line naming the package.
+ENGINE_PKGS := slurm-wlm munge openssh-server openssh-client pdsh openmpi-bin
+engines:
+	@missing=""; for p in $(ENGINE_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+		else \
+			echo "note: not installed:$$missing (apt-get install them as root): the cluster launcher tests will skip"; \
+		fi; \
+	fi
 
 # A real 2-rank DDP training on synthetic words (CPU + gloo without GPUs), then its metrics: minutes on 2 CPU cores.
 # A constant rate gets the CRNN past CTC's early plateau within the demo's 960 steps; the rate stays pinned at
