@@ -4,7 +4,9 @@ No W&B server is reachable from many training hosts, so the default is offline m
 key is configured (``wandb sync RUN_DIR/wandb/offline-run-*`` uploads later; ``$WANDB_DIR/wandb``
 instead of ``RUN_DIR/wandb`` when the user sets it). Anything that goes wrong with W&B - a missing
 install, an unreachable server, a failing call - becomes one warning and the run carries on with
-``metrics.jsonl``.
+``metrics.jsonl``, except a full disk: W&B's writer drops records silently when its file system is full (it
+only notes it in its own debug log), so the logger checks the room left before each call and stops the run the way
+every other full-disk write does (:class:`~scale_ocr.run.safe_files.DiskFault`, exit 74).
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from typing import Any
 
 from scale_ocr.config import LoggingConfig
 from scale_ocr.errors import printable
-from scale_ocr.run.safe_files import DiskFault, disk_fault, raise_or_defer, write_atomic
+from scale_ocr.run.safe_files import DiskFault, disk_fault, free_bytes, raise_or_defer, size_text, write_atomic
 from scale_ocr.tracking.jsonl import clean
 
 RUN_ID_FILE = "wandb_run_id"
 EXAMPLE_LIMIT = 200  # characters of a label or prediction in the W&B examples table
+# Below this much free space on its file system, W&B's writer would lose records without a word: a record is a few
+# KiB, an examples table with its images some hundreds.
+WANDB_MIN_FREE = 1 << 20
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECASE)
 
 
@@ -85,10 +90,19 @@ class WandbLogger:
         self.run = run
         self.broken = False
 
+    def _room(self) -> Path:
+        """W&B's run folder, after checking its file system has room: W&B itself does not say when it has none."""
+        where = Path(getattr(self.run, "dir", None) or ".")
+        free = free_bytes(where)
+        if free is not None and free < WANDB_MIN_FREE:
+            raise OSError(28, f"{size_text(free)} free, W&B needs {size_text(WANDB_MIN_FREE)} to write safely")
+        return where
+
     def _guard(self, what: str, fn, *args, **kwargs) -> None:
         if self.broken:
             return
         try:
+            self._room()
             fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - logging must never stop training, but a full disk stops the run
             self.broken = True

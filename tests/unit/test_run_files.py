@@ -7,6 +7,7 @@ on a real fault: a small tmpfs mounted for the test (ENOSPC; needs root, skipped
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import subprocess
@@ -17,9 +18,11 @@ import pytest
 from conftest import REPO, TRAIN, _env, torchrun_train
 
 from scale_ocr.checkpoint.manifest import verify_manifest
+from scale_ocr.config import LoggingConfig
 from scale_ocr.errors import UserError
-from scale_ocr.run.safe_files import EXIT_DISK_FULL, write_atomic
+from scale_ocr.run.safe_files import EXIT_DISK_FULL, DiskFault, write_atomic
 from scale_ocr.tracking.jsonl import JsonlLogger
+from scale_ocr.tracking.wandb_logger import open_wandb
 from scale_ocr.train import main
 
 # The smallest real run: one checkpoint of it is ~400 KB (a 357 KB shard), a model file ~76 KB.
@@ -156,3 +159,57 @@ def test_full_disk_during_a_two_rank_save_ends_both_ranks_with_one_line(small_fs
     assert proc.stderr.count("Traceback") == 1 and "ChildFailedError" in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.count("exitcode  : 74") == 2, proc.stderr[-3000:]  # both ranks ended, with the same code
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest", "step_00000002"]
+
+
+def _fill(where: Path, leave: int = 0) -> None:
+    """Fill ``where``'s file system, leaving about ``leave`` bytes."""
+    with open(where / "filler", "wb") as f:
+        try:
+            f.write(b"\0" * (os.statvfs(where).f_bavail * os.statvfs(where).f_frsize - leave))
+        except OSError:
+            pass
+
+
+def test_full_disk_during_a_metrics_write_is_one_line_and_leaves_whole_records(small_fs):
+    run_dir = small_fs("64k") / "run"
+    logger = JsonlLogger(run_dir)
+    logger.log({"loss": 1.0}, step=1)
+    _fill(run_dir.parent)
+    with pytest.raises(DiskFault) as info:  # a one-process job: raised at once (a multi-rank one ends at agreement)
+        for step in range(2, 200):
+            logger.log({"loss": 1.0, "note": "x" * 512}, step=step)
+    line = str(info.value)
+    assert "\n" not in line and f"could not write metrics {run_dir / 'metrics.jsonl'} (ENOSPC" in line, line
+    assert "metrics.jsonl up to step" in line and "free space there" in line, line
+    records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]  # no half record
+    assert records[0] == {**records[0], "step": 1, "loss": 1.0}
+
+
+def test_full_disk_under_wandb_stops_the_run_instead_of_losing_records_silently(small_fs, monkeypatch):
+    """W&B's own writer drops records on a full disk and says so only in its debug log: the logger checks first."""
+    where = small_fs("4m")
+    monkeypatch.setenv("WANDB_DIR", str(where))
+    (where / "run").mkdir()
+    logger = open_wandb(LoggingConfig(wandb_mode="offline"), where / "run", {"lr": 1e-3})
+    try:
+        logger.log({"loss": 1.0}, step=1)
+        _fill(where, leave=64 << 10)
+        with pytest.raises(DiskFault) as info:
+            logger.log({"loss": 0.5}, step=2)
+        line = str(info.value)
+        assert "\n" not in line and "could not write W&B's files in" in line and str(where) in line, line
+        assert "ENOSPC: the file system is full" in line and "metrics.jsonl and every checkpoint written are kept" in line
+    finally:
+        (where / "filler").unlink(missing_ok=True)
+        logger.broken = False
+        logger.close()
+
+
+def test_full_disk_when_config_json_is_written_is_one_line(small_fs, capsys):
+    run_dir = small_fs("64k") / "run"
+    run_dir.mkdir()
+    _fill(run_dir.parent, leave=4096)  # one tmpfs page: the lock file's, none for config.json
+    assert main([*SMALL, "--max-steps", "2", "--output-dir", str(run_dir)]) == EXIT_DISK_FULL
+    line = _one_line(capsys.readouterr().err)
+    assert f"could not write the run's config {run_dir / 'config.json'} (ENOSPC: the file system is full" in line, line
+    assert not (run_dir / "config.json").exists() and not list(run_dir.glob(".config.json.tmp*"))
