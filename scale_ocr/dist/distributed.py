@@ -50,6 +50,8 @@ def detect_launcher(env: dict[str, str] | os._Environ = os.environ) -> str:
         return "torchrun"
     if "CROSS_RANK" in env or "LOCAL_SIZE" in env:  # set by deepspeed's launch.py
         return "deepspeed"
+    if "RAY_RAYLET_PID" in env and "RANK" in env:  # a Ray Train worker: Ray set RANK and started the group
+        return "ray"
     if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
         return "slurm"
     if "RANK" in env and "WORLD_SIZE" in env:
