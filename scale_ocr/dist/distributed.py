@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from scale_ocr.errors import UserError
 from scale_ocr.dist.round_store import round_store, uses_agent_store
+from scale_ocr.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -45,13 +45,17 @@ def free_port() -> int:
 
 
 def detect_launcher(env: dict[str, str] | os._Environ = os.environ) -> str:
-    """Name the launcher that started this process: torchrun, deepspeed, slurm or python."""
+    """Name the launcher that started this process: torchrun, deepspeed, mpi, slurm, env or python."""
     if "TORCHELASTIC_RUN_ID" in env:
         return "torchrun"
     if "CROSS_RANK" in env or "LOCAL_SIZE" in env:  # set by deepspeed's launch.py
         return "deepspeed"
     if "RAY_RAYLET_PID" in env and "RANK" in env:  # a Ray Train worker: Ray set RANK and started the group
         return "ray"
+    # Open MPI's mpirun (also DeepSpeed's --launcher openmpi). Before SLURM: an mpirun inside an sbatch script
+    # hands every rank the batch step's SLURM_PROCID=0, while OMPI_COMM_WORLD_RANK is each rank's own.
+    if int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
+        return "mpi"
     if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
         return "slurm"
     if "RANK" in env and "WORLD_SIZE" in env:
@@ -75,10 +79,38 @@ def _read_env(launcher: str) -> tuple[int, int, int, int]:
         return rank, world, local_rank, local_world
     if launcher == "python":
         return 0, 1, 0, 1
+    if launcher == "mpi":
+        return _read_mpi_env(env)
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     local_rank = int(env.get("LOCAL_RANK", "0"))
     local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("LOCAL_SIZE", str(world))))
     return rank, world, local_rank, local_world
+
+
+def _export_mpi_ranks(env: dict[str, str] | os._Environ) -> tuple[int, int, int, int]:
+    """Open MPI's ``OMPI_COMM_WORLD_*`` ranks, also exported as ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/
+    ``LOCAL_WORLD_SIZE`` for every reader that knows only those (torch's ``env://``, DeepSpeed's engine, the one-line
+    error report, which prints on rank 0 alone). They overwrite any value passed with ``mpirun -x``: a value every
+    rank received alike is no rank's own."""
+    ranks = (int(env["OMPI_COMM_WORLD_RANK"]), int(env["OMPI_COMM_WORLD_SIZE"]),
+             int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")), int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1")))
+    for key, value in zip(("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"), ranks, strict=True):
+        env[key] = str(value)
+    return ranks
+
+
+def _read_mpi_env(env: dict[str, str] | os._Environ) -> tuple[int, int, int, int]:
+    """Ranks under ``mpirun`` without mpi4py: the rendezvous address comes from ``MASTER_ADDR``/``MASTER_PORT``,
+    which DeepSpeed's ``--launcher openmpi`` does not pass on (it drops ``--master_addr``), so the user exports them."""
+    ranks = _export_mpi_ranks(env)
+    missing = [key for key in ("MASTER_ADDR", "MASTER_PORT") if not env.get(key, "").strip()]
+    if missing:
+        raise UserError(
+            f"mpirun started rank {ranks[0]} of {ranks[1]} without {' and '.join(missing)}, where the ranks meet; "
+            "add MASTER_ADDR=<rank 0's host> and MASTER_PORT=<a free port> to .deepspeed_env (deepspeed --launcher "
+            "openmpi passes its lines to every rank; its --master_addr is not passed), or pass them with mpirun's "
+            "-x (deepspeed --launcher_args '-x MASTER_ADDR=HOST -x MASTER_PORT=PORT')")
+    return ranks
 
 
 def _slurm_first_host(nodelist: str) -> str:
@@ -97,6 +129,8 @@ def peek_launch() -> tuple[int, str]:
         return int(os.environ["SLURM_NTASKS"]), launcher
     if launcher == "python":
         return 1, launcher
+    if launcher == "mpi":  # exported now, so an error before the rendezvous is printed by rank 0 alone
+        return _export_mpi_ranks(os.environ)[1], launcher
     return int(os.environ["WORLD_SIZE"]), launcher
 
 

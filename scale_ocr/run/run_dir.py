@@ -7,6 +7,7 @@ from pathlib import Path
 
 from scale_ocr.errors import UserError
 from scale_ocr.run.safe_files import check_entry, clear_pending, disk_fault, open_own
+from scale_ocr.run.shared_dir import TOKEN_PREFIX, check_shared
 
 
 def check_output_dir(path: str | os.PathLike[str]) -> None:
@@ -108,10 +109,11 @@ class RunLock:
 
 
 def previous_run(run_dir: Path) -> list[str]:
-    """Entries of ``run_dir`` besides the lock: what an earlier job left there."""
+    """Entries of ``run_dir`` besides the lock (and a killed job's shared-directory token): what an earlier job
+    left there."""
     if not run_dir.is_dir():
         return []
-    return sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_NAME)
+    return sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_NAME and not p.name.startswith(TOKEN_PREFIX))
 
 
 def move_aside(run_dir: Path) -> Path:
@@ -181,4 +183,9 @@ def claim(run_dir: Path, checkpoints, dist) -> tuple[RunLock, Path | None]:
         raise problem
     if failed:
         raise UserError("rank 0 could not claim the run directory (its message says why)")
+    try:
+        check_shared(run_dir, dist)  # before any other rank reads the directory (--resume) or writes in it
+    except BaseException:
+        lock.release()
+        raise
     return lock, checkpoints.resolve()
