@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import gc
 import os
+import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,12 +115,10 @@ def _read_mpi_env(env: dict[str, str] | os._Environ) -> tuple[int, int, int, int
 
 
 def _slurm_first_host(nodelist: str) -> str:
-    """First host of a SLURM node list such as ``gpu[03-05,09],cpu1`` -> ``gpu03``."""
-    head = nodelist.split(",")[0]
-    if "[" in head:
-        prefix, rest = head.split("[", 1)
-        return prefix + rest.split("-")[0].split(",")[0].rstrip("]")
-    return head
+    """The first host of a SLURM node list, as ``scontrol show hostnames`` lists it first: ``gpu[03-05,09],cpu1``
+    -> ``gpu03``, ``rack[1-2]-node[01-04]`` -> ``rack1-node01``."""
+    first = re.match(r"(?:[^,\[]|\[[^\]]*\])*", nodelist).group(0)  # up to the first comma outside brackets
+    return re.sub(r"\[([^\]]*)\]", lambda m: re.split(r"[-,]", m.group(1))[0], first)
 
 
 def peek_launch() -> tuple[int, str]:
