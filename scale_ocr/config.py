@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from scale_ocr.errors import UserError
+from scale_ocr.errors import UserError, shown
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adam")
@@ -48,6 +48,35 @@ def _require_finite(section: Any, *names: str) -> None:
             keep = f" for the default {defaults[name]}" if defaults[name] is not None else ""
             raise UserError(f"--{name.replace('_', '-')} {value} is not a finite number; "
                             f"give an ordinary number or leave it out{keep}")
+
+
+NAME_MAX, PATH_MAX = 255, 4096  # bytes: the longest file name and path Linux file systems take (ext4, XFS, Btrfs)
+
+
+def _path_problem(path: str) -> str | None:
+    """Why no file system can name ``path`` (os calls would raise ValueError or ENAMETOOLONG on it), or None."""
+    if "\x00" in path:
+        return "holds a NUL character, which no file name can"
+    try:
+        raw = path.encode("utf-8")
+    except UnicodeEncodeError:
+        return "holds a lone surrogate (a \\ud800-style escape), which no file name can"
+    longest = max(len(part) for part in raw.split(b"/"))
+    if longest > NAME_MAX:
+        return f"has a name of {longest} bytes, longer than the {NAME_MAX} a file system allows"
+    if len(raw) >= PATH_MAX:
+        return f"is {len(raw)} bytes long, longer than the {PATH_MAX - 1} a path may be"
+    return None
+
+
+def _require_paths(section: Any, *names: str) -> None:
+    """Refuse a path field (or any path of a list field) that no file system can name, before anything opens it."""
+    for name in names:
+        value = getattr(section, name)
+        for path in value if isinstance(value, tuple) else (value,):
+            if isinstance(path, str) and (problem := _path_problem(path)):
+                raise UserError(f"--{name.replace('_', '-')} {shown(path)} {problem}; give a path a file system "
+                                "can hold")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +116,7 @@ class ModelConfig:
             h, w = self.input_size
             raise UserError(f"--input-size {h}x{w} is too small; use at least 8x8, e.g. 32x128")
         _require_finite(self, "mlp_ratio")
+        _require_paths(self, "vocab_file", "init_from")
         for name in MODEL_SIZE_FIELDS:  # which models take them is the registry's to say (run.resolve)
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -149,6 +179,7 @@ class DataConfig:
             raise UserError(f"--workers {self.workers}: use 0 or more")
         if self.data_cache and (self.train_path or self.val_path):
             raise UserError("--data-cache replaces --train-path/--val-path; give one or the other")
+        _require_paths(self, "train_path", "val_path", "data_cache")
 
 
 DEFAULT_LR = 1e-3  # AdamW's peak rate for a model whose registry entry recommends none (models.registry.ModelEntry)
@@ -179,6 +210,11 @@ class OptimConfig:
             raise UserError(f"--lr {self.lr}: the learning rate must be positive")
         if self.clip_grad < 0:
             raise UserError(f"--clip-grad {self.clip_grad}: use 0 to disable clipping, or a positive norm")
+        if self.wd < 0:  # torch's optimizers refuse it, after the process group and the model exist
+            raise UserError(f"--wd {self.wd}: weight decay must be 0 (off) or positive")
+
+
+SEED_MAX = 2**32 - 1  # numpy's and Python's usual seed range; the loader's seed * 1000 + rank stays within 64 bits
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,6 +247,9 @@ class TrainConfig:
                                           "small (memory experiments: benchmarks.max_model); GPUs only")
 
     def __post_init__(self) -> None:
+        _require_finite(self, "gpu_memory_cap_gb")  # NaN passes the check below
+        if not 0 <= self.seed <= SEED_MAX:  # numpy's generators take no negative seed; torch's none past 64 bits
+            raise UserError(f"--seed {self.seed}: use a whole number from 0 to {SEED_MAX} (2**32 - 1)")
         if self.batch_size < 1:
             raise UserError(f"--batch-size {self.batch_size}: use at least 1")
         if self.grad_accum < 1:
@@ -231,6 +270,10 @@ class TrainConfig:
             raise UserError(f"--profile-steps {self.profile_steps}: use 0 (off) or more")
         if self.eval_every < 0:
             raise UserError(f"--eval-every {self.eval_every}: use 0 (each epoch's end only) or a number of steps")
+
+
+MAX_TIMEOUT = 30 * 24 * 3600  # seconds: --dist-timeout
+MAX_THREADS = 1024  # intra-op threads per rank: more than the hardware threads of today's largest hosts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -264,10 +307,13 @@ class StrategyConfig:
         _require_finite(self, "device_memory_gb", "dist_timeout", "bucket_mb")
         if self.bucket_mb <= 0:
             raise UserError(f"--bucket-mb {self.bucket_mb}: give DDP's bucket size in MB, e.g. 25")
-        if self.dist_timeout < 5:
-            raise UserError(f"--dist-timeout {self.dist_timeout}: use at least 5 seconds")
-        if self.threads is not None and self.threads < 1:
-            raise UserError(f"--threads {self.threads}: use 1 or more (or leave it out for cores / local ranks)")
+        if not 5 <= self.dist_timeout <= MAX_TIMEOUT:  # a timedelta holds up to about 8.6e13 seconds
+            raise UserError(f"--dist-timeout {self.dist_timeout:g}: use at least 5 seconds and at most {MAX_TIMEOUT} "
+                            "(30 days)")
+        if self.threads is not None and not 1 <= self.threads <= MAX_THREADS:
+            raise UserError(f"--threads {self.threads}: use 1 to {MAX_THREADS} (or leave it out for cores / local "
+                            "ranks)")
+        _require_paths(self, "ds_config", "nvme_path")
         if self.device_memory_gb is not None and self.device_memory_gb <= 0:
             raise UserError(f"--device-memory-gb {self.device_memory_gb}: give the memory per rank in GB, e.g. 80")
 
@@ -276,6 +322,9 @@ class StrategyConfig:
 class OutputConfig:
     output_dir: str = opt("runs/latest", "run directory: resolved config, metrics, models",
                           aliases=("--output_dir",))
+
+    def __post_init__(self) -> None:
+        _require_paths(self, "output_dir")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -295,6 +344,7 @@ class CheckpointConfig:
         _require_finite(self, "save_minutes")
         if self.save_minutes < 0:
             raise UserError(f"--save-minutes {self.save_minutes}: use 0 (off) or a positive number of minutes")
+        _require_paths(self, "resume")
 
 
 @dataclass(frozen=True, kw_only=True)

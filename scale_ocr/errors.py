@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -75,6 +76,24 @@ def shown(value: object, limit: int = SHOWN_LIMIT) -> str:
         return printable(str(value), limit)
     cut = value if len(value) <= limit else value[:limit] + "…"
     return repr(cut) if cut is value else f"{cut!r} ({len(value)} characters)"
+
+
+# What json.loads raises on a user's text: JSONDecodeError and UnicodeDecodeError are ValueErrors, as is a number
+# past Python's 4,300-digit limit for int(); nesting past the interpreter's recursion limit is a RecursionError.
+JSON_ERRORS = (ValueError, RecursionError)
+
+
+def json_problem(exc: BaseException) -> str:
+    """Why reading a user's file as JSON failed (one of :data:`JSON_ERRORS`), in words for a one-line message."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"it is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
+    if isinstance(exc, RecursionError):
+        return "it nests arrays or objects deeper than a JSON reader follows"
+    if "digits" in str(exc):
+        return "it holds a number of more than 4300 digits"
+    return printable(first_line(exc), SHOWN_LIMIT)
 
 
 def first_line(exc: BaseException) -> str:

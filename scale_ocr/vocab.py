@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from scale_ocr.errors import UserError
+from scale_ocr.errors import UserError, shown
 
 _LATIN = string.digits + string.ascii_letters + string.punctuation
 VOCABS: dict[str, str] = {
@@ -29,8 +29,12 @@ def resolve_vocab(vocab: str, vocab_file: str | None = None, names: dict[str, st
     if vocab_file is not None:
         path = Path(vocab_file)
         if not path.is_file():
-            raise UserError(f"--vocab-file {vocab_file} does not exist; pass a UTF-8 text file of characters")
-        chars = path.read_text(encoding="utf-8").replace("\n", "").replace("\r", "")
+            raise UserError(f"--vocab-file {shown(vocab_file)} does not exist; pass a UTF-8 text file of characters")
+        try:
+            chars = path.read_text(encoding="utf-8").replace("\n", "").replace("\r", "")
+        except UnicodeDecodeError:
+            raise UserError(f"--vocab-file {shown(vocab_file)} is not UTF-8 text; save its characters as "
+                            "UTF-8") from None
     else:
         chars = (VOCABS if names is None else names).get(vocab, vocab)
     chars = "".join(dict.fromkeys(chars))

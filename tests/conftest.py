@@ -6,9 +6,12 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 from scale_ocr.dist.distributed import free_port
 from scale_ocr.dist.extensions import use_environment_extensions
@@ -23,6 +26,20 @@ BIN = Path(sys.executable).parent
 # noise, which Adam magnifies in proportion to it, so it must not move with the model's recommended default.
 TINY = ["--max-steps", "6", "--train-samples", "64", "--val-samples", "16", "-b", "4", "--log-every", "2",
         "--max-chars", "5", "--lr", "1e-3"]
+
+
+# Hypothesis profiles for the property-based fuzz tests (tests/unit/test_fuzz_*.py, docs/faults.md "Fuzzing"):
+# "fast" in `make test`, "full" (5x the examples) under SCALE_OCR_FULL_TESTS=1, as CI runs. Both derandomize: the
+# examples are a function of each test's source, so a red CI run is the same run on any machine (CI keeps no
+# example database to replay from) and a green one stays green until the code or the test changes. To hunt for
+# new inputs: `pytest --hypothesis-profile explore tests/unit/test_fuzz_*.py` (random, many; failures kept under
+# $TMPDIR/scale-ocr-hypothesis, outside the tree).
+# No deadline: a shared 2-core machine times examples too noisily for one.
+settings.register_profile("fast", max_examples=60, deadline=None, derandomize=True, database=None, print_blob=True)
+settings.register_profile("full", settings.get_profile("fast"), max_examples=300)
+settings.register_profile("explore", max_examples=2000, deadline=None, print_blob=True,
+                          database=DirectoryBasedExampleDatabase(Path(tempfile.gettempdir()) / "scale-ocr-hypothesis"))
+settings.load_profile("full" if os.environ.get("SCALE_OCR_FULL_TESTS", "0") not in ("", "0") else "fast")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -31,6 +31,7 @@ from torch.utils.data import Dataset
 
 from scale_ocr.data.files import (
     PAGE_LIMITS,
+    PATH_LIMIT,
     BadSample,
     ScanReport,
     decode_listed,
@@ -41,7 +42,7 @@ from scale_ocr.data.files import (
     resolve_image,
 )
 from scale_ocr.data.images import quarter_turned
-from scale_ocr.errors import UserError
+from scale_ocr.errors import UserError, shown
 
 TOLERANCE = 1.0  # pixels a point may lie outside the image (rounding in labelling tools) before it is refused
 MIN_AREA = 1e-2  # square pixels: below this a polygon has no area (collinear or repeated points)
@@ -75,7 +76,7 @@ def _points(poly: object, where: str) -> np.ndarray:
           and all(isinstance(p, list) and len(p) == 2 and all(_is_number(v) for v in p) for p in poly)):
         pts = np.array(poly, dtype=np.float64)
     else:
-        raise BadSample("bad_polygon", f"{where} is not a polygon ({repr(poly)[:60]}); write it as {FORM}, {SKIP}")
+        raise BadSample("bad_polygon", f"{where} is not a polygon ({shown(poly, 60)}); write it as {FORM}, {SKIP}")
     if not np.isfinite(pts).all():
         raise BadSample("bad_polygon", f"{where} has a non-finite coordinate; write finite pixel coordinates {SKIP}")
     return pts
@@ -108,32 +109,32 @@ def _quad(pts: np.ndarray, where: str) -> np.ndarray:
 def _fields(labels: Path, name: str, entry: object):
     """``(polygons as written with where each is, words or None, [H, W] or None, hash or None)``."""
     if not isinstance(entry, dict) or "polygons" not in entry:
-        raise BadSample("bad_label", f"{labels}: the label of {name!r} has no \"polygons\"; each image maps to "
+        raise BadSample("bad_label", f"{labels}: the label of {shown(name)} has no \"polygons\"; each image maps to "
                                      "{\"img_dimensions\": [H, W], \"polygons\": [...]} (an empty list for a page "
                                      f"without text), {SKIP}")
     polys = entry["polygons"]
     groups = polys.items() if isinstance(polys, dict) else [(None, polys)]
     listed = []
     for cls, group in groups:
-        of = f"class {cls!r} of " if cls is not None else ""
+        of = f"class {shown(cls)} of " if cls is not None else ""
         if not isinstance(group, list):
-            raise BadSample("bad_label", f"{labels}: \"polygons\" of {of}{name!r} is not a list; give a list "
+            raise BadSample("bad_label", f"{labels}: \"polygons\" of {of}{shown(name)} is not a list; give a list "
                                          f"of polygons, each {FORM}, {SKIP}")
-        listed += [(poly, f"{labels}: polygon {i} of {of}{name!r}") for i, poly in enumerate(group)]
+        listed += [(poly, f"{labels}: polygon {i} of {of}{shown(name)}") for i, poly in enumerate(group)]
     dims = entry.get("img_dimensions")
     if dims is not None and not (isinstance(dims, list) and len(dims) == 2
                                  and all(_is_number(v) and float(v).is_integer() and v > 0 for v in dims)):
-        raise BadSample("bad_dimensions", f"{labels}: \"img_dimensions\" of {name!r} is {dims!r}, not [height, "
-                                          f"width] in pixels; fix or remove it, {SKIP}")
+        raise BadSample("bad_dimensions", f"{labels}: \"img_dimensions\" of {shown(name)} is {shown(dims)}, not "
+                                          f"[height, width] in pixels; fix or remove it, {SKIP}")
     digest = entry.get("img_hash")
     if digest is not None and not isinstance(digest, str):
-        raise BadSample("bad_label", f"{labels}: \"img_hash\" of {name!r} is not a string; write the image "
+        raise BadSample("bad_label", f"{labels}: \"img_hash\" of {shown(name)} is not a string; write the image "
                                      f"file's SHA-256 hex digest or remove it, {SKIP}")
     words = entry.get("words")
     if words is not None and not (isinstance(words, list) and all(isinstance(w, str) for w in words)
                                   and len(words) == len(listed)):
         count = f"{len(words)} words" if isinstance(words, list) else "a \"words\" that is not a list"
-        raise BadSample("bad_words", f"{labels}: {name!r} has {count} for {len(listed)} polygons; \"words\" must "
+        raise BadSample("bad_words", f"{labels}: {shown(name)} has {count} for {len(listed)} polygons; \"words\" must "
                                      f"list one string per polygon, in the same order, {SKIP}")
     return listed, words, dims, digest
 
@@ -153,13 +154,13 @@ def _dimensions_problem(labels: Path, name: str, dims: list, img_path: Path, w: 
     """
     orientation = orientation_of(img_path)
     if quarter_turned(orientation) and [int(v) for v in dims] == [w, h]:
-        return BadSample("bad_dimensions", f"{labels}: \"img_dimensions\" of {name!r} is {dims}, the size of the "
+        return BadSample("bad_dimensions", f"{labels}: \"img_dimensions\" of {shown(name)} is {dims}, the size of the "
                                            f"stored pixels, but its EXIF orientation {orientation} turns them a "
                                            f"quarter turn: upright, as viewers show it and as it is trained, the "
                                            f"image is {w} wide and {h} high; label the upright image (polygons and "
                                            "img_dimensions), or if the labels follow the stored pixels, remove the "
                                            f"file's orientation tag (exiftool -Orientation= FILE), {SKIP}")
-    return BadSample("bad_dimensions", f"{labels}: \"img_dimensions\" of {name!r} is {dims} but the image is "
+    return BadSample("bad_dimensions", f"{labels}: \"img_dimensions\" of {shown(name)} is {dims} but the image is "
                                        f"{w} wide and {h} high; write [{h}, {w}] (height first), {SKIP}")
 
 
@@ -183,8 +184,9 @@ def check_page(path: Path, name: str, entry: object) -> Page:
         raise _dimensions_problem(labels, name, dims, img_path, w, h)
     if digest is not None and re.fullmatch(r"[0-9a-fA-F]{64}", digest):
         if hashlib.sha256(img_path.read_bytes()).hexdigest() != digest.lower():
-            raise BadSample("hash_mismatch", f"{labels}: \"img_hash\" of {name!r} is not the SHA-256 of "
-                                             f"{path / 'images' / name}, so the labels describe another image; "
+            raise BadSample("hash_mismatch", f"{labels}: \"img_hash\" of {shown(name)} is not the SHA-256 of "
+                                             f"{shown(path / 'images' / name, PATH_LIMIT)}, so the labels describe "
+                                             "another image; "
                                              f"relabel it or fix the hash, {SKIP}")
     quads = []
     for pts, where in points:

@@ -8,6 +8,7 @@ start-up within size limits, and a bad sample is either one :class:`UserError` l
 from __future__ import annotations
 
 import json
+import os
 import struct
 import warnings
 from dataclasses import dataclass, field
@@ -16,10 +17,13 @@ from pathlib import Path
 from PIL import Image, UnidentifiedImageError
 
 from scale_ocr.data.images import exif_orientation, to_rgb
-from scale_ocr.errors import UserError, shown
+from scale_ocr.errors import JSON_ERRORS, UserError, first_line, json_problem, printable, shown
 
-# struct.error: a malformed EXIF block, read for the orientation.
-DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, struct.error)
+# struct.error: a malformed EXIF block, read for the orientation. TypeError: a TIFF tag of the wrong type (a
+# rational where a count belongs), which Pillow's TIFF reader does not check. UserWarning: Pillow read past a damaged
+# header by guessing (a tag skipped, EXIF cut short), an error here: the pixels would follow the guess.
+DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, struct.error, TypeError,
+                 UserWarning)
 
 Problem = tuple[str, str]  # (skip-count reason, the one-line sentence shown under --on-bad-sample error)
 PATH_LIMIT = 400  # characters of an image path in a message (a labels.json key may be any length)
@@ -96,7 +100,9 @@ def load_image(path: Path, limits: ImageLimits = WORD_LIMITS) -> Image.Image:
     """
     try:
         with warnings.catch_warnings():
-            # Pillow only warns between 89 and 179 Mpx; a bomb is refused whatever its size.
+            # Pillow only warns between 89 and 179 Mpx; a bomb is refused whatever its size. Its other warnings say
+            # it guessed past a damaged header (DECODE_ERRORS).
+            warnings.simplefilter("error", UserWarning)
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as im:
                 w, h = im.size
@@ -107,8 +113,17 @@ def load_image(path: Path, limits: ImageLimits = WORD_LIMITS) -> Image.Image:
         raise BadImage("too_large", f"declares a decompression bomb's size, far larger than {limits.kind} "
                                     f"can be ({limits})") from None
     except DECODE_ERRORS as exc:
-        detail = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}" if str(exc).strip() else type(exc).__name__
+        detail = f"{type(exc).__name__}: {printable(first_line(exc), 120)}" if str(exc).strip() else type(exc).__name__
         raise BadImage("corrupt_image", f"cannot be read as an image ({detail})") from None
+
+
+def _encodable(name: str) -> bool:
+    """Whether a file name can spell ``name``: JSON's ``\\ud800`` escape gives a lone surrogate that none can."""
+    try:
+        os.fsencode(name)
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def resolve_image(path: Path, name: str) -> tuple[Path | None, Problem | None]:
@@ -119,7 +134,7 @@ def resolve_image(path: Path, name: str) -> tuple[Path | None, Problem | None]:
     test for a file outside its own dataset.
     """
     labels = path / "labels.json"
-    if not name or "\x00" in name:
+    if not name or "\x00" in name or not _encodable(name):
         return None, ("bad_name", f"{labels}: the key {shown(name)} is not a file name; "
                                   "name each image relative to images/, e.g. \"img_0001.png\", "
                                   "or pass --on-bad-sample skip")
@@ -141,7 +156,12 @@ def decode_listed(path: Path, name: str, img_path: Path,
                   limits: ImageLimits) -> tuple[Image.Image | None, Problem | None]:
     """Decode the image of an already contained key, or (None, problem) if it is missing or unusable."""
     as_listed = shown(path / "images" / name, PATH_LIMIT)  # as the user wrote it, not as symlinks resolve
-    if not img_path.is_file():
+    try:
+        listed = img_path.is_file()
+    except OSError as exc:  # ENAMETOOLONG: a name or path longer than the file system allows
+        return None, ("bad_name", f"{as_listed} cannot be looked up ({exc.strerror}); fix its key in "
+                                  f"{path / 'labels.json'} or pass --on-bad-sample skip")
+    if not listed:
         return None, ("missing_image", f"{as_listed} is listed in {path / 'labels.json'} but does not exist; "
                                        "fix the label file or pass --on-bad-sample skip")
     try:
@@ -174,8 +194,9 @@ def read_labels(path: Path, task: str, maps_to: str) -> dict:
         raise UserError(f"{labels_file} is missing; a docTR {task} folder needs images/ and labels.json")
     try:
         labels = json.loads(labels_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{labels_file} is not valid JSON ({exc}); it must map image file names to {maps_to}") from None
+    except JSON_ERRORS as exc:
+        raise UserError(f"{labels_file} is not valid JSON ({json_problem(exc)}); it must map image file names to "
+                        f"{maps_to}") from None
     if not isinstance(labels, dict):
         raise UserError(f"{labels_file} must be a JSON object mapping image file names to {maps_to}")
     return labels

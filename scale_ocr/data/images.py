@@ -51,7 +51,8 @@ def _to_8bit(im: Image.Image) -> Image.Image:
     if im.mode.startswith("I;16"):
         grey = (raw.astype(np.uint32) * 2 + 257) // 514  # round(v / 257); 257 is odd, so there is no tie
     else:
-        a = raw.astype(np.float64)
+        with np.errstate(invalid="ignore"):  # a signalling NaN (damaged float pixels) warns as it is cast
+            a = raw.astype(np.float64)
         if not np.isfinite(a).all():
             raise ValueError(f"its {im.mode} pixels include NaN or infinity")
         lo, hi = (float(a.min()), float(a.max())) if a.size else (0.0, 0.0)

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from scale_ocr.errors import UserError
-from scale_ocr.strategies.ds_keys import check_keys
+from scale_ocr.errors import JSON_ERRORS, UserError, json_problem, printable, shown
+from scale_ocr.strategies.ds_keys import check_keys, parsed_by_deepspeed
 from scale_ocr.strategies.nvme import nvme_sections
 
 PRESET_DIRS = (
@@ -29,20 +29,22 @@ def preset_path(name: str) -> Path:
     raise UserError(f"DeepSpeed preset {name}.json not found in {', '.join(map(str, PRESET_DIRS))}; reinstall scale-ocr")
 
 
+def _not_json(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number, nor a DeepSpeed setting")  # Python's json reads NaN, Infinity
+
+
 def load_ds_config(path: str | Path) -> dict[str, Any]:
     """Parse a DeepSpeed JSON file, turning any problem into one sentence about the file."""
     p = Path(path)
     if not p.is_file():
         raise UserError(f"--ds-config {p} does not exist; pass a DeepSpeed JSON file")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+        data = json.loads(p.read_text(encoding="utf-8"), parse_constant=_not_json)
+    except JSON_ERRORS as exc:
         raise UserError(
-            f"--ds-config {p} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}; "
+            f"--ds-config {p} is not valid JSON: {json_problem(exc)}; "
             "fix the file (DeepSpeed configs are strict JSON: no comments or trailing commas)"
         ) from None
-    except UnicodeDecodeError:
-        raise UserError(f"--ds-config {p} is not UTF-8 text; pass a DeepSpeed JSON file") from None
     if not isinstance(data, dict):
         raise UserError(f"--ds-config {p} must hold a JSON object of DeepSpeed settings")
     return data
@@ -56,7 +58,7 @@ def _fill(node: dict[str, Any], key: str, value: Any, source: str, flag: str) ->
     elif current != value and not (isinstance(current, (int, float)) and isinstance(value, (int, float))
                                    and float(current) == float(value)):
         raise UserError(
-            f"{source}: {key}={current!r} contradicts {flag} (which gives {value!r}); "
+            f"{source}: {key}={shown(current)} contradicts {flag} (which gives {value!r}); "
             f'set it to "auto" or change the flag'
         )
 
@@ -115,8 +117,8 @@ def resolve_ds_config(raw: dict[str, Any], *, source: str, micro_batch: int, gra
                 params[key] = value
     leftover = _find_auto(cfg)
     if leftover:
-        raise UserError(f"{source}: no run setting fills \"auto\" at {leftover}; give it a value")
-    return cfg
+        raise UserError(f"{source}: no run setting fills \"auto\" at {printable(leftover, 200)}; give it a value")
+    return parsed_by_deepspeed(cfg, source)  # DeepSpeed's own value checks, before any process group or model
 
 
 def keep_fp32_weights(cfg: dict[str, Any], raw: dict[str, Any], model) -> bool:

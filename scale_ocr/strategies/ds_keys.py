@@ -11,17 +11,24 @@
   refused wrongly, and JSON has no comments, so configs carry ``"_comment"`` keys that DeepSpeed is meant to ignore.
 * Keys DeepSpeed removed (``elasticity``, ``amp``, ``zero_optimization.mics_shard_size`` ...) are errors with
   DeepSpeed's own sentence, as DeepSpeed refuses them too, later.
+* Shape: the sections scale-ocr reads and fills (:data:`OBJECTS`) must be objects, and ``fp16.enabled`` /
+  ``bf16.enabled`` true, false or "auto" (DeepSpeed reads the string "false" as true).
+* Values: the resolved config goes through the installed DeepSpeed's own parser (``DeepSpeedConfig``, the first
+  thing ``deepspeed.initialize`` runs, its pydantic models included), so a value DeepSpeed refuses (``"stage": 7``)
+  is one line here, not a traceback on every rank after the model is built (:func:`parsed_by_deepspeed`).
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
+import logging
 import os
 import sys
 from typing import Any
 
-from scale_ocr.errors import UserError
+from scale_ocr.errors import UserError, first_line, printable, shown
 
 #: Top-level keys that ``deepspeed.initialize`` reads from the config itself (DeepSpeed 0.19.8,
 #: ``deepspeed/__init__.py``), which ``DeepSpeedConfig`` does not: the data- and sequence-parallel mesh sizes.
@@ -107,14 +114,82 @@ def _shown(key: Any) -> str:
     return text if len(text) <= 60 else text[:60] + "…"
 
 
+#: Sections scale-ocr reads or fills before DeepSpeed sees the JSON: each must be an object where present.
+OBJECTS = ("fp16", "bf16", "zero_optimization", "zero_optimization.offload_param",
+           "zero_optimization.offload_optimizer", "optimizer", "optimizer.params")
+_KINDS = {bool: "true or false", int: "a number", float: "a number", str: "a string", list: "an array",
+          type(None): "null", dict: "an object"}
+
+
+def check_shape(raw: dict[str, Any], source: str) -> None:
+    """Refuse a section of :data:`OBJECTS` that is not an object, and a 16-bit ``enabled`` that is not a boolean."""
+    for dotted in OBJECTS:
+        *parents, key = dotted.split(".")
+        node: Any = raw
+        for parent in parents:
+            node = node.get(parent) if isinstance(node, dict) else None
+        if isinstance(node, dict) and key in node and not isinstance(node[key], dict):
+            raise UserError(f"{source}: {dotted} is {_KINDS.get(type(node[key]), 'not JSON')}, not an object; write it "
+                            "as {...} (see ds_configs/) or remove it")
+    for half in ("fp16", "bf16"):
+        enabled = raw.get(half, {}).get("enabled", "auto")
+        if not isinstance(enabled, bool) and enabled != "auto":
+            why = " (DeepSpeed would read any string, \"false\" too, as true)" if isinstance(enabled, str) else ""
+            raise UserError(f"{source}: {half}.enabled is {shown(enabled)}; write true, false or \"auto\"{why}")
+
+
+#: DeepSpeed's pydantic model -> the JSON section it reads, for messages.
+SECTION_OF = {"DeepSpeedZeroConfig": "zero_optimization", "DeepSpeedFP16Config": "fp16", "DeepSpeedBF16Config": "bf16",
+              "DeepSpeedActivationCheckpointingConfig": "activation_checkpointing",
+              "DeepSpeedCommsConfig": "comms_logger", "DeepSpeedFlopsProfilerConfig": "flops_profiler"}
+
+
+def parsed_by_deepspeed(cfg: dict[str, Any], source: str) -> dict[str, Any]:
+    """``cfg`` once the installed DeepSpeed's own parser takes it (nothing is checked without DeepSpeed).
+
+    ``train_batch_size`` is left out of the trial: it was checked against the job's world size, which a parser
+    without a process group takes to be 1.
+
+    Raises:
+        UserError: the first value DeepSpeed refuses, with its reason.
+    """
+    try:
+        from deepspeed.runtime.config import DeepSpeedConfig
+        from deepspeed.utils import logger
+        from pydantic import ValidationError
+    except ImportError:
+        return cfg
+    trial = copy.deepcopy(cfg)
+    trial.pop("train_batch_size", None)
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # its info and warning lines, printed again by deepspeed.initialize
+    try:
+        DeepSpeedConfig(trial)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = printable(".".join(str(p) for p in (SECTION_OF.get(exc.title, exc.title), *err["loc"])), 120)
+        raise UserError(f"{source}: DeepSpeed refuses {where} = {shown(err.get('input'), 60)}: "
+                        f"{printable(err['msg'], 200)}; fix the value (ds_configs/README.md explains the presets' "
+                        "values)") from None
+    except Exception as exc:  # noqa: BLE001 - its parser asserts and indexes what it is given: the user's JSON
+        raise UserError(f"{source}: DeepSpeed cannot read this config ({type(exc).__name__}: "
+                        f"{printable(first_line(exc), 200)}); fix the value it names") from None
+    finally:
+        logger.setLevel(level)
+    return cfg
+
+
 def check_keys(raw: dict[str, Any], source: str) -> None:
     """Refuse unknown or removed ``zero_optimization`` keys and removed top-level keys; warn of unknown top-level ones.
+    Then :func:`check_shape`.
 
-    Nothing is checked without DeepSpeed installed: there is no engine to compare with, and none to run either.
+    Nothing but the shape is checked without DeepSpeed installed: there is no engine to compare with, and none to
+    run either.
 
     Raises:
         UserError: the first such key, with the closest known one or DeepSpeed's own reason.
     """
+    check_shape(raw, source)
     try:
         from scale_ocr.strategies.deepspeed_internals import removed_config_keys
 
@@ -134,7 +209,7 @@ def check_keys(raw: dict[str, Any], source: str) -> None:
                                 f"{where + closest(key, allowed)!r}? (DeepSpeed refuses unknown zero_optimization keys)")
     unknown = [key for key in raw if key not in known]
     if unknown and os.environ.get("RANK", "0") == "0":
-        print(f"scale-ocr: warning: {source}: DeepSpeed ignores the unknown top-level key{'s' * (len(unknown) > 1)} "
+        print(f"scale-ocr: warning: {printable(source, 400)}: DeepSpeed ignores the unknown top-level key{'s' * (len(unknown) > 1)} "
               f"{', '.join(f'{_shown(k)} (did you mean {closest(k, known)!r}?)' for k in unknown[:3])}"
               f"{f' and {len(unknown) - 3} more' if len(unknown) > 3 else ''}; remove or respell {'them' if len(unknown) > 1 else 'it'}",
               file=sys.stderr, flush=True)
