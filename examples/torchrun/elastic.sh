@@ -24,7 +24,7 @@ export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 cd "$(dirname "$0")/../.."
 exec torchrun --nnodes 1:2 --nproc_per_node 1 --max-restarts 3 \
     --rdzv_backend c10d --rdzv_endpoint "$RDZV_ENDPOINT" --rdzv_id scale-ocr-elastic --local_addr "$LOCAL_ADDR" \
-    --rdzv_conf last_call_timeout=5,keep_alive_interval=2,keep_alive_max_attempt=3 \
+    --rdzv_conf last_call_timeout=3,keep_alive_interval=2,keep_alive_max_attempt=3 \
     scale_ocr/train.py --strategy ddp --train-samples 1024 --val-samples 8 -b 4 --max-chars 5 --sched constant \
-    --epochs 1 --max-steps 64 --save-every 8 --log-every 1 --dist-timeout 20 --wandb-mode disabled \
+    --epochs 1 --max-steps 56 --save-every 8 --log-every 1 --dist-timeout 20 --wandb-mode disabled \
     --output-dir "$OUTPUT_DIR"
