@@ -99,22 +99,40 @@ def load_image(path: Path, limits: ImageLimits = WORD_LIMITS) -> Image.Image:
         BadImage: ``too_large`` or ``corrupt_image``.
     """
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(record=True) as caught:
             # Pillow only warns between 89 and 179 Mpx; a bomb is refused whatever its size. Its other warnings say
-            # it guessed past a damaged header (DECODE_ERRORS).
-            warnings.simplefilter("error", UserWarning)
+            # it guessed past a damaged header: recorded here, judged by _guessed_pixels.
+            warnings.simplefilter("always", UserWarning)
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as im:
                 w, h = im.size
                 if max(w, h) > limits.max_side or w * h > limits.max_pixels:
                     raise BadImage("too_large", f"is {w}x{h} pixels, larger than {limits.kind} can be ({limits})")
-                return to_rgb(im)
+                rgb, fmt = to_rgb(im), im.format
+        guessed = _guessed_pixels(caught, fmt)
+        if guessed is not None:
+            raise UserWarning(guessed)
+        return rgb
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise BadImage("too_large", f"declares a decompression bomb's size, far larger than {limits.kind} "
                                     f"can be ({limits})") from None
     except DECODE_ERRORS as exc:
         detail = f"{type(exc).__name__}: {printable(first_line(exc), 120)}" if str(exc).strip() else type(exc).__name__
         raise BadImage("corrupt_image", f"cannot be read as an image ({detail})") from None
+
+
+def _guessed_pixels(caught: list[warnings.WarningMessage], fmt: str | None) -> str | None:
+    """The first Pillow warning that says the pixels follow a guess past a damaged header, if any.
+
+    A damaged tag in a JPEG's, PNG's or WebP's EXIF block (a phone's description cut short) is metadata: Pillow
+    skips it, reads the other tags (the orientation among them) and the pixels do not depend on it, so the image
+    decodes. In a TIFF the same tags describe the pixels themselves.
+    """
+    for w in caught:
+        exif_block = fmt != "TIFF" and Path(w.filename).name == "TiffImagePlugin.py"
+        if issubclass(w.category, UserWarning) and not exif_block:
+            return str(w.message)
+    return None
 
 
 def _encodable(name: str) -> bool:

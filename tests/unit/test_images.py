@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -257,6 +258,26 @@ def test_exif_rotated_jpeg_crop_is_fed_upright(tmp_path):
     assert img.size == CROP
     _same(np.asarray(img), truth, 8)
     assert np.asarray(open_rgb(str(folder / "images" / path.name), WORD_LIMITS)).shape == (24, 64, 3)
+
+
+def test_jpeg_with_a_damaged_exif_tag_decodes_upright_but_a_tiff_with_one_is_refused(tmp_path):
+    """A phone's EXIF description cut short is metadata: skipped, the orientation still read, the pixels kept. The
+    same damaged tag in a TIFF describes the pixels, so that file is refused as corrupt."""
+    # An IFD with orientation 6 and an ImageDescription claiming 1000 bytes beyond the end of the block.
+    ifd = struct.pack("<H", 2) + struct.pack("<HHII", 0x0112, 3, 1, 6) + struct.pack("<HHII", 0x010E, 2, 1000, 5000)
+    jpeg = tmp_path / "phone.jpg"
+    Image.new("RGB", (20, 10), "white").save(jpeg, "JPEG", exif=b"Exif\0\0II*\0" + struct.pack("<I", 8) + ifd + b"\0" * 4)
+    assert open_rgb(str(jpeg), WORD_LIMITS).size == (10, 20)  # upright: a quarter turn
+    tiff = tmp_path / "scan.tif"
+    Image.new("L", (20, 10), 255).save(tiff, "TIFF")
+    data = bytearray(tiff.read_bytes())
+    ifd_at = struct.unpack("<I", data[4:8])[0]
+    count = struct.unpack("<H", data[ifd_at:ifd_at + 2])[0]
+    data[ifd_at:ifd_at + 2] = struct.pack("<H", count + 1)  # the IFD as Pillow wrote it, plus the same bad tag
+    data[ifd_at + 2 + 12 * count:ifd_at + 2 + 12 * count] = struct.pack("<HHII", 0x010E, 2, 1000, 5000)
+    tiff.write_bytes(bytes(data))
+    with pytest.raises(UserError, match="cannot be read as an image .UserWarning: Tag data larger than file"):
+        open_rgb(str(tiff), WORD_LIMITS)
 
 
 def _rotated_page(tmp_path: Path, dims: list[int], polygons: list) -> Path:
