@@ -15,6 +15,7 @@ The hooks patch the classes in this process only; the package knows nothing of t
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from pathlib import Path
@@ -61,7 +62,10 @@ def install(argv: list[str]) -> list[str]:
 
 if __name__ == "__main__":
     sys.path[0] = str(Path(__file__).resolve().parents[2])  # the repository root, as train.py puts it, not tests/helpers
+    gc.disable()  # as train.py does when launched: the modules' objects are frozen once imported, not walked
     train_args = install(sys.argv[1:])
     from scale_ocr.train import main
 
+    gc.freeze()
+    gc.enable()
     sys.exit(main(train_args))
