@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from scale_ocr.dist.round_store import round_store, uses_agent_store
+from scale_ocr.dist.round_store import round_store, uses_agent_store, warn_if_joins_would_hang
 from scale_ocr.errors import UserError
 
 
@@ -186,6 +186,8 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0, threa
         torch.set_num_threads(rank_threads(threads, local_world, launcher)[0])
     backend = backend or ("nccl" if use_cuda else "gloo")
     round_id = ""
+    if launcher == "torchrun" and rank == 0:
+        warn_if_joins_would_hang()  # torch's own agents would hang, silently, when a node joins
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=timeout_s + 60)
         if launcher == "python":

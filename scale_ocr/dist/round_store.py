@@ -11,6 +11,11 @@ Here rank 0 serves a new TCPStore each round and publishes ``port round-id`` und
 agent's store. The other ranks read that key and keep only an address that answers with the same
 round id: a dead round's server no longer answers (the agents stop every worker before a new round
 starts), so a stale value is simply read again until rank 0 of this round has replaced it.
+
+The agents' own use of that shared store fails a node that joins an elastic job (``--nnodes MIN:MAX``) in a
+later round: its agent waits for a key only the first round wrote, and no worker ever starts to say so. Under
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` every round has a store of its own and joins work;
+:func:`warn_if_joins_would_hang` tells an elastic job that lacks it.
 """
 
 from __future__ import annotations
@@ -18,8 +23,11 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
 import time
 import uuid
+from collections.abc import Mapping
+from pathlib import Path
 
 import torch.distributed as tdist
 
@@ -33,6 +41,47 @@ PROBE_S = 1.0  # seconds one connection attempt may take before the published ad
 def uses_agent_store(env=os.environ) -> bool:
     """Whether the launcher shares one store across restart rounds (torchrun's elastic agent)."""
     return env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def node_range(argv: list[str], env: Mapping[str, str]) -> tuple[int, int] | None:
+    """torchrun's ``--nnodes MIN:MAX`` when MIN < MAX (an elastic job), from the agent's command line ``argv`` or,
+    without the flag there, ``PET_NNODES`` (torchrun reads its flags' defaults from ``PET_*`` variables)."""
+    value = env.get("PET_NNODES", "")
+    for i, arg in enumerate(argv):
+        if arg == "--nnodes" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--nnodes="):
+            value = arg.split("=", 1)[1]
+    low, sep, high = value.partition(":")
+    if not (sep and low.strip().isdigit() and high.strip().isdigit()) or int(low) >= int(high):
+        return None
+    return int(low), int(high)
+
+
+def join_warning(argv: list[str], env: Mapping[str, str]) -> str | None:
+    """A warning for an elastic torchrun job whose agents share one store across rounds.
+
+    torch 2.14's agents then hang when a node joins a later round: the new node's agent waits for the address of
+    that store under a key only the first round wrote, and the others wait for it, with nothing printed.
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` gives every round a store of its own, and joins work.
+    """
+    nodes = node_range(argv, env)
+    if nodes is None or not uses_agent_store(env):
+        return None
+    return (f"scale-ocr: warning: under torchrun --nnodes {nodes[0]}:{nodes[1]}, torch's agents hang when a node "
+            "joins a running job, because they share one store across rounds; set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+            "on every node before torchrun (examples/torchrun/elastic.sh does; docs/launchers.md)")
+
+
+def warn_if_joins_would_hang() -> None:
+    """Print :func:`join_warning`'s line when it applies; the agent is this worker's parent process."""
+    try:
+        argv = [a.decode(errors="replace") for a in Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")]
+    except OSError:  # no procfs: PET_NNODES alone
+        argv = []
+    line = join_warning(argv, os.environ)
+    if line:
+        print(line, file=sys.stderr, flush=True)
 
 
 def round_store(rank: int, world_size: int, timeout_s: float) -> tuple[tdist.Store, str]:

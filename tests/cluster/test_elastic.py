@@ -2,7 +2,8 @@
 simulated nodes, two agents on 127.0.0.1 with one rank each. The node that does not host the rendezvous is killed
 mid-run (its agent and its worker, as a node that vanishes); the survivor sees it within ``--dist-timeout``, goes
 on alone from the last checkpoint, and a new node started later joins at the next restart: the job ends at
-``--max-steps`` at world size 2 again. The run prints what each membership change cost (``pytest -s``)."""
+``--max-steps`` at world size 2 again. The run prints what each membership change cost (``pytest -s``).
+Without the script's TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, a worker warns that a join would hang the job."""
 
 from __future__ import annotations
 
@@ -143,9 +144,27 @@ def test_node_leaves_and_another_joins_the_job_ends_at_max_steps_at_world_size_t
     assert int(joined) == alone[-1] and "global batch of 8 instead of 4" in together_note, logs  # saved on SIGTERM
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["steps"] == MAX_STEPS and metrics["world_size"] == 2, metrics
-    assert "Traceback" not in out + joiner.text(), logs
+    assert "Traceback" not in out + joiner.text() and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in out, logs
     print(f"\nelastic: a node left after step {before} at world size 2; named {t['seen'] - t['kill']:.1f} s after "
           f"the kill; rendezvous alone {t['alone'] - t['seen']:.1f} s; resumed from step {left} "
           f"({before - int(left)} steps lost) {t['resumed'] - t['alone']:.1f} s later; trained steps "
           f"{alone[0]}-{alone[-1]} alone; a node joined {t['together'] - joiner.started:.1f} s after its start and the "
           f"job resumed {t['resumed2'] - t['together']:.1f} s later; job {t['end'] - nodes[0].started:.0f} s")
+
+
+@pytest.mark.slow
+def test_elastic_torchrun_sharing_one_store_warns_that_a_join_would_hang(tmp_path):
+    """torchrun's default (one store for every round, which a joining node's agent waits on forever): rank 0 reads
+    ``--nnodes 1:2`` from its agent's command line and says so, once. A real agent; the worker only starts its
+    process group, where the warning is given."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("from scale_ocr.dist.distributed import destroy_distributed, init_distributed\n"
+                     "init_distributed()\ndestroy_distributed()\n")
+    cmd = [str(BIN / "torchrun"), "--nnodes", "1:2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
+           "--rdzv_endpoint", f"127.0.0.1:{free_port()}", "--rdzv_id", "probe", "--rdzv_conf", "last_call_timeout=1",
+           str(probe)]
+    env = {k: v for k, v in _env().items() if k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("scale-ocr: warning:")]
+    assert done.returncode == 0 and len(lines) == 1, done.stderr[-3000:]
+    assert "--nnodes 1:2" in lines[0] and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in lines[0], lines

@@ -1,7 +1,8 @@
 """examples/k8s/pytorchjob.yaml runs the tested elastic command: its container's command is the torchrun command of
 examples/torchrun/elastic.sh (which tests/cluster/test_elastic.py runs on two simulated nodes), apart from the
 addresses the operator and the pod fill in, and the operator's elastic policy says what its flags say. The
-two-node scripts' commands parse with torchrun's parser and scale-ocr's."""
+two-node scripts' commands parse with torchrun's parser and scale-ocr's. An elastic job that lacks the scripts'
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is warned that a joining node would hang it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import yaml
 from torch.distributed.run import get_args_parser
 
 from scale_ocr.cli.args import parse_config
+from scale_ocr.dist.round_store import join_warning, node_range
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "examples" / "k8s" / "pytorchjob.yaml"
@@ -98,3 +100,24 @@ def test_scripts_refuse_a_missing_setting_in_one_line(tmp_path):
     done = subprocess.run(["bash", str(ELASTIC)], env={"PATH": os.environ["PATH"], "OUTPUT_DIR": str(tmp_path)},
                           capture_output=True, text=True, timeout=30)
     assert done.returncode != 0 and done.stderr.count("\n") == 1 and "RDZV_ENDPOINT" in done.stderr, done.stderr
+
+
+SHARED = {"TORCHELASTIC_USE_AGENT_STORE": "True"}  # what torchrun's agent tells its workers by default
+
+
+@pytest.mark.parametrize("argv,env,nodes", [
+    (["torchrun", "--nnodes", "1:2", "train.py"], SHARED, (1, 2)),
+    (["torchrun", "--nnodes=2:4", "train.py"], SHARED, (2, 4)),
+    (["torchrun", "train.py"], {**SHARED, "PET_NNODES": "1:3"}, (1, 3)),  # the operator's variable
+    (["torchrun", "--nnodes", "2", "train.py"], {**SHARED, "PET_NNODES": "1:3"}, None),  # the flag wins
+    (["torchrun", "--nnodes", "2:2", "train.py"], SHARED, None),
+    (["torchrun", "--nproc_per_node", "2", "train.py"], SHARED, None),
+])
+def test_an_elastic_job_sharing_one_store_is_warned_that_a_join_would_hang(argv, env, nodes):
+    assert node_range(argv, env) == nodes
+    line = join_warning(argv, env)
+    if nodes is None:
+        assert line is None
+    else:
+        assert f"--nnodes {nodes[0]}:{nodes[1]}" in line and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in line
+        assert join_warning(argv, {**env, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None  # what the scripts set
