@@ -17,6 +17,8 @@ USAGE = """usage: scale-ocr COMMAND [ARGS]
 
 commands:
   train        train a model (see `scale-ocr train --help`)
+  ray-train    --num-workers N [--max-failures K] -- TRAIN_FLAGS: the same training under Ray Train on a Ray
+               cluster; a failed worker makes Ray restart the group, which resumes from the last checkpoint
   verify       [ARCH] --strategies ddp,fsdp,...: same maths under every strategy, or a non-zero exit
   export       CKPT OUT.safetensors: consolidated fp32 model with its name, vocabulary and input size
                (--format doctr: OUT.pt, a state dict docTR's own class loads strictly)
@@ -286,6 +288,12 @@ def _train(argv: list[str]) -> int:
     return train_main.__wrapped__(argv)  # this entry point already reports user errors
 
 
+def _ray_train(argv: list[str]) -> int:
+    from scale_ocr.dist.ray_train import main as ray_main
+
+    return ray_main.__wrapped__(argv)  # this entry point already reports user errors
+
+
 def _verify(argv: list[str]) -> int:
     from scale_ocr.cli.verify import main as verify_main
 
@@ -298,7 +306,7 @@ def _estimate_memory(argv: list[str]) -> int:
     return estimate_main(argv)
 
 
-COMMANDS = {"train": _train, "verify": _verify, "export": _export, "predict": _predict,
+COMMANDS = {"train": _train, "ray-train": _ray_train, "verify": _verify, "export": _export, "predict": _predict,
             "evaluate-pages": _evaluate_pages,
             "estimate-memory": _estimate_memory, "bench": _bench, "max-model": _max_model, "models": _models,
             "strategies": _strategies}
