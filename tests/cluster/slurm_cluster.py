@@ -38,12 +38,14 @@ _LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)\] (.*)$", re.M
 
 
 def missing_programs() -> str | None:
-    """One line naming what is not installed, or None when SLURM and munge are."""
+    """One line saying why this host cannot run the cluster (not installed, not root), or None."""
     missing = sorted({pkg for prog, pkg in PROGRAMS.items() if shutil.which(prog) is None})
-    if not missing:
-        return None
-    return (f"SLURM is not installed (missing Debian packages: {' '.join(missing)}; `make engines` installs "
-            "slurm-wlm and munge, as CI does)")
+    if missing:
+        return (f"SLURM is not installed (missing Debian packages: {' '.join(missing)}; `make engines` installs "
+                "slurm-wlm and munge, as CI does)")
+    if os.geteuid() != 0:
+        return "the SLURM tests start slurmd, which runs each job as its user: run them as root (CI does)"
+    return None
 
 
 def clean_env(base: dict[str, str]) -> dict[str, str]:
