@@ -4,7 +4,7 @@
 
     ray start --head --num-cpus 4                     # or use a cluster you have: export RAY_ADDRESS=HEAD:6379
     python examples/ray/driver.py --num-workers 2 --max-failures 2 -- \\
-        --model crnn_mobilenet_v3_small --strategy ddp --max-steps 200 --save-every 50 --output-dir runs/ray
+        crnn_mobilenet_v3_small --strategy ddp --max-steps 200 --save-every 50 --output-dir runs/ray
 
 The flags before ``--`` are ``scale-ocr ray-train``'s, those after it ``scale-ocr train``'s. Each worker runs
 scale-ocr's own training (:func:`scale_ocr.dist.ray_train.train_loop_per_worker`) into the one ``--output-dir``,

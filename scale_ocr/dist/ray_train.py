@@ -2,7 +2,7 @@
 
 ::
 
-    scale-ocr ray-train --num-workers 2 --max-failures 2 -- --model crnn_mobilenet_v3_small --output-dir /shared/run
+    scale-ocr ray-train --num-workers 2 --max-failures 2 -- crnn_mobilenet_v3_small --output-dir /shared/run
 
 The driver checks the training flags as ``scale_ocr/train.py`` does (a mistake is one line before Ray starts
 anything), then hands them to ``TorchTrainer(train_loop_per_worker, ScalingConfig(num_workers=N),
@@ -23,6 +23,7 @@ rank 0's line and exits with its code. A fault (a lost peer, a crash) is raised 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass
@@ -115,18 +116,23 @@ def split_args(argv: list[str]) -> tuple[RayOptions, list[str]]:
     known, extra = parser.parse_known_args(ours)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)} (training flags go after --, e.g. "
-                     "`scale-ocr ray-train --num-workers 2 -- --model crnn_mobilenet_v3_small`)")
+                     "`scale-ocr ray-train --num-workers 2 -- crnn_mobilenet_v3_small --strategy ddp`)")
     return RayOptions(**vars(known)), train
 
 
 def import_ray():
-    """Ray Train's modules, or one line naming the install."""
+    """Ray Train's modules, or one line naming the install; Ray Train's V2 API, which hands rank 0's return value
+    to the driver (``Result.return_value``: how a worker's outcome reaches it)."""
     try:
         import ray
         import ray.train.torch  # noqa: F401 - the TorchTrainer and its config
     except ImportError as exc:
         raise UserError(f"scale-ocr ray-train needs Ray Train ({printable(first_line(exc), 200)}); install it with "
                         f"`{INSTALL_HINT}`") from None
+    if "return_value" not in {f.name for f in dataclasses.fields(ray.train.Result)}:
+        raise UserError(f"scale-ocr ray-train needs Ray Train's V2 API, and Ray {ray.__version__} gives V1 here: "
+                        "unset RAY_TRAIN_V2_ENABLED (or set it to 1), or upgrade Ray with "
+                        f"`pip install -U {INSTALL_HINT.split(' ', 2)[2]}`")
     return ray
 
 

@@ -27,6 +27,7 @@ import pytest
 from conftest import BIN, REPO, _env, read_jsonl, read_metrics
 
 from scale_ocr.dist.distributed import free_port
+from scale_ocr.errors import UserError
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                reason="Ray Train is not installed: pip install 'scale-ocr[ray]'")
@@ -138,7 +139,8 @@ def test_user_error_in_a_worker_is_one_line_and_exit_2_without_retries(ray_addre
     errors = [line for line in out.splitlines() if "scale-ocr: error:" in line]
     assert rc == 2 and len(errors) == 1 and errors[0].startswith("scale-ocr: error: --output-dir"), out[-4000:]
     assert "holds no scale-ocr run (notes.txt)" in errors[0] and "Traceback" not in out, out[-4000:]
-    assert sorted(p.name for p in run_dir.iterdir()) == [".scale-ocr.lock", "notes.txt"]
+    assert (run_dir / "notes.txt").read_text() == "not a scale-ocr run"
+    assert not any((run_dir / name).exists() for name in ("config.json", "metrics.jsonl", "checkpoints"))
 
 
 def test_mistakes_are_refused_before_ray_is_involved(tmp_path, capsys):
@@ -166,6 +168,20 @@ def test_without_ray_installed_the_line_names_the_extra(monkeypatch, capsys, tmp
 
 
 @needs_ray
+def test_ray_train_v1_is_refused_in_one_line(monkeypatch):
+    """Under Ray Train's V1 API (RAY_TRAIN_V2_ENABLED=0) ``ray.train.Result`` is V1's, which carries no value
+    returned by the workers, so no outcome could reach the driver: refused, naming the switch."""
+    import ray.air.result
+    import ray.train
+
+    from scale_ocr.dist.ray_train import import_ray
+
+    monkeypatch.setattr(ray.train, "Result", ray.air.result.Result)  # the class `import ray.train` gives under V1
+    with pytest.raises(UserError, match="needs Ray Train's V2 API, and Ray .* gives V1 here: unset RAY_TRAIN_V2"):
+        import_ray()
+
+
+@needs_ray
 def test_a_run_ray_gave_up_on_is_one_line_naming_each_rank():
     """What ``trainer.fit()`` raises once the restarts are used up (or for a failure Ray does not retry), as Ray
     builds it: a dead worker's RayActorError, a training function's exception wrapped with its traceback."""
@@ -187,3 +203,24 @@ def test_a_run_ray_gave_up_on_is_one_line_naming_each_rank():
     assert (str(preempted), preempted.exit_code, preempted.prefix) == (str(stop), 75, "stopped")
     short = failure(ControllerError(RuntimeError("Insufficient cluster resources.\nThe group requires 3 CPUs")), "/r")
     assert short.exit_code == 1 and "Insufficient cluster resources. The group requires 3 CPUs;" in str(short)
+
+
+def test_documented_ray_commands_parse():
+    """The ``scale-ocr ray-train`` and ``examples/ray/driver.py`` lines of the docs take today's options and
+    training flags."""
+    import shlex
+
+    from scale_ocr.cli.args import build_parser
+    from scale_ocr.dist.ray_train import split_args
+
+    launch = re.compile(r"(?:scale-ocr ray-train|examples/ray/driver\.py)(?=\s|$)")
+    found = 0
+    for page in (REPO / "docs" / "launchers.md", REPO / "examples" / "ray" / "README.md"):
+        blocks = re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
+        for line in (ln for block in blocks for ln in block.replace("\\\n", " ").splitlines()):
+            match = launch.search(line)
+            if match:
+                opts, train = split_args(shlex.split(line[match.end():], comments=True))
+                build_parser().parse_args(train)  # argparse exits on a flag it does not know
+                found += 1
+    assert found >= 4, found
