@@ -41,7 +41,16 @@ from benchmarks.harness import (
 )
 from benchmarks.report import build_report, log_to_wandb
 
-DEFAULT_STRATEGIES = ("dp", "ddp", "fsdp", "fsdp_grad_op", "zero1", "zero2", "zero3", "zero3_offload", "fairscale")
+DEFAULT_STRATEGIES = ("dp", "ddp", "fsdp", "fsdp_grad_op", "hsdp", "zero1", "zero2", "zero3", "zero3_hpz",
+                      "zero3_offload", "fairscale")
+#: Shard within groups (--shard-size); on one host a job runs them as 2 groups of world size / 2 ranks, what 2 nodes
+#: would be, so from world size 4 on (zero3_hpz refuses groups of one rank, hsdp would only replicate).
+HYBRID = ("hsdp", "zero3_hpz")
+
+
+def shard_size(strategy: str, world_size: int) -> int | None:
+    """``--shard-size`` of a hybrid strategy's job (2 groups), None for the others."""
+    return world_size // 2 if strategy in HYBRID else None
 
 
 @dataclass(frozen=True)
@@ -85,7 +94,7 @@ PRESETS: dict[str, Suite] = {
                   world_sizes=(1, 2, 4, 8), batch_size=64, steps=50, warmup=10, repeats=3),
     # Models where sharding decides whether it fits at all.
     "large": Suite(models=("vitstr_base", "vitstr_large"),
-                   strategies=("dp", "ddp", "fsdp", "zero2", "zero3", "zero3_offload", "fairscale"),
+                   strategies=("dp", "ddp", "fsdp", "hsdp", "zero2", "zero3", "zero3_hpz", "zero3_offload", "fairscale"),
                    world_sizes=(1, 2, 4, 8), batch_size=32, steps=30, warmup=5),
 }
 
@@ -110,7 +119,7 @@ def plan(suite: Suite, cores: int, gpus: int) -> list[Config]:
             launcher = launcher_for(strategy)
             single_process = launcher == "python"
             for ws in ((1,) if single_process else suite.world_sizes):
-                if gpus and ws > gpus:
+                if (gpus and ws > gpus) or (strategy in HYBRID and ws < 4):
                     continue
                 if single_process:
                     # One process drives every device (CPU: every core) and takes the largest world's global batch.
@@ -126,6 +135,8 @@ def plan(suite: Suite, cores: int, gpus: int) -> list[Config]:
 def command(cfg: Config, suite: Suite, data_args: list[str], run_dir: Path, group: str, wandb_mode: str) -> list[str]:
     """Train.py's launch command for one configuration of ``suite``."""
     extra = shlex.split(dict(suite.model_args).get(cfg.model, ""))
+    if (shard := shard_size(cfg.strategy, cfg.world_size)) is not None:
+        extra += ["--shard-size", str(shard)]
     return step_command(cfg, suite.job_steps, data_args, extra, run_dir, group, wandb_mode, suite.profile_steps)
 
 
@@ -149,7 +160,8 @@ def predicted(strategy: str, world_size: int, precision: str, model, size) -> di
     """The memory model's figures for this job (the engine adapts to the model as at set-up)."""
     from scale_ocr.strategies.estimate import estimate
 
-    return estimate(size, world_size, precision, [strategy], model=model)["strategies"][strategy]
+    return estimate(size, world_size, precision, [strategy], model=model,
+                    ranks_per_node=shard_size(strategy, world_size))["strategies"][strategy]
 
 
 @dataclass

@@ -289,6 +289,9 @@ class StrategyConfig:
     nvme_path: str | None = opt(None, "directory for the swap files of NVMe offload (zero3_nvme, or \"nvme_path\": "
                                 "\"auto\" in a DeepSpeed JSON); default OUTPUT_DIR/nvme, removed when the run ends "
                                 "(a directory given here is kept)")
+    shard_size: int | None = opt(None, "ranks each model copy is sharded over under hsdp and zero3_hpz (ZeRO++ hpZ's "
+                                 "partition size): replicated across the world size / N groups; default: the "
+                                 "launcher's ranks per node; the world size must be a multiple of it", metavar="N")
     threads: int | None = opt(None, "intra-op threads per CPU rank (default: $OMP_NUM_THREADS when you set it, else "
                               "the host's cores divided by the ranks on it)")
     dist_timeout: float = opt(300.0, "seconds a rank may stop responding before the job ends with a line naming it "
@@ -310,6 +313,9 @@ class StrategyConfig:
         if not 5 <= self.dist_timeout <= MAX_TIMEOUT:  # a timedelta holds up to about 8.6e13 seconds
             raise UserError(f"--dist-timeout {self.dist_timeout:g}: use at least 5 seconds and at most {MAX_TIMEOUT} "
                             "(30 days)")
+        if self.shard_size is not None and self.shard_size < 1:
+            raise UserError(f"--shard-size {self.shard_size}: use 1 or more ranks per shard group (or leave it out "
+                            "for the ranks per node)")
         if self.threads is not None and not 1 <= self.threads <= MAX_THREADS:
             raise UserError(f"--threads {self.threads}: use 1 to {MAX_THREADS} (or leave it out for cores / local "
                             "ranks)")

@@ -6,6 +6,7 @@ The planner itself is :mod:`scale_ocr.strategies.estimate`; this module is its c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Any
@@ -36,12 +37,41 @@ def format_table(doc: dict[str, Any]) -> str:
     for name, r in doc["strategies"].items():
         if r["note"]:
             lines.append(f"  {name}: {r['note']}")
+    for name, why in doc.get("skipped", {}).items():
+        lines.append(f"  {name}: not estimated: {why}")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _unbuildable(names: list[str], args: argparse.Namespace) -> dict[str, str]:
+    """Of every registered strategy, those that cannot run at this world size (zero3_hpz on one rank per node),
+    removed from ``names``, with the reason the table prints."""
+    from scale_ocr.strategies.estimate import build_strategy
+
+    skipped = {}
+    for name in list(names):
+        try:
+            build_strategy(name, args.world_size, args.precision, args.ds_config, args.shard_size)
+        except UserError as exc:
+            skipped[name] = str(exc)
+            names.remove(name)
+    return skipped
+
+
+def _strategy_names(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """The strategies to estimate, and of every registered one (no --strategies) those these sizes rule out."""
     from scale_ocr.strategies import list_strategies
 
+    if args.world_size < 1:
+        raise UserError("--world-size must be at least 1")
+    if args.shard_size is not None and (args.shard_size < 1 or args.world_size % args.shard_size):
+        raise UserError(f"--shard-size {args.shard_size} does not divide --world-size {args.world_size}; give a divisor")
+    if args.strategies:
+        return args.strategies.split(","), {}
+    names = [n for n in list_strategies() if n != "deepspeed" or args.ds_config]
+    return names, _unbuildable(names, args)
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="scale-ocr estimate-memory",
                                 description="Per-rank memory of each strategy for a model, before launching.")
     what = p.add_mutually_exclusive_group(required=True)
@@ -52,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="bf16")
     p.add_argument("--strategies", default=None, help="comma-separated (default: every registered strategy)")
     p.add_argument("--ds-config", default=None, help="DeepSpeed JSON for --strategy deepspeed")
+    p.add_argument("--shard-size", type=int, default=None, metavar="N",
+                   help="ranks per node, which hsdp and zero3_hpz shard within (default: the world size, one node)")
     p.add_argument("--activations", action="store_true",
                    help="add activations measured from one real forward at --batch-size and --input-size")
     p.add_argument("--batch-size", type=int, default=32, help="per-device batch for --activations")
@@ -64,10 +96,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --activations: measure them with activation checkpointing on")
     p.add_argument("--json", action="store_true", help="machine-readable output (bytes)")
     args = p.parse_args(argv)
-    if args.world_size < 1:
-        raise UserError("--world-size must be at least 1")
-    names = args.strategies.split(",") if args.strategies else [
-        n for n in list_strategies() if n != "deepspeed" or args.ds_config]
+    # Engines' own import-time lines (DeepSpeed logs to stdout) go to stderr, so that --json prints JSON alone.
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        doc = _document(args)
+    print(json.dumps(doc, indent=2) if args.json else format_table(doc))
+    return 0
+
+
+def _document(args: argparse.Namespace) -> dict[str, Any]:
+    """The estimate for parsed ``args``: :func:`~scale_ocr.strategies.estimate.estimate`'s document."""
+    names, skipped = _strategy_names(args)
     try:
         size_hw = tuple(int(v) for v in args.input_size.lower().split("x")) if args.input_size else None
         if size_hw is not None and len(size_hw) != 2:
@@ -94,10 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         if given:
             raise UserError(f"--{given[0].replace('_', '-')} needs --model (it changes a registered model's size)")
         size = ModelSize(int(args.params), int(args.largest_layer))
-    doc = estimate(size, args.world_size, args.precision, names, args.ds_config, acts, model)
-    doc["model"] = args.model
-    print(json.dumps(doc, indent=2) if args.json else format_table(doc))
-    return 0
+    doc = estimate(size, args.world_size, args.precision, names, args.ds_config, acts, model, args.shard_size)
+    return {**doc, "model": args.model, "skipped": skipped}
 
 
 if __name__ == "__main__":

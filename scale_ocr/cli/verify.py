@@ -27,16 +27,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from scale_ocr.dist.distributed import free_port
+from scale_ocr.errors import UserError
 
 DEFAULT_STRATEGIES = "ddp,fsdp,fsdp_grad_op,zero1,zero2,zero3,fairscale"
 LOSS_RTOL = 1e-2  # relative, per logged step
@@ -75,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategies", default=DEFAULT_STRATEGIES, help="comma-separated strategy names")
     p.add_argument("--reference", default="ddp", help="the strategy the others are compared with")
     p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--nodes", type=int, default=1, help="simulate this many nodes on this host: one torchrun agent "
+                   "each (--nnodes, --node_rank), world size / nodes ranks per node; hsdp and zero3_hpz shard "
+                   "within a node")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("-b", "--batch-size", type=int, default=4, help="per-rank micro-batch")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -88,17 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _train(strategy: str, args, out: Path, extra: list[str]) -> RunResult:
     n = args.steps
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.world_size),
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(TRAIN_PY), args.arch,
-           "--strategy", strategy, "--max-steps", str(n), "--epochs", "1", "-b", str(args.batch_size),
-           "--train-samples", str(n * args.batch_size * args.world_size), "--val-samples", "8",
-           "--max-chars", "5", "--no-augment", "--log-every", "1", "--lr", str(args.lr), "--seed", "0",
-           "--save-every", str(n), "--keep-last", "1", "--wandb-mode", "disabled", "--resume", "none",
-           "--output-dir", str(out), *(["--input-size", args.input_size] if args.input_size else []), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error:" in ln][-1:] or ["failed"]
-        raise RuntimeError(tail[0][:200])
+    train = [str(TRAIN_PY), args.arch, "--strategy", strategy, "--max-steps", str(n), "--epochs", "1",
+             "-b", str(args.batch_size), "--train-samples", str(n * args.batch_size * args.world_size),
+             "--val-samples", "8", "--max-chars", "5", "--no-augment", "--log-every", "1", "--lr", str(args.lr),
+             "--seed", "0", "--save-every", str(n), "--keep-last", "1", "--wandb-mode", "disabled",
+             "--resume", "none", "--output-dir", str(out),
+             *(["--input-size", args.input_size] if args.input_size else []), *extra]
+    logs = Path(tempfile.mkdtemp(prefix=f"{strategy}-output-", dir=out.parent))  # a folder no other run has
+    returncode, output = _launch(train, args.world_size, args.nodes, logs)
+    if returncode != 0:
+        tail = [ln for ln in output.splitlines() if "Error" in ln or "error:" in ln][-1:] or ["failed"]
+        raise RuntimeError(f"{tail[0][:200]} (output: {logs})")
+    shutil.rmtree(logs)
     records = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "train/loss" in r]
     from scale_ocr.checkpoint.export import load_checkpoint_model
@@ -107,6 +116,35 @@ def _train(strategy: str, args, out: Path, extra: list[str]) -> RunResult:
     # buffers every forward, sharded engines keep each rank's own), and they do not enter training.
     params = {k: v.detach().float() for k, v in load_checkpoint_model(out).model.named_parameters()}
     return RunResult([r["train/loss"] for r in steps], [r["train/grad_norm"] for r in steps], params)
+
+
+def _launch(train: list[str], world: int, nodes: int, logs: Path) -> tuple[int, str]:
+    """``train`` under one torchrun agent per simulated node on 127.0.0.1 (their output in ``logs/nodeN.log``,
+    files, so no unread pipe can block a rank); the first failing exit status (0 if none) and the output.
+
+    Agents of a failed job that are still running a minute later (peers waiting in a collective until the
+    watchdog ends them) are killed with their ranks: each agent leads its own process group."""
+    port = free_port()
+    procs = []
+    for node in range(nodes):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node_rank", str(node),
+               "--nproc_per_node", str(world // nodes), "--master_addr", "127.0.0.1", "--master_port", str(port),
+               *train]
+        with open(logs / f"node{node}.log", "x", encoding="utf-8") as log:
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    deadline = None
+    while any(p.poll() is None for p in procs):
+        failed = any(p.returncode for p in procs if p.returncode is not None)
+        deadline = deadline or (time.monotonic() + 60 if failed else None)
+        if deadline and time.monotonic() > deadline:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+        time.sleep(0.2)
+    codes = [p.wait() for p in procs]
+    output = "\n".join((logs / f"node{node}.log").read_text(encoding="utf-8", errors="replace")
+                       for node in range(nodes))
+    return next((c for c in codes if c), 0), output
 
 
 def _rel(a: list[float], b: list[float]) -> float:
@@ -139,14 +177,20 @@ def format_table(rows: list[Row], reference: str) -> str:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.nodes < 1 or args.world_size < 1 or args.world_size % args.nodes:
+        raise UserError(f"--world-size {args.world_size} is not a multiple of --nodes {args.nodes}; give each "
+                        "simulated node the same number of ranks")
     names = [s for s in args.strategies.split(",") if s]
     extras = dict(e.split("=", 1) for e in args.extra)
     order = [args.reference] + [s for s in names if s != args.reference]
     root = Path(args.output_dir) if args.output_dir else Path(tempfile.mkdtemp(prefix="scale-ocr-verify-"))
+    root.mkdir(parents=True, exist_ok=True)
+    where = f"{args.world_size} ranks" + (f" ({args.nodes} nodes x {args.world_size // args.nodes})"
+                                          if args.nodes > 1 else "")
     results: dict[str, RunResult] = {}
     rows: list[Row] = []
     for name in order:
-        print(f"scale-ocr verify: training {name} on {args.world_size} ranks for {args.steps} steps", flush=True)
+        print(f"scale-ocr verify: training {name} on {where} for {args.steps} steps", flush=True)
         try:
             results[name] = _train(name, args, root / name, shlex.split(extras.get(name, "")))
         except RuntimeError as exc:

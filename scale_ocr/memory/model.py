@@ -6,7 +6,8 @@ Three figures per strategy, in bytes per rank for a model of ``n`` parameters on
   + 2n (16-bit gradients) + K n with K = 12 (fp32 master, momentum, variance); stage 1 divides the
   K n by the world size, stage 2 the gradients too, stage 3 everything. The fp32 analogue is
   4n + 4n + 8n (no master copy: the weights are the master). FSDP is stage 3, FSDP without resharding
-  after forward and fairscale are stage 2, DDP/DataParallel/single are stage 0.
+  after forward and fairscale are stage 2, DDP/DataParallel/single are stage 0. HSDP is stage 3 over its shard
+  group (``StateLayout.shard_group``), replicated across the groups.
 * **engine**: what the engine holds at the optimizer step, where model state peaks, built from the
   strategy's :class:`StateLayout`, which names the engine's departures from the ideal (see each
   strategy's ``state_layout``). The benchmark checks it against bytes counted from the tensors.
@@ -41,6 +42,10 @@ class StateLayout:
             the part being used (one optimizer sub-group, the parameters being gathered).
         gathers_16bit: the engine gathers fp32 weights as 16-bit copies for each unit's compute (FSDP's
             mixed-precision policy), so, as with ``mixed``, autocast makes and saves no 16-bit copy of them.
+        shard_group: the sharded parts are split over groups of this many ranks and replicated across the groups
+            (HSDP); None: over all ranks.
+        secondary_group: ZeRO++ hpZ keeps a second copy of the (``param_bytes``) weights, partitioned over groups
+            of this many ranks (a node), which the backward gathers from instead of from every rank; 0: none.
         grads_freed: gradients are tensors of their own, set to None after each step and built during the
             backward as it frees the activations, so a step never holds both in full (see :func:`step_peak`);
             False where they live in buffers kept across steps (DDP's buckets, DeepSpeed's partitions).
@@ -62,6 +67,8 @@ class StateLayout:
     host: str = ""
     disk: str = ""
     gathers_16bit: bool = False
+    shard_group: int | None = None
+    secondary_group: int = 0
     grads_freed: bool = False
     note: str = ""
 
@@ -111,12 +118,15 @@ def ideal_model_state(n: int, world: int, stage: int, mixed: bool) -> float:
 
 def predict(layout: StateLayout, n: int, world: int) -> Prediction:
     """Bytes per rank that ``layout``'s engine holds at the optimizer step for ``n`` parameters."""
-    shard = n / world
+    group = layout.shard_group or world  # the ranks a sharded part is split over
+    shard = n / group
 
     def per(bytes_: int, sharded: bool) -> float:
         return bytes_ * (shard if sharded else n)
 
     params = per(layout.param_bytes, layout.params_sharded)
+    if layout.secondary_group:
+        params += layout.param_bytes * n / layout.secondary_group
     step_elems = shard if layout.step_grad_chunk is None else min(layout.step_grad_chunk, shard)
     grads = per(layout.grad_bytes, layout.grads_sharded) + layout.step_grad_bytes * step_elems
     optimizer = per(layout.master_bytes + layout.optim_bytes, layout.optim_sharded)
@@ -132,7 +142,7 @@ def predict(layout: StateLayout, n: int, world: int) -> Prediction:
     if "params" in layout.disk:
         disk += params
     return Prediction(params, grads, optimizer, float(layout.buffer_bytes), host,
-                      ideal_model_state(n, world, layout.ideal_stage, layout.mixed), disk)
+                      ideal_model_state(n, group, layout.ideal_stage, layout.mixed), disk)
 
 
 def deepspeed_estimate(stage: int, n: int, largest_layer: int, world: int, offload_optimizer: bool,

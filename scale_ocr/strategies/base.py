@@ -41,6 +41,31 @@ def tensor_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
+def shard_size(flag: int | None, world: int, local_world: int, what: str) -> int:
+    """Ranks per shard group of the hybrid strategies (hsdp, zero3_hpz): ``--shard-size`` (``flag``) or the
+    launcher's ranks per node, which must divide the world size; ``what`` names the strategy or file in the message.
+
+    Launchers number ranks node by node, so a group of consecutive ranks is a node: state is sharded within it,
+    where links are fast, and replicated (hsdp) or given an in-group copy (hpZ) across the groups.
+    """
+    size = flag or local_world
+    if size < 1 or world % size:
+        source = f"--shard-size {flag}" if flag else f"the launcher's {local_world} ranks per node"
+        divisors = ", ".join(str(d) for d in range(1, world + 1) if world % d == 0)
+        raise UserError(f"{what}: shard groups of {size} ranks ({source}) do not divide the {world} "
+                        f"ranks of this job; pass --shard-size with one of {divisors}")
+    return size
+
+
+def single_group_notice(strategy: str, size: int, world: int, plain: str) -> str | None:
+    """A line for rank 0 when the groups make ``strategy`` the same as ``plain`` (one group spans every rank)."""
+    if size != world:
+        return None
+    return (f"scale-ocr: --strategy {strategy}: one shard group spans all {world} rank{'s' * (world > 1)}, so it "
+            f"runs as {plain} "
+            f"(launch on more nodes, or pass --shard-size N with N dividing {world}, to shard within groups)")
+
+
 @dataclass(frozen=True)
 class StepStats:
     """What one optimizer step reports.
@@ -77,6 +102,12 @@ class Strategy(ABC):
     compiles: bool = False
     #: ``--bucket-mb`` and ``--static-graph`` set its gradient reducer (DDP's).
     tunes_reducer: bool = False
+
+    @classmethod
+    def takes_shard_size(cls, cfg: StrategyConfig, **preset: Any) -> bool:
+        """Whether ``--shard-size`` sets this strategy's shard groups (hsdp, zero3_hpz) with these preset arguments;
+        a flag that would be ignored is refused before launching."""
+        return False
 
     def __init__(self, cfg: StrategyConfig, dist: DistInfo, train: TrainConfig, optim: OptimConfig,
                  run_dir: Path | None = None) -> None:

@@ -18,7 +18,7 @@ from scale_ocr.models.checkpointing import bare_name
 from scale_ocr.models.init import ModelFactory, full_shape, init_weights
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies import deepspeed_internals as internals
-from scale_ocr.strategies.base import StepStats, Strategy, tensor_norm
+from scale_ocr.strategies.base import StepStats, Strategy, single_group_notice, tensor_norm
 from scale_ocr.strategies.common import broadcast_buffers, init_optimizer_state
 from scale_ocr.strategies.ds_config import keep_fp32_weights, load_ds_config, preset_path, resolve_ds_config
 from scale_ocr.strategies.nvme import check_async_io, nvme_sections, prepare_swap, remove_swap, swap_bytes
@@ -36,6 +36,13 @@ class DeepSpeed(Strategy):
     """
 
     shards_state = True
+
+    @classmethod
+    def takes_shard_size(cls, cfg, **preset) -> bool:
+        """When the JSON has ``zero_optimization.zero_hpz_partition_size`` (ZeRO++ hpZ, the zero3_hpz preset)."""
+        source = cfg.ds_config or (str(preset_path(preset["preset"])) if preset.get("preset") else None)
+        zero = load_ds_config(source).get("zero_optimization") if source else None
+        return isinstance(zero, dict) and "zero_hpz_partition_size" in zero
 
     def __init__(self, *args, preset: str | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -56,6 +63,7 @@ class DeepSpeed(Strategy):
             grad_accum=self.train.grad_accum, world_size=self.world_size, clip_grad=self.optim.clip_grad,
             precision=self.train.precision, lr=self.optim.peak_lr, weight_decay=self.optim.wd,
             nvme_path=self.cfg.nvme_path, nvme_default=str(own_swap), device_type=self.dist.device.type,
+            shard_size=self.cfg.shard_size, local_world=self.dist.local_world_size,
         )
         self.nvme_paths = sorted({Path(s["nvme_path"]) for s in nvme_sections(self.ds_config)})
         self._own_swap = [own_swap] if self.cfg.nvme_path is None and own_swap in self.nvme_paths else []
@@ -113,6 +121,10 @@ class DeepSpeed(Strategy):
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         self._prepare_swap()
         self.configure_for(model)
+        hpz = self._hpz_group()
+        line = single_group_notice(self.cfg.strategy, hpz, self.world_size, "zero3 plus a copy of each partition")
+        if hpz > 1 and line and self.is_main:
+            print(line, flush=True)
         if self.fp32_for_batchnorm and self.is_main:
             print("scale-ocr: DeepSpeed keeps fp32 weights (under autocast) for this BatchNorm model; "
                   "set \"bf16\": {\"enabled\": true} in the JSON to force 16-bit weights", flush=True)
@@ -161,7 +173,9 @@ class DeepSpeed(Strategy):
         def held(tensors: list) -> list:
             return [t for t in tensors if t is None or t.untyped_storage().data_ptr() not in in_staging]
 
-        return {"params": held([internals.param_partition(p) for p in params]), "grads": held(grads),
+        partitions = [internals.param_partition(p) for p in params] + [internals.param_secondary_partition(p)
+                                                                       for p in params]  # hpZ's in-node copy
+        return {"params": held(partitions), "grads": held(grads),
                 "optimizer": held(masters + optimizer_tensors(base)), "other": staging + other}
 
     def state_layout(self) -> StateLayout:
@@ -188,16 +202,26 @@ class DeepSpeed(Strategy):
                 else "clones an fp32 master partition although the weights are fp32")
         note += "; the gradient partition is upcast to fp32 for the step"
         if stage == 3:
-            note += (f" one sub-group ({zero.get('sub_group_size', 1e9):.0e} elements) at a time; a reduce bucket "
+            note += (f", one sub-group ({zero.get('sub_group_size', 1e9):.0e} elements) at a time; a reduce bucket "
                      f"of reduce_bucket_size ({zero.get('reduce_bucket_size', 5e8):.0e}) elements is allocated up front")
         if where("nvme"):
             note += ("; NVMe offload: swap files hold the offloaded state (parameter partitions under 1 MiB stay "
                      "in memory), host memory a sub-group and buffer_count x buffer_size staging buffers")
+        hpz = self._hpz_group()
+        if hpz > 1:
+            note += (f"; ZeRO++ hpZ: a second copy of the weights partitioned over groups of {hpz} ranks (a node), "
+                     "from which the backward gathers; DeepSpeed's own estimate leaves it out")
         return StateLayout(ideal_stage=stage, mixed=mixed, param_bytes=weight, params_sharded=stage == 3,
+                           secondary_group=hpz if hpz > 1 else 0,
                            grad_bytes=grad_bytes, grads_sharded=True, step_grad_bytes=4,
                            step_grad_chunk=int(zero.get("sub_group_size", 1e9)) if stage == 3 else None,
                            master_bytes=4, optim_sharded=True, buffer_bytes=bucket, host=where("cpu"),
                            disk=where("nvme"), note=note)
+
+    def _hpz_group(self) -> int:
+        """ZeRO++ hpZ's group size (the resolved ``zero_hpz_partition_size``), 1 when hpZ is off."""
+        zero = self.ds_config.get("zero_optimization", {})
+        return int(zero.get("zero_hpz_partition_size", 1)) if zero.get("stage") == 3 else 1
 
     def engine_config(self) -> dict[str, Any]:
         return self.ds_config

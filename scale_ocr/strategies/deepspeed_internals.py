@@ -83,6 +83,7 @@ PRIVATE_ATTRIBUTES: tuple[Private, ...] = (
             "nvme_staging_buffers"),
     Private("deepspeed.runtime.swap_tensor.utils.SwapBufferManager", "all_buffers", "nvme_staging_buffers"),
     Private(ZERO_INIT, "ds_tensor", "param_partition"),
+    Private(ZERO_INIT, "ds_secondary_tensor", "param_secondary_partition"),
     # Read directly by scale_ocr.models.init (full_shape, full_numel); listed so the test guards them too.
     Private(ZERO_INIT, "ds_shape", "scale_ocr.models.init.full_shape"),
     Private(ZERO_INIT, "ds_numel", "scale_ocr.models.init.full_numel"),
@@ -176,6 +177,13 @@ def skipped_steps(engine: Any) -> int:
 def param_partition(param: torch.nn.Parameter) -> torch.Tensor:
     """ZeRO-3: this rank's partition of ``param``; ``param`` itself when it is not partitioned."""
     return getattr(param, "ds_tensor", param)
+
+
+@_relies_on
+def param_secondary_partition(param: torch.nn.Parameter) -> torch.Tensor | None:
+    """ZeRO++ hpZ: this rank's secondary partition of ``param``, over its hpZ group (a node), from which the
+    backward gathers; None without hpZ, or while ZeRO-3 keeps ``param`` whole (persistent small parameters)."""
+    return getattr(param, "ds_secondary_tensor", None)
 
 
 @_relies_on

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from scale_ocr.errors import JSON_ERRORS, UserError, json_problem, printable, shown
+from scale_ocr.strategies.base import shard_size
 from scale_ocr.strategies.ds_keys import check_keys, parsed_by_deepspeed
 from scale_ocr.strategies.nvme import nvme_sections
 
@@ -65,8 +66,8 @@ def _fill(node: dict[str, Any], key: str, value: Any, source: str, flag: str) ->
 
 def resolve_ds_config(raw: dict[str, Any], *, source: str, micro_batch: int, grad_accum: int, world_size: int,
                       clip_grad: float, precision: str, lr: float, weight_decay: float,
-                      nvme_path: str | None = None, nvme_default: str | None = None,
-                      device_type: str = "cuda") -> dict[str, Any]:
+                      nvme_path: str | None = None, nvme_default: str | None = None, device_type: str = "cuda",
+                      shard_size: int | None = None, local_world: int = 1) -> dict[str, Any]:
     """A copy of ``raw`` with every ``"auto"`` filled and the batch arithmetic checked.
 
     fp16/bf16 ``"auto"`` follow ``--precision``: DeepSpeed then holds 16-bit weights with fp32 master
@@ -81,6 +82,9 @@ def resolve_ds_config(raw: dict[str, Any], *, source: str, micro_batch: int, gra
     ``zero_optimization.overlap_comm`` "auto" (the zero3 preset's) is on where ranks have a device (``device_type``
     "cuda": communication runs on its own stream, beside backward) and off on CPU ranks, where there is no second
     stream to overlap on and ZeRO-3 trained 4.9% faster without it (benchmarks/results/engine-knobs-vm-20261202).
+
+    ``zero_optimization.zero_hpz_partition_size`` (ZeRO++ hpZ) "auto" is ``--shard-size`` (``shard_size``), else the
+    launcher's ranks per node (``local_world``); see :func:`fill_hpz`.
     """
     check_keys(raw, source)  # unknown or removed keys, against the installed DeepSpeed's own config classes
     cfg = copy.deepcopy(raw)
@@ -104,6 +108,7 @@ def resolve_ds_config(raw: dict[str, Any], *, source: str, micro_batch: int, gra
     zero = cfg.get("zero_optimization")
     if isinstance(zero, dict) and zero.get("overlap_comm") == "auto":
         zero["overlap_comm"] = device_type != "cpu"
+    fill_hpz(zero if isinstance(zero, dict) else {}, source, shard_size, world_size, local_world)
     for section in nvme_sections(cfg):
         if nvme_path is not None:
             _fill(section, "nvme_path", nvme_path, source, "--nvme-path")
@@ -119,6 +124,37 @@ def resolve_ds_config(raw: dict[str, Any], *, source: str, micro_batch: int, gra
     if leftover:
         raise UserError(f"{source}: no run setting fills \"auto\" at {printable(leftover, 200)}; give it a value")
     return parsed_by_deepspeed(cfg, source)  # DeepSpeed's own value checks, before any process group or model
+
+
+def fill_hpz(zero: dict[str, Any], source: str, flag: int | None, world: int, local_world: int) -> None:
+    """Fill and check ``zero_hpz_partition_size``: ZeRO++ hpZ's secondary weight partition over that many ranks.
+
+    "auto" is ``--shard-size`` (``flag``) or the ranks per node, and must leave hpZ on (above 1: DeepSpeed turns it
+    off at 1, silently); any value above 1 must divide the world size and needs stage 3 (other stages ignore it).
+    ``--shard-size`` with a JSON that has no such key would change nothing, so it is refused.
+    """
+    key = "zero_hpz_partition_size"
+    if key not in zero:
+        if flag is not None:
+            raise UserError(f"{source}: --shard-size sets zero_optimization.{key} (ZeRO++ hpZ), which this JSON does "
+                            f'not have; add "{key}": "auto" (as ds_configs/zero3_hpz.json does) or drop --shard-size')
+        return
+    if zero[key] == "auto":
+        zero[key] = shard_size(flag, world, local_world, source)
+        if zero[key] == 1:
+            why = "--shard-size 1" if flag else "one rank per node"
+            raise UserError(f'{source}: {key} "auto" is 1 ({why}), which turns ZeRO++ hpZ off; pass --shard-size 2 '
+                            "or more, or use --strategy zero3")
+    elif flag is not None:
+        _fill(zero, key, flag, source, "--shard-size")
+    value = zero[key]
+    if isinstance(value, int) and value > 1:
+        if world % value:
+            raise UserError(f"{source}: {key} {value} does not divide the {world} ranks of this job; give a divisor "
+                            f'of {world}, or "auto" (--shard-size, else the ranks per node)')
+        if zero.get("stage") != 3:
+            raise UserError(f"{source}: {key} {value} needs ZeRO stage 3 (hpZ partitions ZeRO-3's weights); "
+                            f"set \"stage\": 3 or remove {key}")
 
 
 def keep_fp32_weights(cfg: dict[str, Any], raw: dict[str, Any], model) -> bool:

@@ -95,31 +95,36 @@ def activation_bytes(model: nn.Module, inputs: tuple[torch.Tensor, ...], precisi
     return sum(storages.values())
 
 
-def build_strategy(name: str, world: int, precision: str, ds_config: str | None):
-    """A strategy object for its layout only: no process group, no model, nothing launched."""
+def build_strategy(name: str, world: int, precision: str, ds_config: str | None, ranks_per_node: int | None = None):
+    """A strategy object for its layout only: no process group, no model, nothing launched. ``ranks_per_node``
+    (default: all ranks on one node) is what hybrid strategies (hsdp, zero3_hpz) shard over by default."""
     from scale_ocr.strategies import strategy_entry
 
     entry = strategy_entry(name)
     ranks = 1 if entry.cls.max_world_size == 1 else world
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    dist = DistInfo(0, ranks, 0, ranks, device, "nccl" if device.type == "cuda" else "gloo", "estimate")
+    dist = DistInfo(0, ranks, 0, min(ranks_per_node or ranks, ranks), device,
+                    "nccl" if device.type == "cuda" else "gloo", "estimate")
     cfg = StrategyConfig(strategy=name, ds_config=ds_config if "preset" in entry.preset else None)
     return entry.cls(cfg, dist, TrainConfig(precision=precision), OptimConfig(), **entry.preset), ranks
 
 
 def estimate(size: ModelSize, world: int, precision: str, strategies: list[str], ds_config: str | None = None,
-             activations: Activations | None = None, model: nn.Module | None = None) -> dict[str, Any]:
+             activations: Activations | None = None, model: nn.Module | None = None,
+             ranks_per_node: int | None = None) -> dict[str, Any]:
     """Per-strategy predictions in bytes (the ``--json`` document); ``model``, when known, lets engines
     adapt to it as they will at set-up (DeepSpeed keeps fp32 weights for BatchNorm models). Each row's
-    activations are the figure for its engine's weights (:meth:`Activations.under`)."""
+    activations are the figure for its engine's weights (:meth:`Activations.under`). ``ranks_per_node``: the
+    shard groups of hsdp and zero3_hpz (default: one node holds every rank)."""
     rows = {}
     for name in strategies:
-        strategy, ranks = build_strategy(name, world, precision, ds_config)
+        strategy, ranks = build_strategy(name, world, precision, ds_config, ranks_per_node)
         if model is not None:
             strategy.configure_for(model)
         layout = strategy.state_layout()
         pred = predict(layout, size.params, ranks)
-        row: dict[str, Any] = {**pred.as_dict(), "world_size": ranks, "note": layout.note, "deepspeed": None,
+        row: dict[str, Any] = {**pred.as_dict(), "world_size": ranks, "shard_group": layout.shard_group,
+                               "note": layout.note, "deepspeed": None,
                                "params_sharded": layout.params_sharded, "casts_weights": layout.casts_weights}
         if layout.master_bytes and layout.ideal_stage >= 2 and layout.mixed:  # DeepSpeed ZeRO-2/3, as its estimators assume
             host, dev = deepspeed_estimate(layout.ideal_stage, size.params, size.largest_layer, ranks,
@@ -132,4 +137,4 @@ def estimate(size: ModelSize, world: int, precision: str, strategies: list[str],
         row["total"] = step_peak(row["resident_state"], pred.grads, row["activations"] or 0, layout.grads_freed)
         rows[name] = row
     return {"params": size.params, "largest_layer": size.largest_layer, "world_size": world,
-            "precision": precision, "strategies": rows}
+            "ranks_per_node": min(ranks_per_node or world, world), "precision": precision, "strategies": rows}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 import torch
@@ -14,7 +15,7 @@ from scale_ocr.models.init import ModelFactory, init_weights
 from scale_ocr.models.registry import capable
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.precision import compute_weight_dtype
-from scale_ocr.strategies.base import StepStats, Strategy
+from scale_ocr.strategies.base import StepStats, Strategy, shard_size, single_group_notice
 from scale_ocr.strategies.common import (
     TorchStepper,
     broadcast_buffers,
@@ -145,3 +146,40 @@ class FSDP(Strategy):
 
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return state if self.is_main else None
+
+
+class HSDP(FSDP):
+    """Hybrid sharded data parallel: FSDP2 over a 2-D mesh, sharded within groups of ``--shard-size`` ranks (a
+    node by default) and replicated across the groups.
+
+    Each rank holds 1/shard-size of the parameters, gradients and optimizer state; the per-unit all-gathers and
+    gradient reduce-scatters stay inside a group (a node's fast links), and only the reduced gradient shards are
+    all-reduced between groups, once per step. The mesh's rows are groups of consecutive ranks, which launchers
+    number node by node.
+    """
+
+    @classmethod
+    def takes_shard_size(cls, cfg, **preset) -> bool:
+        return True
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.shard = shard_size(self.cfg.shard_size, self.world_size, self.dist.local_world_size,
+                                f"--strategy {self.cfg.strategy}")
+
+    def mesh(self):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if self._mesh is None:
+            line = single_group_notice(self.cfg.strategy, self.shard, self.world_size, "fsdp")
+            if line and self.is_main:
+                print(line, flush=True)
+            self._mesh = init_device_mesh(self.dist.device.type, (self.world_size // self.shard, self.shard),
+                                          mesh_dim_names=("replicate", "shard"))
+        return self._mesh
+
+    def state_layout(self) -> StateLayout:
+        layout = super().state_layout()
+        note = (f"sharded within groups of {self.shard} ranks, replicated across {self.world_size // self.shard}; "
+                + layout.note)
+        return dataclasses.replace(layout, shard_group=self.shard, note=note)

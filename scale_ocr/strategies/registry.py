@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from scale_ocr.config import OptimConfig, StrategyConfig, TrainConfig
 from scale_ocr.dist.distributed import DistInfo
 from scale_ocr.errors import UserError
-from scale_ocr.strategies.base import Strategy
+from scale_ocr.strategies.base import Strategy, shard_size
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,13 @@ def check_launch(cfg: StrategyConfig, world_size: int, launcher: str) -> Strateg
         able = ", ".join(name for name, e in _STRATEGIES.items() if e.cls.compiles)
         raise UserError(f"--compile runs under {able}, not --strategy {cfg.strategy}; pick one of those or "
                         "drop --compile")
+    if cfg.shard_size is not None:
+        if not entry.cls.takes_shard_size(cfg, **entry.preset):
+            shipped = replace(cfg, ds_config=None)  # the strategies as shipped, not under this run's JSON
+            able = ", ".join(n for n, e in _STRATEGIES.items() if e.cls.takes_shard_size(shipped, **e.preset))
+            raise UserError(f"--shard-size sets the shard groups of {able}, not of --strategy {cfg.strategy}; "
+                            "pick one of those or drop --shard-size")
+        shard_size(cfg.shard_size, world_size, world_size, f"--strategy {cfg.strategy}")  # divides the world size
     defaults = {f.name: f.default for f in fields(StrategyConfig)}
     tuned = [f"--{n.replace('_', '-')}" for n in ("bucket_mb", "static_graph") if getattr(cfg, n) != defaults[n]]
     if tuned and not entry.cls.tunes_reducer:
