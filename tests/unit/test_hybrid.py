@@ -114,3 +114,10 @@ def test_estimate_memory_takes_the_shard_size_and_lists_what_it_cannot_estimate(
     assert "zero3_hpz: not estimated: " in capsys.readouterr().out
     with pytest.raises(UserError, match="--shard-size 3 does not divide --world-size 4"):
         estimate_main(["--params", "1e8", "--world-size", "4", "--shard-size", "3"])
+
+
+def test_verify_refuses_nodes_that_do_not_split_the_world_evenly():
+    from scale_ocr.cli.verify import main as verify_main
+
+    with pytest.raises(UserError, match="--world-size 3 is not a multiple of --nodes 2"):
+        verify_main(["--world-size", "3", "--nodes", "2", "--strategies", "ddp"])
