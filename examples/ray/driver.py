@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import ray
 from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
@@ -32,7 +33,8 @@ def main(argv: list[str]) -> int:
     ray.init(logging_level="WARNING")  # $RAY_ADDRESS, else the cluster `ray start` started on this machine
     trainer = TorchTrainer(
         train_loop_per_worker,  # scale-ocr's trainer; Ray has set RANK, WORLD_SIZE, ... and started the group
-        train_loop_config={"argv": flags, "cwd": os.getcwd()},
+        # the flags; the driver's folder, for relative paths; its start, which tells a restart (continue_own_run)
+        train_loop_config={"argv": flags, "cwd": os.getcwd(), "started": time.time()},
         scaling_config=ScalingConfig(num_workers=opts.num_workers, use_gpu=opts.use_gpu),
         run_config=RunConfig(
             storage_path=opts.storage_path,  # Ray's own records of the run (default ~/ray_results)

@@ -17,7 +17,8 @@ The source of truth is scale_ocr's checkpoint, not Ray's: every worker trains in
 continues from the newest checkpoint there, exactly as a rerun of the command would. Nothing is reported to
 Ray's checkpoint store. A worker that ends on purpose (a user error, exit 2; divergence, 4; a full disk, 74) returns
 its exit code and line instead of raising, so Ray does not retry what would fail again, and the driver prints
-rank 0's line and exits with its code. A fault (a lost peer, a crash) is raised for Ray to restart.
+rank 0's line and exits with its code. A worker that loses a peer prints a line and ends its process, as the
+dead peer's did; any other exception is raised. Either way Ray restarts the group while ``--max-failures`` allows.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,9 @@ from scale_ocr.errors import (
 )
 
 INSTALL_HINT = "pip install 'scale-ocr[ray]'"
-RETRIED_EXITS = (75,)  # preempted (SIGTERM/SIGUSR1): a restart continues from the checkpoint it wrote
+# Stops whose code means "try again", left to Ray's restarts: a peer lost, and a preemption (75, EXIT_PREEMPTED; no
+# signal handler is armed under Ray, see _train, but that is what the code would mean).
+RETRIED_EXITS = (EXIT_PEER_LOST, 75)
 # Ray Train's print patch sends print() through its logger as well as to the console: every line twice.
 WORKER_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
 
@@ -158,10 +162,16 @@ def prepare_train_args(train_argv: list[str], opts: RayOptions) -> tuple[list[st
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     """Ray's training function: scale_ocr's run on this worker. Returns its outcome, which reaches the driver as
-    rank 0's ``Result.return_value``; a fault is raised, for Ray to restart the worker group."""
+    rank 0's ``Result.return_value``. A lost peer ends the process and any other fault is raised: Ray restarts
+    the worker group.
+
+    Args:
+        config: ``argv``, the training flags (with an absolute ``--output-dir``); optional ``cwd``, the driver's
+            folder, and ``started``, the driver's ``time.time()`` when it began (see :func:`continue_own_run`).
+    """
     _enter(config.get("cwd"))
     try:
-        return {"exit_code": 0, "summary": _train(config["argv"])}
+        return {"exit_code": 0, "summary": _train(continue_own_run(config["argv"], config.get("started")))}
     except UserError as exc:
         if exc.exit_code in RETRIED_EXITS:
             raise
@@ -176,6 +186,29 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                   "and they resume from the last checkpoint", file=sys.stderr, flush=True)
             os._exit(EXIT_PEER_LOST)  # not raise: Ray would print the traceback of what is only a lost peer
         raise
+
+
+def continue_own_run(argv: list[str], started: float | None) -> list[str]:
+    """The flags for this attempt: after Ray restarted the workers, ``--resume auto`` wherever an explicit
+    ``--resume PATH`` or ``none`` was given, so the restart continues from this job's own newest checkpoint
+    instead of the first attempt's starting point (which would move this job's checkpoints aside).
+
+    A checkpoint of this job is one the run directory's ``checkpoints/latest`` names and that was written since
+    the driver started; the run directory's lock keeps any other job from writing there meanwhile.
+    """
+    from scale_ocr.cli.args import parse_config
+
+    cfg = parse_config(argv)
+    latest = Path(cfg.output.output_dir) / "checkpoints" / "latest"
+    if started is None or cfg.checkpoint.resume == "auto" or not latest.is_file():
+        return argv
+    if latest.stat().st_mtime < started:
+        return argv
+    if os.environ.get("RANK", "0") == "0":
+        print(f"scale-ocr: Ray Train restarted the workers: continuing from this job's own "
+              f"{printable(str(latest.parent / latest.read_text().strip()), 400)}, not --resume "
+              f"{printable(cfg.checkpoint.resume, 200)}", flush=True)
+    return [*argv, "--resume", "auto"]
 
 
 def _enter(cwd: str | None) -> None:
@@ -225,7 +258,7 @@ def build_trainer(opts: RayOptions, train_argv: list[str], cfg):
     from ray.train.torch import TorchConfig, TorchTrainer
 
     try:
-        from ray.train import LoggingConfig  # Ray Train V2 (the default since Ray 2.51)
+        from ray.train import LoggingConfig  # Ray Train V2's (not in every release of it)
         logging = {"logging_config": LoggingConfig(log_level=opts.log_level.upper())}
     except ImportError:
         logging = {}
@@ -236,7 +269,7 @@ def build_trainer(opts: RayOptions, train_argv: list[str], cfg):
         worker_runtime_env={"env_vars": WORKER_ENV}, **logging)
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"argv": train_argv, "cwd": os.getcwd()},
+        train_loop_config={"argv": train_argv, "cwd": os.getcwd(), "started": time.time()},
         # The group's own timeout is a minute past --dist-timeout, as init_distributed sets it, so the watchdog's
         # line naming the silent rank comes first.
         torch_config=TorchConfig(backend=cfg.strategy.backend, timeout_s=int(cfg.strategy.dist_timeout) + 60),

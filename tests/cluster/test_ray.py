@@ -140,6 +140,25 @@ def test_a_user_error_in_a_worker_is_returned_not_raised(tmp_path, monkeypatch):
     assert (run_dir / "notes.txt").read_text() == "not a scale-ocr run"
 
 
+def test_a_restart_continues_this_jobs_checkpoints_not_the_given_resume(tmp_path, capsys):
+    """``--resume PATH`` (or ``none``) is where the job's first attempt starts; once the job has checkpointed, a
+    restart continues from there with ``--resume auto``, instead of starting over and moving that work aside."""
+    from scale_ocr.dist.ray_train import continue_own_run
+
+    other, run_dir = tmp_path / "other_run", tmp_path / "run"
+    other.mkdir()
+    (run_dir / "checkpoints").mkdir(parents=True)
+    argv = [*FLAGS, "--resume", str(other), "--output-dir", str(run_dir)]
+    assert continue_own_run(argv, time.time()) == argv  # the first attempt: nothing of this job yet
+    (run_dir / "checkpoints" / "latest").write_text("step_00000010\n")
+    assert continue_own_run(argv, time.time() + 60) == argv  # a checkpoint older than the job: not its own
+    assert continue_own_run(argv, time.time() - 60) == [*argv, "--resume", "auto"]
+    assert capsys.readouterr().out == (f"scale-ocr: Ray Train restarted the workers: continuing from this job's own "
+                                       f"{run_dir / 'checkpoints' / 'step_00000010'}, not --resume {other}\n")
+    auto = [*FLAGS, "--output-dir", str(run_dir)]
+    assert continue_own_run(auto, time.time() - 60) == auto  # --resume auto finds it by itself
+
+
 @needs_ray
 def test_the_example_driver_builds_on_the_package():
     """``examples/ray/driver.py`` imports what it uses from scale_ocr and Ray (run, it needs a cluster)."""
