@@ -42,8 +42,10 @@ def ddp_reference(tmp_path_factory):
 
 # ddp is the reference; the generic `deepspeed` strategy runs under its own launcher on the user's JSON (the
 # shipped ZeRO-3 file) in tests/distributed/test_doctr.py, training docTR's CRNN; zero3_nvme in
-# tests/distributed/test_nvme.py (2 ranks, its swap files, zero3's losses).
-ELSEWHERE = ("ddp", "deepspeed", "zero3_nvme")
+# tests/distributed/test_nvme.py (2 ranks, its swap files, zero3's losses). hsdp and zero3_hpz on 2 ranks of one
+# node form one group and run as fsdp and zero3 (tested here); their own paths, groups of 2 on 2 simulated nodes,
+# run in tests/distributed/test_hsdp.py (verify against DDP, memory per rank, resume across them).
+ELSEWHERE = ("ddp", "deepspeed", "zero3_nvme", "hsdp", "zero3_hpz")
 
 
 @pytest.mark.slow
