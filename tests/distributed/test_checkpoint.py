@@ -117,7 +117,7 @@ def test_resume_at_another_world_size_and_batch_trains_the_rest(saved, tmp_path)
 def test_killed_save_leaves_previous_checkpoint(tmp_path):
     """kill -9 a rank while step 4's checkpoint is being written: step 2's still resumes."""
     run_dir = tmp_path / "run"
-    # Every save stalls 8 s once each rank's files are written: long enough to be caught mid-write.
+    # Every save after the first stalls 8 s once each rank's files are written: long enough to be caught mid-write.
     cmd = [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(free_port()), str(HOOKED_TRAIN),
            "--stall-save", "8", "--strategy", "fsdp", *BASE, "--save-every", "2", "--output-dir", str(run_dir)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -128,7 +128,7 @@ def test_killed_save_leaves_previous_checkpoint(tmp_path):
         while not (run_dir / "checkpoints" / "step_00000004.tmp").is_dir():
             assert time.time() < deadline and proc.poll() is None, "never reached the second save"
             time.sleep(0.5)
-        # The first save stalled too; once step 2 is complete, step 4 is the one in flight.
+        # Once step 2 is complete, step 4 is the one in flight.
         assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000002"
         time.sleep(2)
         ranks = subprocess.run(["pgrep", "-f", "--", f"--output-dir {run_dir}"], capture_output=True, text=True)

@@ -4,8 +4,9 @@ a moment a real run cannot be stopped at from outside. Hook options come before 
     hooked_train.py [--stall-save SECONDS] [--resave-on-resume] TRAIN_ARGS...
 
 ``--stall-save SECONDS``
-    every rank sleeps after writing its files of each checkpoint, before the barrier that completes the save:
-    a rank killed then dies mid-write (the checkpoint's ``step_N.tmp`` is there, ``latest`` not yet moved).
+    from the second checkpoint on, every rank sleeps after writing its files, before the barrier that completes
+    the save: a rank killed then dies mid-write (the checkpoint's ``step_N.tmp`` is there, ``latest`` not yet
+    moved), and the first checkpoint, saved at once, is complete to fall back on.
 ``--resave-on-resume``
     a resumed run saves the state it loaded, re-sharded by its own engine, before its first step, so a test can
     compare it bitwise with the checkpoint it came from.
@@ -23,14 +24,19 @@ from typing import Any
 
 
 def stall_saves(seconds: float) -> None:
-    """Each rank sleeps ``seconds`` once its part of a checkpoint is written, before the save completes."""
+    """From the second checkpoint on, each rank sleeps ``seconds`` once its part is written, before the save
+    completes (the first needs no stall: only a later one is caught mid-write)."""
     from scale_ocr.checkpoint.manager import CheckpointManager
 
     write = CheckpointManager.write_shards
+    saves = 0
 
     def write_then_stall(self, strategy, folder) -> None:
+        nonlocal saves
         write(self, strategy, folder)
-        time.sleep(seconds)
+        saves += 1
+        if saves > 1:
+            time.sleep(seconds)
 
     CheckpointManager.write_shards = write_then_stall
 
