@@ -37,7 +37,7 @@ TINY = ["--max-steps", "6", "--train-samples", "64", "--val-samples", "16", "-b"
 # $TMPDIR/scale-ocr-hypothesis, outside the tree).
 # No deadline: a shared 2-core machine times examples too noisily for one.
 settings.register_profile("fast", max_examples=60, deadline=None, derandomize=True, database=None, print_blob=True)
-settings.register_profile("full", settings.get_profile("fast"), max_examples=300)
+settings.register_profile("full", settings.get_profile("fast"), max_examples=150)
 settings.register_profile("explore", max_examples=2000, deadline=None, print_blob=True,
                           database=DirectoryBasedExampleDatabase(Path(tempfile.gettempdir()) / "scale-ocr-hypothesis"))
 settings.load_profile("full" if os.environ.get("SCALE_OCR_FULL_TESTS", "0") not in ("", "0") else "fast")
