@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import sys
 
 import pytest
-from conftest import read_jsonl, run_cmd, torchrun_train
+from conftest import read_jsonl, torchrun_train
 
 # A one-block ViT 512 wide: its MLP and QKV weights have partitions over DeepSpeed's 1 MiB swap minimum
 # (smaller ones stay in memory), and it trains two steps in seconds.
@@ -19,16 +18,21 @@ MIB = 2**20
 
 
 def _require_async_io() -> None:
-    """Build DeepSpeed's async_io op (cached after the first time); skip only where nothing could provide libaio."""
+    """Build DeepSpeed's async_io op (cached after the first time); skip only where nothing could provide libaio.
+    In this process: loading the op `make install` built takes a moment, a process of its own several seconds."""
     from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    from scale_ocr.errors import UserError
+    from scale_ocr.strategies.nvme import check_async_io
 
     if not AsyncIOBuilder().is_compatible(verbose=False):
         if os.geteuid() == 0 and shutil.which("apt-get"):
             pytest.fail("libaio is missing although `make install` could install it (root, apt-get): run it")
         pytest.skip("libaio headers are absent and this user cannot install them (apt-get install libaio-dev)")
-    proc = run_cmd([sys.executable, "-c", "from scale_ocr.strategies.nvme import check_async_io; check_async_io()"],
-                   timeout=1200)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    try:
+        check_async_io()
+    except UserError as exc:
+        pytest.fail(str(exc))
 
 
 def _partitions(world: int) -> list[int]:
