@@ -1,4 +1,9 @@
-"""Datasets -> loaders: a distributed sampler for training, an evenly padded shard for validation."""
+"""Datasets -> loaders: a resumable position for training, an evenly padded shard for validation.
+
+The trainer keeps its place in the data through one interface, :class:`Position` (``set_epoch``, ``state``,
+``restore``), which the folder sampler (:class:`FolderPosition`) and the shard reader
+(:class:`~scale_ocr.data.shard_reader.ShardPosition`) both implement.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -76,18 +82,64 @@ class ResumableSampler(DistributedSampler):
         return super().__len__() - self.start
 
 
+class Position(Protocol):
+    """Where training is in the data, in samples, so a resume continues the epoch exactly."""
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch``'s training order (its rest, when a restored position belongs to it)."""
+
+    def state(self, epoch: int, consumed_batches: int) -> dict:
+        """A JSON-able position after this rank took ``consumed_batches`` batches since ``set_epoch`` (every
+        rank took as many), or the start of ``epoch`` when that is not the one set: what a checkpoint stores,
+        free of world size, workers and batch size."""
+
+    def restore(self, epoch: int, samples_in_epoch: int, state: dict | None) -> None:
+        """Continue ``epoch`` from a checkpoint's ``state`` (None: a checkpoint that only counted samples) when
+        :meth:`set_epoch` starts it."""
+
+
+class FolderPosition:
+    """:class:`Position` over a :class:`ResumableSampler`: the samples consumed of the epoch's global order."""
+
+    def __init__(self, sampler: ResumableSampler, batch: int) -> None:
+        self.sampler, self.batch = sampler, batch
+        self.epoch, self.start, self.restored = 0, 0, None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.start = self.restored[1] if self.restored is not None and self.restored[0] == epoch else 0
+        self.restored = None
+        self.sampler.set_epoch(epoch)
+        self.sampler.skip_global(self.start)
+
+    def state(self, epoch: int, consumed_batches: int) -> dict:
+        if epoch != self.epoch:
+            return {"kind": "folder", "epoch": epoch, "samples_in_epoch": 0}
+        return {"kind": "folder", "epoch": epoch,
+                "samples_in_epoch": self.start + consumed_batches * self.batch * self.sampler.num_replicas}
+
+    def restore(self, epoch: int, samples_in_epoch: int, state: dict | None) -> None:
+        self.restored = (epoch, int(state["samples_in_epoch"]) if state and "samples_in_epoch" in state
+                         else samples_in_epoch)
+
+
 @dataclass
 class Data:
     """Everything the trainer needs from the data side."""
 
     train_loader: DataLoader
     val_loader: DataLoader
-    train_sampler: ResumableSampler
+    position: Position
     num_train: int
     num_val: int
     skipped: dict[str, int]
     labels_sha256: str | None  # of the training labels.json files; None for synthetic data
     speedup_hint: str = ""  # what would make loading faster, for a run that waited on it
+
+    @property
+    def train_sampler(self) -> ResumableSampler | None:
+        """The folder sampler (tests and benchmarks iterate it); None for a shard set."""
+        return getattr(self.position, "sampler", None)
 
 
 def speedup_hint(workers: int, local_world: int) -> str:
@@ -103,10 +155,12 @@ def speedup_hint(workers: int, local_world: int) -> str:
 
 
 def labels_digest(paths: tuple[str, ...]) -> str:
-    """SHA-256 over the training folders' labels.json files, to tell datasets apart in W&B."""
+    """SHA-256 over the training folders' labels.json files (a shard set's index), to tell datasets apart in W&B."""
+    from scale_ocr.data.shards import INDEX, is_shard_set
+
     h = hashlib.sha256()
     for p in paths:
-        h.update((Path(p) / "labels.json").read_bytes())
+        h.update((Path(p) / (INDEX if is_shard_set(p) else "labels.json")).read_bytes())
     return h.hexdigest()
 
 
@@ -132,17 +186,22 @@ def build_loaders(train_ds: Dataset, val_ds: Dataset, collate, cfg: DataConfig, 
             f"{len(train_ds)} training samples cannot fill one batch of {batch_size} on each of "
             f"{dist.world_size} ranks; add samples or lower --batch-size"
         )
-    sampler = ResumableSampler(train_ds, num_replicas=dist.world_size, rank=dist.rank, shuffle=True,
-                               seed=seed, drop_last=True)
     workers = _workers(cfg, dist)
     common = dict(collate_fn=collate, num_workers=workers, pin_memory=dist.device.type == "cuda",
                   persistent_workers=workers > 0)
     # The loader draws its workers' base seed from this generator rather than the global RNG, so
     # starting an epoch's iterator does not shift the augmentation stream a resumed run restores.
     gen = torch.Generator().manual_seed(seed * 1000 + dist.rank)
-    train_loader = DataLoader(WithValid(train_ds), batch_size=batch_size, sampler=sampler, drop_last=True,
-                              generator=gen, **common)
+    if hasattr(train_ds, "position"):  # a streamed set: its position is the batch sampler
+        position = train_ds.position(seed, dist.world_size, dist.rank, workers, batch_size, dist.rank == 0)
+        train_loader = DataLoader(WithValid(train_ds), batch_sampler=position, generator=gen, **common)
+    else:
+        sampler = ResumableSampler(train_ds, num_replicas=dist.world_size, rank=dist.rank, shuffle=True,
+                                   seed=seed, drop_last=True)
+        position = FolderPosition(sampler, batch_size)
+        train_loader = DataLoader(WithValid(train_ds), batch_size=batch_size, sampler=sampler, drop_last=True,
+                                  generator=gen, **common)
     val_loader = DataLoader(EvalShard(val_ds, dist.rank, dist.world_size), batch_size=batch_size, shuffle=False,
                             **common)
-    return Data(train_loader, val_loader, sampler, len(train_ds), len(val_ds), skipped, labels_sha256,
+    return Data(train_loader, val_loader, position, len(train_ds), len(val_ds), skipped, labels_sha256,
                 speedup_hint(workers, dist.local_world_size))

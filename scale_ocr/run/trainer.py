@@ -108,7 +108,7 @@ class Trainer:
         self.checkpoints, self.last_saved = checkpoints, -1
         self.control = control or StepControl(StopSignal(), None, strategy.is_main)
         self.watchdog = watchdog
-        self.resume_samples = 0  # samples of the current epoch a restored checkpoint already consumed
+        self.segment_start = 0  # the epoch's optimizer step at which the loader's current order began
         self.device = strategy.dist.device
         self.autocast = autocast_factory(cfg.precision, self.device)
         self.gemm = gemm_factory(cfg.precision, self.device)  # the backward's products, as the forward's
@@ -177,6 +177,9 @@ class Trainer:
         return {
             "step": self.state.step, "epoch": self.state.epoch, "epoch_step": self.state.epoch_step,
             "samples_in_epoch": self.state.epoch_step * self.global_batch, "global_batch": self.global_batch,
+            # Where the data stands, in samples and free of world size: the order's rest (shards) or its count.
+            "data_position": self.data.position.state(
+                self.state.epoch, max(0, self.state.epoch_step - self.segment_start) * self.cfg.grad_accum),
             "steps_per_epoch": self.steps_per_epoch,
             "schedule": self.schedule.state_dict(), "best": list(self.state.best) if self.state.best else None,
             "metrics_records": self.logger.records(),  # lines of metrics.jsonl this state accounts for
@@ -199,7 +202,7 @@ class Trainer:
         self.state.step, self.state.epoch = step, epoch
         self.schedule.load_state_dict({**meta["schedule"], "step_count": step})
         self.state.best = tuple(meta["best"]) if meta.get("best") else None
-        self.resume_samples = samples
+        self.data.position.restore(epoch, samples, meta.get("data_position"))  # old checkpoints: samples only
         where = f"at step {meta['step']}"
         if not same:
             where += (f" (epoch {epoch + 1}, {samples} samples into it; step {step} at this run's global batch of "
@@ -217,13 +220,10 @@ class Trainer:
         self.control.saved()
 
     def train_epoch(self, bar: tqdm) -> None:
-        sampler = self.data.train_sampler
-        sampler.set_epoch(self.state.epoch)
-        # A resumed run continues the epoch's global sample order where the checkpoint left it.
-        sampler.skip_global(self.resume_samples)
-        self.resume_samples = 0
+        # A resumed run continues the epoch's sample order where the checkpoint left it.
+        self.data.position.set_epoch(self.state.epoch)
         steps = len(self.data.train_loader) // self.cfg.grad_accum
-        self.state.epoch_step = self.steps_per_epoch - steps
+        self.state.epoch_step = self.segment_start = max(0, self.steps_per_epoch - steps)
         self.model.train()
         batches = iter(self.data.train_loader)
         self.state.epoch_loss = []
@@ -372,7 +372,6 @@ class Trainer:
         return result
 
     def end_epoch(self) -> None:
-        self.data.train_sampler.skip_global(0)
         if not self.cfg.eval:
             state = self.strategy.full_state_dict() if self.cfg.save_model else None  # collective: every rank
             self._write_models(state, improved=False)

@@ -176,7 +176,7 @@ class RecognitionTask(Task):
     def build_data(self, cfg: DataConfig, batch_size: int, seed: int, dist: DistInfo):
         from scale_ocr.data.files import ScanReport
         from scale_ocr.data.loader import VAL_SEED_OFFSET, build_loaders, labels_digest
-        from scale_ocr.data.recognition import RecognitionFolder
+        from scale_ocr.data.shard_reader import open_words
         from scale_ocr.data.synthetic import SyntheticWords
         train_tf = self.transform(train=True, augment=cfg.augment)
         val_tf = self.transform(train=False)
@@ -186,7 +186,7 @@ class RecognitionTask(Task):
 
             train_ds = TensorWords(cfg.data_cache, self.vocab, self.input_size)
         elif cfg.train_path:
-            train_ds = RecognitionFolder(cfg.train_path, self.vocab, cfg.on_bad_sample, train_tf, self.input_size)
+            train_ds = open_words(cfg.train_path, self.vocab, cfg.on_bad_sample, train_tf, self.input_size, train=True)
             report = train_ds.report
         else:
             train_ds = SyntheticWords(self.vocab.chars, cfg.train_samples, cfg.min_chars, cfg.max_chars, seed,
@@ -194,7 +194,7 @@ class RecognitionTask(Task):
         if cfg.data_cache:
             val_ds = train_ds  # benchmarks: validation, if any, is not what is measured
         elif cfg.val_path:
-            val_ds = RecognitionFolder(cfg.val_path, self.vocab, cfg.on_bad_sample, val_tf, self.input_size)
+            val_ds = open_words(cfg.val_path, self.vocab, cfg.on_bad_sample, val_tf, self.input_size, train=False)
             for k, v in val_ds.report.skipped.items():
                 report.skipped[f"val_{k}"] = v
         else:

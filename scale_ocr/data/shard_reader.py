@@ -1,0 +1,232 @@
+"""Training and validation from a shard set (:mod:`scale_ocr.data.shards`), and the one data-source opener.
+
+Training: the main process's batch sampler (:class:`ShardPosition`) hands each loader worker its own contiguous
+piece of the epoch (:mod:`scale_ocr.data.position`); a worker reads a whole shard once (checking its SHA-256),
+keeps it while its piece stays in it, and decodes and transforms the samples itself. Validation indexes every
+member at open and reads each image by its offset, so every rank takes its :class:`~scale_ocr.data.loader.EvalShard`
+share in any order.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from scale_ocr.data import position as pos
+from scale_ocr.data.files import PAGE_LIMITS, WORD_LIMITS, BadImage, ScanReport, load_image
+from scale_ocr.data.shards import INDEX, REBUILD, Member, ShardSet, is_shard_set, open_set, read_shard
+from scale_ocr.errors import JSON_ERRORS, UserError, shown
+
+
+def _image(member: Member, where: Path, limits):
+    try:
+        return load_image(io.BytesIO(member.image), limits)
+    except BadImage as exc:
+        raise UserError(f"{shown(where)}: the sample {shown(member.key)} {exc}; {REBUILD}") from None
+
+
+class DecodeWord:
+    """A recognition member -> ``(transform(crop), word)``."""
+
+    def __init__(self, transform) -> None:
+        self.transform = transform
+
+    def __call__(self, member: Member, where: Path):
+        img = _image(member, where, WORD_LIMITS)
+        word = member.label.decode("utf-8")
+        return (self.transform(img) if self.transform else img), word
+
+
+class DecodePage:
+    """A detection member -> ``transform(page, polygons (N, 4, 2) float32, words)``."""
+
+    def __init__(self, transform) -> None:
+        self.transform = transform
+
+    def __call__(self, member: Member, where: Path):
+        img = _image(member, where, PAGE_LIMITS)
+        try:
+            label = json.loads(member.label.decode("utf-8"))
+            polygons = np.asarray(label["polygons"], dtype=np.float32).reshape(-1, 4, 2)
+            words, dims = list(label.get("words", [])), label["img_dimensions"]
+        except (*JSON_ERRORS, KeyError, TypeError, ValueError):
+            raise UserError(f"{shown(where)}: the label of {shown(member.key)} is not a page label "
+                            f"(polygons, words, img_dimensions); {REBUILD}") from None
+        if list(dims) != [img.height, img.width]:
+            raise UserError(f"{shown(where)}: the page {shown(member.key)} is {img.width}x{img.height} but its label says "
+                            f"{dims[1]}x{dims[0]}; {REBUILD}")
+        return self.transform(img, polygons, words) if self.transform else (img, polygons, words)
+
+
+class ShardTrain(Dataset):
+    """A shard set for training: items are ``(shard, member)`` pairs, chosen by :class:`ShardPosition`.
+
+    Each loader worker keeps the shard it reads (and the one before, across a piece's boundary) in memory.
+    """
+
+    def __init__(self, shards: ShardSet, decode) -> None:
+        self.set, self.decode = shards, decode
+        self.report = ScanReport(kept=shards.total)
+        self._cache: OrderedDict[int, list[Member]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return self.set.total
+
+    def _members(self, shard: int) -> list[Member]:
+        if shard not in self._cache:
+            self._cache[shard] = read_shard(self.set.shards[shard], self.set.task)
+            while len(self._cache) > 2:
+                self._cache.popitem(last=False)
+        return self._cache[shard]
+
+    def key(self, item: tuple[int, int]) -> str:
+        """The sample's key in its shard (tests and tools name samples by it)."""
+        return self._members(item[0])[item[1]].key
+
+    def __getitem__(self, item: tuple[int, int]):
+        shard, member = item
+        return self.decode(self._members(shard)[member], self.set.shards[shard].path)
+
+    def position(self, seed: int, world: int, rank: int, workers: int, batch: int, main: bool) -> ShardPosition:
+        return ShardPosition(self.set, seed, world, rank, workers, batch, main)
+
+
+class ShardVal(Dataset):
+    """A shard set for validation: every member indexed at open (each shard read and checked once)."""
+
+    def __init__(self, shards: ShardSet, decode) -> None:
+        self.set, self.decode = shards, decode
+        self.report = ScanReport(kept=shards.total)
+        self.items: list[tuple[int, Member, int]] = []  # (shard, member without its image, image bytes)
+        for i, info in enumerate(shards.shards):
+            for m in read_shard(info, shards.task):
+                self.items.append((i, Member(m.key, m.ext, b"", m.label, m.offset), len(m.image)))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int):
+        shard, m, size = self.items[index]
+        info = self.set.shards[shard]
+        with open(info.path, "rb") as f:  # checked whole at open; a file changed since fails to decode, in one line
+            f.seek(m.offset)
+            image = f.read(size)
+        return self.decode(Member(m.key, m.ext, image, m.label, m.offset), info.path)
+
+
+class ShardPosition:
+    """The training position over a shard set, and this rank's batch sampler (see :mod:`scale_ocr.data.position`).
+
+    Implements the trainer's position interface: :meth:`set_epoch`, :meth:`state`, :meth:`restore`.
+    """
+
+    def __init__(self, shards: ShardSet, seed: int, world: int, rank: int, workers: int, batch: int,
+                 main: bool) -> None:
+        self.set, self.seed, self.world, self.rank, self.workers, self.batch = shards, seed, world, rank, workers, batch
+        self.main, self.reported_tail = main, 0
+        self.restored: tuple[int, list[pos.Range]] | None = None
+        self._orders: OrderedDict[int, np.ndarray] = OrderedDict()
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the epoch, or its rest when a restored position belongs to it."""
+        self.epoch = epoch
+        self._orders.clear()
+        if self.restored is not None and self.restored[0] == epoch:
+            pending = self.restored[1]
+        else:
+            pending = pos.epoch_ranges(self.set.counts, self.seed, epoch)
+        self.restored = None
+        self.segment = pos.Segment(pending, self.world, self.workers, self.batch)
+        self.pieces = self.segment.worker_pieces(self.rank)
+        tail = self.segment.tail
+        if tail and tail != self.reported_tail and self.main:
+            print(f"scale-ocr: note: {tail} samples of the epoch's {pos.total(pending)} do not fill a global batch "
+                  f"of {self.world * self.batch} and are left out of it (as DistributedSampler's drop_last)",
+                  file=sys.stderr, flush=True)
+        self.reported_tail = tail
+
+    def _order(self, shard: int) -> np.ndarray:
+        if shard not in self._orders:
+            self._orders[shard] = pos.sample_order(self.set.counts[shard], self.seed, self.epoch, shard)
+            while len(self._orders) > 4 * max(1, self.workers):
+                self._orders.popitem(last=False)
+        return self._orders[shard]
+
+    def __len__(self) -> int:
+        return self.segment.batches
+
+    def __iter__(self):
+        for worker, b in self.segment.batch_order(self.rank):
+            ranges = pos.cut(self.pieces[worker], b * self.batch, (b + 1) * self.batch)
+            yield [(s, int(self._order(s)[p])) for s, lo, hi in ranges for p in range(lo, hi)]
+
+    def state(self, epoch: int, consumed_batches: int) -> dict:
+        """What is left of the epoch after this segment's first ``consumed_batches`` batches (world-size free)."""
+        if epoch != self.epoch:  # the next epoch, not started yet: all of it
+            return {"kind": "shards", "set": self.set.digest, "epoch": epoch, "samples_in_epoch": 0}
+        rest = self.segment.remaining(consumed_batches)
+        return {"kind": "shards", "set": self.set.digest, "epoch": self.epoch, "pending": [list(r) for r in rest],
+                "samples_in_epoch": self.set.total - pos.total(rest)}
+
+    def restore(self, epoch: int, samples_in_epoch: int, state: dict | None) -> None:
+        """Continue ``epoch`` where a checkpoint left it; a position from another set is refused."""
+        if state and state.get("kind") == "shards" and "pending" in state and state.get("epoch") == epoch:
+            if state.get("set") != self.set.digest:
+                raise UserError(f"the checkpoint's data position belongs to another shard set than {self.set.root} "
+                                f"(its {INDEX} differs); resume with the set it trained on, or pass --resume none")
+            pending = [tuple(int(v) for v in r) for r in state["pending"]]
+        else:  # a checkpoint of a folder run, or from before positions: the epoch's first samples were consumed
+            whole = pos.epoch_ranges(self.set.counts, self.seed, epoch)
+            pending = pos.cut(whole, samples_in_epoch, pos.total(whole))
+        self.restored = (epoch, pending)
+
+
+def _open_shards(paths: tuple[str, ...], task: str) -> ShardSet | None:
+    """The shard set ``paths`` name, None for docTR folders; a mix or several sets are refused."""
+    sets = [p for p in paths if is_shard_set(p)]
+    if not sets:
+        for p in paths:
+            if Path(p).is_dir() and not (Path(p) / "labels.json").exists():
+                raise UserError(f"{p} holds neither labels.json (a docTR folder) nor {INDEX} (a shard set); pass one "
+                                "of those")
+        return None
+    if len(paths) > 1:
+        raise UserError(f"{', '.join(paths)}: give one shard set, or docTR folders, not several sets or a mix; "
+                        "`scale-ocr make-shards` writes several folders into one set")
+    return open_set(paths[0], task)
+
+
+def open_words(paths: tuple[str, ...], vocab, on_bad_sample: str, transform, input_size, train: bool) -> Dataset:
+    """Word crops from docTR recognition folders or a recognition shard set (its labels checked as a whole)."""
+    from scale_ocr.data.recognition import RecognitionFolder
+    from scale_ocr.models.recognition.ctc import ctc_frames
+
+    shards = _open_shards(paths, "recognition")
+    if shards is None:
+        return RecognitionFolder(paths, vocab, on_bad_sample, transform, input_size)
+    unknown = "".join(c for c in shards.meta.get("chars", "") if vocab.unknown_chars(c))
+    if unknown:
+        raise UserError(f"{shards.root}: its labels use characters {shown(unknown)} outside the vocabulary (a set is "
+                        "checked as a whole, --on-bad-sample cannot skip inside it); add them with --vocab/--vocab-file")
+    need = int(shards.meta.get("ctc_frames", 0))
+    if input_size is not None and need > ctc_frames(input_size):
+        raise UserError(f"{shards.root}: its longest label needs {need} CTC frames but a {input_size[1]}-pixel-wide "
+                        f"input gives {ctc_frames(input_size)}; widen --input-size")
+    return (ShardTrain if train else ShardVal)(shards, DecodeWord(transform))
+
+
+def open_pages(paths: tuple[str, ...], on_bad_sample: str, transform, train: bool) -> Dataset:
+    """Pages from docTR detection folders or a detection shard set."""
+    from scale_ocr.data.detection import DetectionFolder
+
+    shards = _open_shards(paths, "detection")
+    if shards is None:
+        return DetectionFolder(paths, on_bad_sample, transform)
+    return (ShardTrain if train else ShardVal)(shards, DecodePage(transform))
