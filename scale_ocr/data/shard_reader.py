@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 
 from scale_ocr.data import position as pos
 from scale_ocr.data.files import PAGE_LIMITS, WORD_LIMITS, BadImage, ScanReport, load_image
-from scale_ocr.data.shards import INDEX, REBUILD, Member, ShardSet, is_shard_set, open_set, read_shard
+from scale_ocr.data.shards import INDEX, REBUILD, Member, ShardSet, is_shard_set, open_set, path_text, read_shard
 from scale_ocr.errors import JSON_ERRORS, UserError, shown
 
 
@@ -28,7 +28,7 @@ def _image(member: Member, where: Path, limits):
     try:
         return load_image(io.BytesIO(member.image), limits)
     except BadImage as exc:
-        raise UserError(f"{shown(where)}: the sample {shown(member.key)} {exc}; {REBUILD}") from None
+        raise UserError(f"{path_text(where)}: the sample {shown(member.key)} {exc}; {REBUILD}") from None
 
 
 class DecodeWord:
@@ -56,10 +56,10 @@ class DecodePage:
             polygons = np.asarray(label["polygons"], dtype=np.float32).reshape(-1, 4, 2)
             words, dims = list(label.get("words", [])), label["img_dimensions"]
         except (*JSON_ERRORS, KeyError, TypeError, ValueError):
-            raise UserError(f"{shown(where)}: the label of {shown(member.key)} is not a page label "
+            raise UserError(f"{path_text(where)}: the label of {shown(member.key)} is not a page label "
                             f"(polygons, words, img_dimensions); {REBUILD}") from None
         if list(dims) != [img.height, img.width]:
-            raise UserError(f"{shown(where)}: the page {shown(member.key)} is {img.width}x{img.height} but its label says "
+            raise UserError(f"{path_text(where)}: the page {shown(member.key)} is {img.width}x{img.height} but its label says "
                             f"{dims[1]}x{dims[0]}; {REBUILD}")
         return self.transform(img, polygons, words) if self.transform else (img, polygons, words)
 
@@ -214,7 +214,8 @@ def open_words(paths: tuple[str, ...], vocab, on_bad_sample: str, transform, inp
     unknown = "".join(c for c in shards.meta.get("chars", "") if vocab.unknown_chars(c))
     if unknown:
         raise UserError(f"{shards.root}: its labels use characters {shown(unknown)} outside the vocabulary (a set is "
-                        "checked as a whole, --on-bad-sample cannot skip inside it); add them with --vocab/--vocab-file")
+                        "checked as a whole, --on-bad-sample cannot skip inside it); add them with "
+                        "--vocab/--vocab-file")
     need = int(shards.meta.get("ctc_frames", 0))
     if input_size is not None and need > ctc_frames(input_size):
         raise UserError(f"{shards.root}: its longest label needs {need} CTC frames but a {input_size[1]}-pixel-wide "

@@ -21,6 +21,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scale_ocr.data.files import PATH_LIMIT
 from scale_ocr.errors import JSON_ERRORS, UserError, json_problem, shown
 from scale_ocr.models.recognition.ctc import ctc_frames_needed
 
@@ -62,6 +63,11 @@ class ShardSet:
         return sum(self.counts)
 
 
+def path_text(path: Path) -> str:
+    """A shard's path for a message (long paths are shortened, odd characters escaped)."""
+    return shown(path, PATH_LIMIT)
+
+
 def is_shard_set(path: str | Path) -> bool:
     return (Path(path) / INDEX).is_file()
 
@@ -95,9 +101,9 @@ def _entry(root: Path, index: Path, i: int, entry: object) -> ShardInfo:
     try:
         size = path.stat().st_size
     except OSError:
-        raise UserError(f"{shown(path)}, listed in {index}, is missing; copy the whole set, or {REBUILD}") from None
+        raise UserError(f"{path_text(path)}, listed in {index}, is missing; copy the whole set, or {REBUILD}") from None
     if size != entry["bytes"]:
-        raise UserError(f"{shown(path)} holds {size} bytes but {index} says {entry['bytes']}: it is truncated or was "
+        raise UserError(f"{path_text(path)} holds {size} bytes but {index} says {entry['bytes']}: it is truncated or was "
                         f"replaced; copy it again from the original set, or {REBUILD}")
     return ShardInfo(entry["name"], path, entry["samples"], entry["bytes"], entry["sha256"])
 
@@ -167,16 +173,16 @@ def parse_shard(data: bytes, info: ShardInfo, task: str) -> list[Member]:
                 if ext in IMAGE_EXTS:
                     offsets[key] = ti.offset_data
     except (tarfile.TarError, EOFError, OSError) as exc:
-        raise UserError(f"{shown(info.path)} is not a readable tar ({exc}); {REBUILD}") from None
+        raise UserError(f"{path_text(info.path)} is not a readable tar ({exc}); {REBUILD}") from None
     members = []
     for key, got in parts.items():
         images = [e for e in got if e in IMAGE_EXTS]
         if len(images) != 1 or label_ext not in got:
-            raise UserError(f"{shown(info.path)}: the sample {shown(key)} has members {sorted(got)}; a {task} sample is "
+            raise UserError(f"{path_text(info.path)}: the sample {shown(key)} has members {sorted(got)}; a {task} sample is "
                             f"one image and a .{label_ext} label; {REBUILD}")
         members.append(Member(key, images[0], got[images[0]], got[label_ext], offsets[key]))
     if len(members) != info.samples:
-        raise UserError(f"{shown(info.path)} holds {len(members)} samples but the index says {info.samples}; {REBUILD}")
+        raise UserError(f"{path_text(info.path)} holds {len(members)} samples but the index says {info.samples}; {REBUILD}")
     return members
 
 
@@ -185,9 +191,9 @@ def read_shard(info: ShardInfo, task: str) -> list[Member]:
     try:
         data = info.path.read_bytes()
     except OSError as exc:
-        raise UserError(f"{shown(info.path)} cannot be read ({exc.strerror}); copy the set again") from None
+        raise UserError(f"{path_text(info.path)} cannot be read ({exc.strerror}); copy the set again") from None
     if hashlib.sha256(data).hexdigest() != info.sha256:
-        raise UserError(f"{shown(info.path)} does not match the SHA-256 its index lists: it was damaged or replaced "
+        raise UserError(f"{path_text(info.path)} does not match the SHA-256 its index lists: it was damaged or replaced "
                         f"after the set was written; copy it again from the original set, or {REBUILD}")
     return parse_shard(data, info, task)
 

@@ -1,0 +1,110 @@
+"""A shard set that is damaged, misnamed or of the other task is one line naming the problem and the fix
+(docs/faults.md rows 110-117)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import make_folder
+
+from scale_ocr.cli.main import main as cli
+from scale_ocr.cli.make_shards import make_shards
+from scale_ocr.data.shard_reader import DecodeWord, ShardTrain, open_pages, open_words
+from scale_ocr.data.shards import INDEX, open_set
+from scale_ocr.errors import UserError
+from scale_ocr.vocab import Vocab
+
+
+@pytest.fixture
+def shard_set(tmp_path) -> Path:
+    folder = make_folder(tmp_path / "words", {f"{i}.png": w for i, w in enumerate(["ab", "cd", "ef", "gh", "ij"])})
+    make_shards([folder], tmp_path / "set", None, 2, seed=0, on_bad="error")
+    return tmp_path / "set"
+
+
+def _index(path: Path, **change) -> None:
+    doc = json.loads((path / INDEX).read_text())
+    doc.update(change)
+    (path / INDEX).write_text(json.dumps(doc))
+
+
+def _open(path: Path, vocab: str = "abcdefghij") -> None:
+    open_words((str(path),), Vocab(vocab), "error", None, (32, 128), train=True)
+
+
+def _fails(call, *words: str) -> str:
+    with pytest.raises(UserError) as info:
+        call()
+    text = str(info.value)
+    assert "\n" not in text and all(w in text for w in words), text
+    return text
+
+
+def test_missing_or_corrupt_index_is_one_line(shard_set):
+    (shard_set / INDEX).rename(shard_set / "index.bak")
+    _fails(lambda: _open(shard_set), "neither labels.json", "shards.json")
+    (shard_set / INDEX).write_text("{not json")
+    _fails(lambda: _open(shard_set), "is not valid JSON", "make-shards")
+    (shard_set / INDEX).write_text(json.dumps({"format": "other"}))
+    _fails(lambda: _open(shard_set), "not a scale-ocr shard index")
+
+
+def test_set_of_the_other_task_or_version(shard_set):
+    _fails(lambda: open_pages((str(shard_set),), "error", None, train=True), "a 'recognition' shard set",
+           "trains detection")
+    _index(shard_set, version=7)
+    _fails(lambda: _open(shard_set), "format version 7")
+
+
+def test_shard_path_escaping_the_set(shard_set, tmp_path):
+    doc = json.loads((shard_set / INDEX).read_text())
+    doc["shards"][0]["name"] = "../outside.tar"
+    (shard_set / INDEX).write_text(json.dumps(doc))
+    _fails(lambda: _open(shard_set), "'../outside.tar' is not a file name inside")
+    os.replace(shard_set / "shard-000000.tar", tmp_path / "elsewhere.tar")
+    os.symlink(tmp_path / "elsewhere.tar", shard_set / "shard-000000.tar")
+    doc["shards"][0]["name"] = "shard-000000.tar"
+    (shard_set / INDEX).write_text(json.dumps(doc))
+    _fails(lambda: _open(shard_set), "points outside")
+
+
+def test_truncated_or_missing_shard(shard_set):
+    tar = shard_set / "shard-000001.tar"
+    tar.write_bytes(tar.read_bytes()[:1000])
+    _fails(lambda: _open(shard_set), "shard-000001.tar holds 1000 bytes", "truncated")
+    tar.unlink()
+    _fails(lambda: _open(shard_set), "is missing")
+
+
+def test_shard_whose_sha256_differs(shard_set):
+    tar = shard_set / "shard-000002.tar"
+    data = bytearray(tar.read_bytes())
+    data[700] ^= 0xFF  # inside the image's bytes: same size, other content
+    tar.write_bytes(bytes(data))
+    ds = ShardTrain(open_set(shard_set, "recognition"), DecodeWord(None))
+    _fails(lambda: ds[(2, 0)], "does not match the SHA-256")
+
+
+def test_shard_whose_count_or_members_differ(shard_set):
+    doc = json.loads((shard_set / INDEX).read_text())
+    doc["shards"][0]["samples"], doc["shards"][2]["samples"] = 1, 2  # the total still adds up
+    (shard_set / INDEX).write_text(json.dumps(doc))
+    ds = ShardTrain(open_set(shard_set, "recognition"), DecodeWord(None))
+    _fails(lambda: ds[(0, 0)], "holds 2 samples but the index says 1")
+
+
+def test_labels_outside_the_vocabulary_or_input(shard_set):
+    _fails(lambda: _open(shard_set, vocab="abcdef"), "characters 'ghij' outside the vocabulary", "--vocab")
+    _index(shard_set, ctc_frames=40)
+    _fails(lambda: _open(shard_set), "needs 40 CTC frames", "widen --input-size")
+
+
+def test_make_shards_refuses_a_non_empty_output_and_a_mix(shard_set, tmp_path, capsys):
+    words = tmp_path / "words"
+    assert cli(["make-shards", str(words), str(shard_set)]) == 2
+    assert "is not empty" in capsys.readouterr().err
+    mix = (str(shard_set), str(words))
+    _fails(lambda: open_words(mix, Vocab("abcdefghij"), "error", None, None, train=True), "give one shard set")
