@@ -134,11 +134,13 @@ class ModelConfig:
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     train_path: tuple[str, ...] = opt(
-        (), "docTR recognition folder(s) with images/ and labels.json; synthetic words when omitted",
+        (), "docTR folder(s) with images/ and labels.json (recognition or detection, as the model), or one shard set "
+        "(`scale-ocr make-shards`: tar shards streamed, resumable exactly at any world size); synthetic data when "
+        "omitted",
         aliases=("--train_path",), nargs="+", metavar="DIR",
     )
     val_path: tuple[str, ...] = opt(
-        (), "validation folder(s) in the same format; synthetic words when omitted",
+        (), "validation folder(s) in the same format, or one shard set; synthetic data when omitted",
         aliases=("--val_path",), nargs="+", metavar="DIR",
     )
     train_samples: int | None = opt(None, "number of synthetic training samples (ignored with --train-path); default: "

@@ -28,6 +28,8 @@ commands:
   evaluate-pages  --det DET --reco RECO DIR... [--json]: detection and end-to-end word recall/precision on
                docTR detection folders whose labels carry words
   estimate-memory  (--model ARCH | --params N) --world-size N: per-rank memory of every strategy
+  make-shards  FOLDER... OUT [--samples-per-shard N --seed S]: docTR folders as one shard set (tar shards and
+               shards.json) that --train-path/--val-path stream from, resumable exactly at any world size
   bench        scaling benchmark (same as `python -m benchmarks.scaling`)
   max-model    largest model each strategy trains under a per-rank budget (`python -m benchmarks.max_model`)
   models       list registered models (--params: with their parameter counts)
@@ -300,6 +302,12 @@ def _verify(argv: list[str]) -> int:
     return verify_main(argv)
 
 
+def _make_shards(argv: list[str]) -> int:
+    from scale_ocr.cli.make_shards import main as shards_main
+
+    return shards_main(argv)
+
+
 def _estimate_memory(argv: list[str]) -> int:
     from scale_ocr.cli.estimate_memory import main as estimate_main
 
@@ -307,7 +315,7 @@ def _estimate_memory(argv: list[str]) -> int:
 
 
 COMMANDS = {"train": _train, "ray-train": _ray_train, "verify": _verify, "export": _export, "predict": _predict,
-            "evaluate-pages": _evaluate_pages,
+            "evaluate-pages": _evaluate_pages, "make-shards": _make_shards,
             "estimate-memory": _estimate_memory, "bench": _bench, "max-model": _max_model, "models": _models,
             "strategies": _strategies}
 
