@@ -129,21 +129,21 @@ class DetectionTask(Task):
         return ["--train-samples", str(samples), "--val-samples", "8"]
 
     def build_data(self, cfg: DataConfig, batch_size: int, seed: int, dist: DistInfo):
-        from scale_ocr.data.detection import DetectionFolder
         from scale_ocr.data.files import ScanReport
         from scale_ocr.data.loader import VAL_SEED_OFFSET, build_loaders, labels_digest
+        from scale_ocr.data.shard_reader import open_pages
         from scale_ocr.data.synthetic_pages import SyntheticPages
 
         train_tf = self.transform(train=True, augment=cfg.augment)
         val_tf = self.transform(train=False)
         report = ScanReport()
         if cfg.train_path:
-            train_ds = DetectionFolder(cfg.train_path, cfg.on_bad_sample, train_tf)
+            train_ds = open_pages(cfg.train_path, cfg.on_bad_sample, train_tf, train=True)
             report = train_ds.report
         else:
             train_ds = SyntheticPages(cfg.train_samples, seed, self.input_size, self.charset, train_tf)
         if cfg.val_path:
-            val_ds = DetectionFolder(cfg.val_path, cfg.on_bad_sample, val_tf)
+            val_ds = open_pages(cfg.val_path, cfg.on_bad_sample, val_tf, train=False)
             for k, v in val_ds.report.skipped.items():
                 report.skipped[f"val_{k}"] = v
         else:
