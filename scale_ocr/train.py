@@ -109,8 +109,9 @@ def train(cfg: RunConfig, dist: DistInfo, strategy, task: Task, checkpoints: Che
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
     use_environment_extensions()  # DeepSpeed's ops as `make install` built them: no job waits on a compiler
-    cfg = resolve_auto(parse_config(argv), *peek_launch())
-    check_launch(cfg.strategy, *peek_launch())  # before the rendezvous, which a bad launch could hang
+    launch = peek_launch()  # first: it tells each srun/mpirun task its rank, so only rank 0 prints a flag's error
+    cfg = resolve_auto(parse_config(argv), *launch)
+    check_launch(cfg.strategy, *launch)  # before the rendezvous, which a bad launch could hang
     dist = init_distributed(cfg.strategy.backend, cfg.strategy.dist_timeout, cfg.strategy.threads)
     watchdog = Watchdog(dist.rank, dist.world_size, cfg.strategy.dist_timeout, dist.is_main,
                         dist.round_id).start()

@@ -122,9 +122,15 @@ def _slurm_first_host(nodelist: str) -> str:
 
 
 def peek_launch() -> tuple[int, str]:
-    """World size and launcher from the environment, without starting anything."""
+    """World size and launcher from the environment, without starting anything.
+
+    Under srun and mpirun the rank is also exported as ``RANK``/``WORLD_SIZE`` here, before the command line is read,
+    so a mistake found before the rendezvous is printed by rank 0 alone (the one-line report reads ``RANK``), not once
+    per rank as every task of the job starts."""
     launcher = detect_launcher()
     if launcher == "slurm":
+        os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])  # as _read_env: what srun's user exported wins
+        os.environ.setdefault("WORLD_SIZE", os.environ["SLURM_NTASKS"])
         return int(os.environ["SLURM_NTASKS"]), launcher
     if launcher == "python":
         return 1, launcher

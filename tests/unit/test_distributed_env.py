@@ -102,3 +102,18 @@ def test_rank_threads_honour_the_users_choice_but_not_torchruns_default(monkeypa
             proc.kill()
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert d.rank_threads(None, 1, "python")[0] == cores
+
+
+@pytest.mark.parametrize("procid,printed", [("1", False), ("0", True)])
+def test_a_flag_mistake_under_srun_is_printed_by_rank_0_alone(monkeypatch, capsys, procid, printed):
+    """srun starts every task of the job with the same command line: its mistake is one line, from rank 0."""
+    from scale_ocr import train
+
+    for k in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.setenv(k, "")  # recorded, so whatever the code under test sets is undone
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("SLURM_PROCID", procid)
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    assert train.main(["--batch-size", "0", "--wandb-mode", "disabled"]) == 2
+    err = capsys.readouterr().err
+    assert ("--batch-size" in err) is printed, err
