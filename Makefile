@@ -8,12 +8,12 @@ STAMP   := $(VENV)/.installed
 NPROC   ?= 2
 FULL    ?= 0
 
-.PHONY: install ops engines demo test test-fast lint clean
+.PHONY: install ops engines real-pdfs demo test test-fast lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev,doctr,ray]"
-	@$(MAKE) --no-print-directory ops engines
+	@$(MAKE) --no-print-directory ops engines real-pdfs
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -45,6 +45,27 @@ engines:
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 		else \
 			echo "note: not installed:$$missing (apt-get install them as root): the cluster launcher tests will skip"; \
+		fi; \
+	fi
+
+# Real born-digital PDFs for tests/unit/test_make_dataset.py: the CamlIDL manual (26 pages of LaTeX prose and code,
+# 190 KB) from Debian's camlidl-doc, unpacked into .venv/real-pdfs/ (nothing installed on the system). Needs
+# apt-get (the package lists are fetched once when missing and we are root); otherwise that test skips with a line.
+REAL_PDFS := $(VENV)/real-pdfs
+real-pdfs:
+	@if ! ls $(REAL_PDFS)/*.pdf >/dev/null 2>&1; then \
+		if command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then \
+			tmp=$$(mktemp -d); \
+			(cd $$tmp && apt-get download -qq camlidl-doc 2>/dev/null) || \
+				{ [ "$$(id -u)" = 0 ] && apt-get update -qq && (cd $$tmp && apt-get download -qq camlidl-doc 2>/dev/null); }; \
+			if ls $$tmp/camlidl-doc_*.deb >/dev/null 2>&1 && dpkg-deb -x $$tmp/camlidl-doc_*.deb $$tmp/x; then \
+				mkdir -p $(REAL_PDFS) && cp $$tmp/x/usr/share/doc/camlidl/*.pdf $(REAL_PDFS)/; \
+			else \
+				echo "note: could not fetch camlidl-doc (apt-get download): the real-PDF test of make-dataset will skip"; \
+			fi; \
+			rm -rf $$tmp; \
+		else \
+			echo "note: no apt-get here: the real-PDF test of make-dataset will skip"; \
 		fi; \
 	fi
 

@@ -27,6 +27,8 @@ commands:
                per page with its words in reading order
   evaluate-pages  --det DET --reco RECO DIR... [--json]: detection and end-to-end word recall/precision on
                docTR detection folders whose labels carry words
+  make-dataset  PDF... OUT [--dpi 150] [--split-by document|page] [--val-fraction F]: born-digital PDFs into
+               docTR recognition (word crops) and detection (pages, with words) folders, from the text layer
   estimate-memory  (--model ARCH | --params N) --world-size N: per-rank memory of every strategy
   make-shards  FOLDER... OUT [--samples-per-shard N --seed S]: docTR folders as one shard set (tar shards and
                shards.json) that --train-path/--val-path stream from, resumable exactly at any world size
@@ -308,6 +310,12 @@ def _make_shards(argv: list[str]) -> int:
     return shards_main(argv)
 
 
+def _make_dataset(argv: list[str]) -> int:
+    from scale_ocr.cli.make_dataset import main as make_dataset_main
+
+    return make_dataset_main.__wrapped__(argv)  # this entry point already reports user errors
+
+
 def _estimate_memory(argv: list[str]) -> int:
     from scale_ocr.cli.estimate_memory import main as estimate_main
 
@@ -315,7 +323,7 @@ def _estimate_memory(argv: list[str]) -> int:
 
 
 COMMANDS = {"train": _train, "ray-train": _ray_train, "verify": _verify, "export": _export, "predict": _predict,
-            "evaluate-pages": _evaluate_pages, "make-shards": _make_shards,
+            "evaluate-pages": _evaluate_pages, "make-shards": _make_shards, "make-dataset": _make_dataset,
             "estimate-memory": _estimate_memory, "bench": _bench, "max-model": _max_model, "models": _models,
             "strategies": _strategies}
 

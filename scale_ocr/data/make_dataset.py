@@ -1,0 +1,444 @@
+"""Born-digital PDFs into training data: which pages and words are kept, the train/val split, and the folders written.
+
+The stages, each replaceable on its own:
+
+1. :func:`survey`: every document's hash and pages (size, whether it has a text layer), in parallel by document;
+2. :func:`assign_splits`: train or val per document (or per page), a deterministic draw from the seed;
+3. :func:`page_samples`: one page's image and labels and its words' crops (PNG bytes), with every word left out
+   counted by reason, from what :func:`scale_ocr.data.pdf_text.read_page` yields; in parallel by page;
+4. a writer (:class:`FolderWriter`: docTR folders) that receives the samples in page order. A sharded format is
+   another writer over the same samples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from scale_ocr.boxes.crop import crop_words
+from scale_ocr.data import pdf_text
+from scale_ocr.data.files import PAGE_LIMITS
+from scale_ocr.errors import UserError, shown
+
+DPI_RANGE = (50, 600)  # below 50 dpi body text is a few pixels high; above 600 a page is ~5000 px a side for nothing
+MIN_LINE_HEIGHT = 6.0  # pixels from a font's ascent to descent: text set smaller is nothing a recognizer reads
+PNG_LEVEL = 6  # zlib level: deterministic for a given zlib, and the usual size/speed balance
+SPLITS = ("train", "val")
+
+# Why a word is left out. The first three leave a word out everywhere (nothing of it is drawn on the page); the
+# others only leave the recognition set: its box stays in the detection labels, or visible text would be trained
+# as background.
+EVERYWHERE = {"invisible": "drawn with an invisible render mode (an OCR layer, clipping text)",
+              "degenerate_box": "a glyph box with no area",
+              "off_page": "entirely outside the page"}
+RECOGNITION_ONLY = {"out_of_vocab": "characters outside the vocabulary",
+                    "slanted": "a baseline neither horizontal nor vertical",
+                    "cut_by_page_edge": "partly outside the page",
+                    "too_small": f"set on lines under {MIN_LINE_HEIGHT:g} px at this dpi"}
+PAGE_SKIPS = {"no_text_layer": "no word in the text layer (scanned, or drawn as images or paths)",
+              "invisible_text_layer": "only invisible text: an OCR layer over a scan, another engine's reading"}
+
+
+@dataclass(frozen=True)
+class Document:
+    """One input PDF: ``pages`` holds each page's size in points after ``/Rotate`` and whether it has text."""
+
+    path: str
+    sha256: str
+    pages: tuple[tuple[float, float, bool], ...]
+
+    @property
+    def id(self) -> str:
+        """The prefix of every file made from it: its content, not its name, so a renamed copy names the same."""
+        return self.sha256[:16]
+
+
+@dataclass
+class PageJob:
+    """What one worker needs to turn a page into samples."""
+
+    path: str
+    doc_id: str
+    index: int
+    split: str
+    dpi: int
+    vocab: str
+
+
+@dataclass
+class PageSamples:
+    """A page's samples, encoded: its detection image and label, its word crops and what was left out."""
+
+    split: str
+    page_name: str
+    page_png: bytes | None  # None when the page was skipped whole
+    page_label: dict
+    crops: list[tuple[str, bytes, str]]  # (file name, PNG, word)
+    words_in_layer: int = 0
+    dropped: Counter = field(default_factory=Counter)  # reason -> words
+    skipped: str | None = None  # the page-skip reason
+
+
+def find_pdfs(args: Sequence[str]) -> list[Path]:
+    """The PDFs named: files as given, folders searched recursively for ``*.pdf`` (any case), sorted."""
+    found: list[Path] = []
+    for arg in args:
+        path = Path(arg)
+        if path.is_dir():
+            inside = sorted(p for p in path.rglob("*") if p.suffix.lower() == ".pdf" and p.is_file())
+            if not inside:
+                raise UserError(f"{shown(arg)} holds no *.pdf file; pass PDF files or folders that hold them")
+            found += inside
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise UserError(f"{shown(arg)} does not exist; pass PDF files or folders that hold them")
+    return found
+
+
+def _survey_one(path: str) -> Document:
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    document = pdf_text.open_pdf(Path(path))
+    try:
+        pages = []
+        for page in document:
+            textpage = page.get_textpage()
+            text = textpage.get_text_range()
+            pages.append((page.get_width(), page.get_height(), any(not c.isspace() for c in text)))
+        return Document(path, digest, tuple(pages))
+    finally:
+        document.close()
+
+
+def check_dpi(dpi: int) -> None:
+    if not DPI_RANGE[0] <= dpi <= DPI_RANGE[1]:
+        raise UserError(f"--dpi {dpi} is outside {DPI_RANGE[0]}..{DPI_RANGE[1]}; 150 (the default) suits body text, "
+                        "300 small print")
+
+
+def check_sizes(documents: Sequence[Document], dpi: int) -> None:
+    """Refuse, before any rendering, a page larger at ``dpi`` than a page image may be."""
+    scale = dpi / pdf_text.POINTS_PER_INCH
+    for doc in documents:
+        for i, (w, h, _) in enumerate(doc.pages):
+            pw, ph = int(np.ceil(w * scale)), int(np.ceil(h * scale))
+            if max(pw, ph) > PAGE_LIMITS.max_side or pw * ph > PAGE_LIMITS.max_pixels:
+                fits = min(PAGE_LIMITS.max_side / max(w, h), (PAGE_LIMITS.max_pixels / (w * h)) ** 0.5) * 72
+                raise UserError(f"{shown(doc.path)} page {i + 1} ({w:.0f}x{h:.0f} pt) is {pw}x{ph} px at --dpi {dpi}, "
+                                f"larger than {PAGE_LIMITS.kind} can be ({PAGE_LIMITS}); pass --dpi "
+                                f"{max(1, int(fits) - 1)} or lower, or leave this document out")
+
+
+def _draw(seed: int, unit: str) -> str:
+    return hashlib.sha256(f"{seed}:{unit}".encode()).hexdigest()
+
+
+def val_size(units: int, fraction: float | None, count: int | None, what: str) -> int:
+    """How many of ``units`` go to val, or one line when the request cannot be met."""
+    if count is not None:
+        k = count
+    elif fraction is not None:
+        k = 0 if fraction == 0 else max(1, round(fraction * units))
+    else:
+        k = 0
+    if k and k >= units:
+        hint = " or --split-by page" if what == "documents" else ""
+        raise UserError(f"val would take {k} of the {units} {what} with text and leave train none; lower "
+                        f"--val-fraction / --val-count, add {what}{hint}")
+    return k
+
+
+def assign_splits(documents: Sequence[Document], by: str, seed: int, fraction: float | None,
+                  count: int | None) -> dict[tuple[str, int], str]:
+    """``(sha256, page index) -> split`` for every page with text: a seeded draw over documents or pages.
+
+    The draw ranks each unit by a hash of the seed and the unit's content hash, so it does not depend on file
+    names, argument order or ``--jobs``, and adding a document moves no other across the split.
+    """
+    pages = [(d.sha256, i) for d in documents for i, p in enumerate(d.pages) if p[2]]
+    units = sorted({sha for sha, _ in pages}) if by == "document" else [f"{sha}:{i}" for sha, i in pages]
+    k = val_size(len(units), fraction, count, "documents" if by == "document" else "pages")
+    val = set(sorted(units, key=lambda u: _draw(seed, u))[:k])
+    return {(sha, i): "val" if (sha if by == "document" else f"{sha}:{i}") in val else "train" for sha, i in pages}
+
+
+def _png(image: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG", compress_level=PNG_LEVEL)  # no text chunks, no time: same pixels, same bytes
+    return buf.getvalue()
+
+
+def _rounded(box: Sequence[float]) -> list[list[float]]:
+    x0, y0, x1, y1 = (round(float(v), 2) for v in box)
+    return [[x0, y0], [x1, y0], [x1, y1], [x0, y1]]
+
+
+def _place(word: pdf_text.PdfWord, size: tuple[int, int]) -> tuple[str | None, tuple[float, ...] | None]:
+    """``(reason left out everywhere or None, box clipped to the page)``."""
+    if word.invisible:
+        return "invisible", None
+    x0, y0, x1, y1 = word.box
+    if x1 - x0 <= 0 or y1 - y0 <= 0:
+        return "degenerate_box", None
+    clipped = (max(x0, 0.0), max(y0, 0.0), min(x1, float(size[0])), min(y1, float(size[1])))
+    if clipped[2] - clipped[0] <= 0 or clipped[3] - clipped[1] <= 0:
+        return "off_page", None
+    return None, clipped
+
+
+def _readable(word: pdf_text.PdfWord, box: tuple[float, ...], vocab: frozenset[str]) -> str | None:
+    """Why a word on the page stays out of the recognition set, or None."""
+    if not vocab.issuperset(word.text):
+        return "out_of_vocab"
+    if word.turn is None:
+        return "slanted"
+    if tuple(box) != tuple(word.box):
+        return "cut_by_page_edge"
+    return "too_small" if word.line_height < MIN_LINE_HEIGHT else None
+
+
+# Clockwise quarter turns as PIL transposes (PIL's ROTATE_* turn counter-clockwise).
+_UPRIGHT = {1: Image.Transpose.ROTATE_270, 2: Image.Transpose.ROTATE_180, 3: Image.Transpose.ROTATE_90}
+
+
+def page_samples(page: pdf_text.PdfPage, job: PageJob) -> PageSamples:
+    """Filter a page's words and encode its samples; a page without a visible word is skipped whole."""
+    name = f"{job.doc_id}_p{job.index + 1:04d}"
+    out = PageSamples(job.split, f"{name}.png", None, {}, [], words_in_layer=len(page.words))
+    vocab = frozenset(job.vocab)  # a set, not scale_ocr.vocab.Vocab: a worker should not spend 2 s importing torch
+    polygons, texts, readable = [], [], []
+    for k, word in enumerate(page.words):
+        reason, box = _place(word, page.image.size)
+        if reason:
+            out.dropped[reason] += 1
+            continue
+        polygons.append(_rounded(box))
+        texts.append(word.text)
+        why = _readable(word, box, vocab)
+        if why:
+            out.dropped[why] += 1
+        else:
+            readable.append((k, word, box))
+    if not polygons:
+        out.skipped = "invisible_text_layer" if out.dropped.get("invisible") else "no_text_layer"
+        return out
+    out.page_png = _png(page.image)
+    w, h = page.image.size
+    out.page_label = {"img_dimensions": [h, w], "img_hash": hashlib.sha256(out.page_png).hexdigest(),
+                      "polygons": polygons, "words": texts}
+    crops = crop_words(page.image, np.array([_rounded(b) for _, _, b in readable]).reshape(-1, 4, 2))
+    for (k, word, _), crop in zip(readable, crops, strict=True):
+        if crop is None:
+            out.dropped["too_small"] += 1
+            continue
+        if word.turn:
+            crop = crop.transpose(_UPRIGHT[word.turn])
+        out.crops.append((f"{name}_w{k:05d}.png", _png(crop), word.text))
+    return out
+
+
+_OPEN: dict[str, object] = {}  # a worker's open document: its pages arrive together (jobs are in page order)
+
+
+def close_documents() -> None:
+    """Close the document :func:`run_page` keeps open in this process."""
+    for document in _OPEN.values():
+        document.close()  # type: ignore[attr-defined]
+    _OPEN.clear()
+
+
+def run_page(job: PageJob) -> PageSamples:
+    """Read, filter and encode one page (in a worker process, or inline with ``--jobs 1``)."""
+    document = _OPEN.get(job.path)
+    if document is None:
+        close_documents()
+        document = _OPEN[job.path] = pdf_text.open_pdf(Path(job.path))
+    return page_samples(pdf_text.read_page(document, job.index, job.dpi), job)  # type: ignore[arg-type]
+
+
+def parallel_map(fn: Callable, items: Sequence, jobs: int) -> Iterator:
+    """``fn`` over ``items`` in order, in ``jobs`` spawned processes (PDFium is not safe across threads or
+    forks of a process that has used it), or inline for one job."""
+    if jobs <= 1 or len(items) <= 1:
+        yield from map(fn, items)
+        return
+    with ProcessPoolExecutor(max_workers=min(jobs, len(items)), mp_context=get_context("spawn")) as pool:
+        yield from pool.map(fn, items, chunksize=1)
+
+
+class FolderWriter:
+    """docTR folders under ``root``: ``recognition/{train,val}`` (word crops) and ``detection/{train,val}``
+    (whole pages, labels with each polygon's word: what ``scale-ocr evaluate-pages`` reads)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.labels: dict[tuple[str, str], dict] = {(t, s): {} for t in ("recognition", "detection") for s in SPLITS}
+        for task, split in self.labels:
+            (root / task / split / "images").mkdir(parents=True)
+
+    def _write(self, task: str, split: str, name: str, data: bytes) -> None:
+        with open(self.root / task / split / "images" / name, "xb") as f:  # a name is never written twice
+            f.write(data)
+
+    def add(self, samples: PageSamples) -> None:
+        if samples.page_png is None:
+            return
+        self._write("detection", samples.split, samples.page_name, samples.page_png)
+        self.labels["detection", samples.split][samples.page_name] = samples.page_label
+        for name, png, word in samples.crops:
+            self._write("recognition", samples.split, name, png)
+            self.labels["recognition", samples.split][name] = word
+
+    def close(self) -> None:
+        for (task, split), labels in self.labels.items():
+            write_json(self.root / task / split / "labels.json", labels)
+
+
+def write_json(path: Path, obj: object, indent: int | None = None) -> None:
+    """Sorted UTF-8 JSON (compact unless ``indent``): the same content gives the same bytes."""
+    text = json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False,
+                      separators=(",", ": ") if indent else (",", ":"))
+    path.write_text(text + "\n", encoding="utf-8")
+
+
+def staging_dir(out: Path) -> Path:
+    """A fresh folder beside ``out`` that becomes ``out`` by one rename once everything is written; refuses an
+    ``out`` that is a file or a folder with anything in it."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"{shown(str(out))} already exists and is not an empty folder; make-dataset never writes over "
+                        "files: choose a new OUT or remove it")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        stage = out.parent / f".{out.name}.partial-{os.getpid()}"
+        if stage.exists():
+            shutil.rmtree(stage)  # ours: a run of this pid that died before its rename
+        stage.mkdir()
+    except OSError as exc:
+        raise UserError(f"cannot create {shown(str(out))} ({exc.strerror}); choose a folder you can write to") from None
+    return stage
+
+
+def publish(stage: Path, out: Path) -> None:
+    if out.is_dir():
+        out.rmdir()  # empty (checked before), or rmdir fails rather than lose what appeared since
+    stage.rename(out)
+
+
+def distinct(documents: Iterable[Document]) -> tuple[list[Document], list[str]]:
+    """Documents with distinct contents, and the paths of repeats (a copy would put one page on both sides)."""
+    seen: set[str] = set()
+    kept, repeats = [], []
+    for doc in documents:
+        (repeats if doc.sha256 in seen else kept).append(doc if doc.sha256 not in seen else doc.path)
+        seen.add(doc.sha256)
+    return kept, repeats  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Options:
+    """What ``scale-ocr make-dataset`` was asked for (its flags, the vocabulary resolved to characters)."""
+
+    dpi: int = 150
+    vocab: str = ""
+    split_by: str = "document"
+    val_fraction: float | None = 0.1
+    val_count: int | None = None
+    seed: int = 0
+    jobs: int = 1
+
+
+def _survey(paths: Sequence[Path], jobs: int) -> tuple[list[Document], list[str]]:
+    documents = list(parallel_map(_survey_one, sorted(str(p) for p in paths), jobs))  # the order named: no matter
+    kept, repeats = distinct(documents)
+    if not any(has_text for doc in kept for _, _, has_text in doc.pages):
+        raise UserError(f"no page of the {len(kept)} document(s) has a text layer (scanned or drawn as images); "
+                        "make-dataset labels words from the text layer, so pass born-digital PDFs")
+    return kept, repeats
+
+
+def _jobs(documents: Sequence[Document], splits: dict[tuple[str, int], str], opts: Options) -> list[PageJob]:
+    return [PageJob(doc.path, doc.id, i, splits[doc.sha256, i], opts.dpi, opts.vocab)
+            for doc in documents for i in range(len(doc.pages)) if (doc.sha256, i) in splits]
+
+
+def _summary(documents: Sequence[Document], repeats: Sequence[str], opts: Options) -> dict:
+    no_text = sum(1 for d in documents for p in d.pages if not p[2])
+    return {"options": {"dpi": opts.dpi, "vocab": opts.vocab, "split_by": opts.split_by,
+                        "val_fraction": opts.val_fraction, "val_count": opts.val_count, "seed": opts.seed},
+            "documents": [{"path": d.path, "sha256": d.sha256, "pages": len(d.pages)}
+                          for d in sorted(documents, key=lambda d: d.path)],
+            "repeated_documents": list(repeats),
+            "pages": {"in_documents": sum(len(d.pages) for d in documents), "written": 0,
+                      "skipped": {"no_text_layer": no_text} if no_text else {}},
+            "words": {"in_text_layer": 0, "detection": 0, "recognition": 0, "left_out": {}, "left_out_of_recognition": {}},
+            "splits": {s: {"documents": [], "pages": [], "recognition_words": 0} for s in SPLITS}}
+
+
+def _count(summary: dict, samples: PageSamples, doc_path: str) -> None:
+    pages, words = summary["pages"], summary["words"]
+    words["in_text_layer"] += samples.words_in_layer
+    if samples.skipped:
+        pages["skipped"][samples.skipped] = pages["skipped"].get(samples.skipped, 0) + 1
+    for reason, n in samples.dropped.items():
+        where = "left_out" if reason in EVERYWHERE else "left_out_of_recognition"
+        words[where][reason] = words[where].get(reason, 0) + n
+    if samples.page_png is None:
+        return
+    split = summary["splits"][samples.split]
+    pages["written"] += 1
+    words["detection"] += len(samples.page_label["words"])
+    words["recognition"] += len(samples.crops)
+    split["pages"].append(samples.page_name)
+    split["recognition_words"] += len(samples.crops)
+    if doc_path not in split["documents"]:
+        split["documents"].append(doc_path)
+
+
+def make_dataset(pdfs: Sequence[Path], out: Path, opts: Options,
+                 progress: Callable[[Iterable, int], Iterable] = lambda it, n: it) -> dict:
+    """Turn ``pdfs`` into docTR folders under ``out`` (see :class:`FolderWriter`) and ``out/summary.json``.
+
+    Everything is written into a staging folder beside ``out`` that becomes ``out`` by one rename at the end: an
+    interrupted run leaves no partial dataset under ``out``.
+
+    Returns:
+        The summary written to ``summary.json``.
+    """
+    check_dpi(opts.dpi)
+    stage = staging_dir(out)
+    try:
+        documents, repeats = _survey(pdfs, opts.jobs)
+        check_sizes(documents, opts.dpi)
+        splits = assign_splits(documents, opts.split_by, opts.seed, opts.val_fraction, opts.val_count)
+        jobs = _jobs(documents, splits, opts)
+        summary = _summary(documents, repeats, opts)
+        writer = FolderWriter(stage)
+        for job, samples in zip(jobs, progress(parallel_map(run_page, jobs, opts.jobs), len(jobs)), strict=True):
+            writer.add(samples)
+            _count(summary, samples, job.path)
+        if not summary["pages"]["written"]:
+            raise UserError(f"none of the {len(jobs)} page(s) with text has a visible word ({summary['pages']['skipped']});"
+                            " make-dataset needs born-digital pages whose text is drawn")
+        writer.close()
+        for split in summary["splits"].values():  # the same whatever order the PDFs were named in
+            split["documents"].sort()
+            split["pages"].sort()
+        write_json(stage / "summary.json", summary, indent=1)
+        publish(stage, out)
+    finally:
+        close_documents()
+        if stage.exists():
+            shutil.rmtree(stage, ignore_errors=True)
+    return summary

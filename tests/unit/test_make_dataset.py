@@ -1,0 +1,201 @@
+"""``scale-ocr make-dataset``: PDFs built here with known words at known places, turned into docTR folders and read
+back; the split, determinism, the summary's counts, every refusal, and one real born-digital PDF.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pypdfium2 as pdfium
+import pytest
+from PIL import Image
+
+from scale_ocr.cli.main import main
+from scale_ocr.data.detection import DetectionFolder
+from scale_ocr.data.recognition import RecognitionFolder
+from scale_ocr.vocab import VOCABS, Vocab
+from tests.helpers.pdfs import Layout, write_encrypted, write_page_of, write_pdf
+
+DPI = 100
+REAL_PDFS = Path(__file__).resolve().parents[2] / ".venv" / "real-pdfs"
+A_PAGES = [Layout([(40, 60, 24, "Hello"), (200, 60, 24, "World"), (40, 140, 24, "naïve"), (200, 140, 18, "Label"),
+                   (40, 220, 12, "Tide")]),
+           Layout([], image_only=True),
+           Layout([(40, 80, 20, "Rotated"), (220, 80, 20, "Held"), (40, 200, 20, "Able")], rotate=90)]
+B_PAGES = [Layout([(60, 90, 20, "Crossed"), (220, 200, 20, "Field")], crop_left_bottom=(30, 20)),
+           Layout([(50, 100, 22, "Hold"), (200, 250, 16, "All")])]
+
+
+def _run(*args: object) -> int:
+    return main(["make-dataset", *map(str, args)])
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Two documents (5 pages: one image-only, one /Rotate 90, one with a CropBox), made into a dataset."""
+    root = tmp_path_factory.mktemp("pdfs")
+    (root / "in").mkdir()
+    truth = {"a": write_pdf(root / "in" / "a.pdf", A_PAGES, DPI), "b": write_pdf(root / "in" / "b.pdf", B_PAGES, DPI)}
+    assert _run(root / "in", root / "out", "--dpi", DPI, "--val-count", 1, "--jobs", 1) == 0
+    return root, truth
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def _labels(out: Path, task: str) -> dict[str, tuple[str, object]]:
+    """Every label of a task, over both splits: file name -> (split, label)."""
+    return {name: (split, label) for split in ("train", "val")
+            for name, label in json.loads((out / task / split / "labels.json").read_text()).items()}
+
+
+def _page_of(summary: dict, name: str) -> tuple[str, int]:
+    """(document letter, 0-based page) of a page file name, through the summary's document hashes."""
+    ids = {d["sha256"][:16]: Path(d["path"]).stem for d in summary["documents"]}
+    doc_id, page = Path(name).stem.split("_")[:2]
+    return ids[doc_id], int(page[1:]) - 1
+
+
+def _ink_box(gray: np.ndarray, box, margin: int = 4) -> tuple[float, float, float, float]:
+    """The bounding box of dark pixels around ``box`` (pixel edges, as boxes are continuous)."""
+    x0, y0 = max(0, int(box[0]) - margin), max(0, int(box[1]) - margin)
+    ys, xs = np.nonzero(gray[y0:int(box[3]) + margin, x0:int(box[2]) + margin] < 128)
+    return x0 + xs.min(), y0 + ys.min(), x0 + xs.max() + 1, y0 + ys.max() + 1
+
+
+def test_boxes_and_words_round_trip(built):
+    """Every true word is labelled on its page where the layout put it (within a tenth of its size) and exactly on
+    its ink (1.5 px); no ink lies outside the boxes (the out-of-vocabulary word keeps its box); every crop is
+    its word's pixels, upright; both folders load as training reads them."""
+    root, truth = built
+    out, summary = root / "out", json.loads((root / "out" / "summary.json").read_text())
+    pages = _labels(out, "detection")
+    seen = set()
+    for name, (split, label) in pages.items():
+        doc, index = _page_of(summary, name)
+        gray = np.asarray(Image.open(out / "detection" / split / "images" / name).convert("L"))
+        assert label["img_dimensions"] == list(gray.shape)
+        boxes = np.array(label["polygons"]).reshape(-1, 4, 2)
+        boxes = np.concatenate([boxes.min(axis=1), boxes.max(axis=1)], axis=1)
+        expected = [w for w in truth[doc] if w.page == index]
+        assert sorted(label["words"]) == sorted(w.text for w in expected)
+        for word in expected:
+            got = boxes[label["words"].index(word.text)]
+            tol = 0.1 * (word.box[3] - word.box[1]) / 0.718 + 1  # a tenth of the font size, in pixels
+            assert np.abs(got - word.box).max() < tol, (word, got)
+            assert np.abs(got - _ink_box(gray, got)).max() <= 1.5, (word.text, got, _ink_box(gray, got))
+            seen.add((doc, index, word.text))
+        covered = np.zeros_like(gray, dtype=bool)
+        for x0, y0, x1, y1 in boxes:
+            covered[max(0, int(y0) - 2):int(y1) + 3, max(0, int(x0) - 2):int(x1) + 3] = True
+        assert not ((gray < 128) & ~covered).any(), f"{name}: ink outside every box"
+    assert seen == {(d, w.page, w.text) for d, words in truth.items() for w in words}
+    crops = _labels(out, "recognition")
+    assert sorted(w for _, w in crops.values()) == sorted(w.text for ws in truth.values() for w in ws
+                                                          if w.text != "naïve")
+    for name, (split, word) in crops.items():
+        crop = Image.open(out / "recognition" / split / "images" / name)
+        page_name = "_".join(name.split("_")[:2]) + ".png"
+        assert pages[page_name][0] == split and word in pages[page_name][1]["words"]
+        assert crop.width > crop.height, f"{word} is not upright"  # every word here is wider than high
+    for split in ("train", "val"):
+        assert len(DetectionFolder((str(out / "detection" / split),))) == len(summary["splits"][split]["pages"])
+        assert len(RecognitionFolder((str(out / "recognition" / split),), Vocab(VOCABS["latin"]))) == \
+            summary["splits"][split]["recognition_words"]
+
+
+def test_summary_counts(built):
+    root, truth = built
+    summary = json.loads((root / "out" / "summary.json").read_text())
+    words = sum(len(w) for w in truth.values())
+    assert summary["pages"] == {"in_documents": 5, "written": 4, "skipped": {"no_text_layer": 1}}
+    assert summary["words"] == {"in_text_layer": words, "detection": words, "recognition": words - 1,
+                                "left_out": {}, "left_out_of_recognition": {"out_of_vocab": 1}}
+    train, val = summary["splits"]["train"], summary["splits"]["val"]
+    assert len(val["documents"]) == 1 and len(train["documents"]) == 1  # --val-count 1, by document
+    assert not set(train["pages"]) & set(val["pages"]) and len(train["pages"]) + len(val["pages"]) == 4
+    assert train["recognition_words"] + val["recognition_words"] == words - 1
+
+
+def test_deterministic_and_page_split(built):
+    """Another run with two processes writes the same bytes; a split by page puts no page on both sides."""
+    root, _ = built
+    assert _run(root / "in" / "b.pdf", root / "in" / "a.pdf", root / "again", "--dpi", DPI, "--val-count", 1,
+                "--jobs", 2) == 0
+    assert _tree(root / "again") == _tree(root / "out")  # argument order and process count change nothing
+    assert _run(root / "in", root / "by_page", "--dpi", DPI, "--split-by", "page", "--val-fraction", 0.5,
+                "--seed", 3, "--jobs", 1) == 0
+    splits = json.loads((root / "by_page" / "summary.json").read_text())["splits"]
+    assert len(splits["val"]["pages"]) == 2 and len(splits["train"]["pages"]) == 2
+    assert not set(splits["val"]["pages"]) & set(splits["train"]["pages"])
+    assert sorted(splits["val"]["pages"] + splits["train"]["pages"]) == sorted(
+        p for s in ("train", "val") for p in json.loads((root / "out" / "detection" / s / "labels.json").read_text()))
+
+
+FAULTS = {
+    "not_pdf": (lambda d: (d / "x.pdf").write_text("hello"), ["x.pdf"], "is not a PDF"),
+    "encrypted": (lambda d: write_encrypted(d / "x.pdf"), ["x.pdf"], "is encrypted"),
+    "no_text_layer": (lambda d: write_pdf(d / "x.pdf", [Layout([], image_only=True)], DPI), ["x.pdf"],
+                      "has a text layer"),
+    "out_not_empty": (lambda d: (d / "out").mkdir() or (d / "out" / "keep").write_text("x"), ["a.pdf"],
+                      "already exists and is not an empty folder"),
+    "dpi": (None, ["a.pdf", "--dpi", "1000"], "--dpi 1000 is outside 50..600"),
+    "too_large": (lambda d: write_page_of(d / "x.pdf", (3000, 3000)), ["x.pdf", "--dpi", "300"], "pass --dpi 195 or lower"),
+    "one_document": (None, ["a.pdf"], "leave train none"),
+    "missing": (None, ["nothing.pdf"], "does not exist"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FAULTS))
+def test_faults_are_one_line(case, tmp_path, capsys):
+    """docs/faults.md rows 100-107: one line, exit 2, nothing written."""
+    make, args, words = FAULTS[case]
+    write_pdf(tmp_path / "a.pdf", A_PAGES[:1], DPI)
+    if make:
+        make(tmp_path)
+    capsys.readouterr()
+    paths = [tmp_path / a if a.endswith(".pdf") else a for a in args]
+    assert _run(*paths, tmp_path / "out", *([] if "--dpi" in args else ["--dpi", DPI])) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1, err
+    assert case == "out_not_empty" or not (tmp_path / "out").exists()
+    assert not list(tmp_path.glob(".out.partial-*"))
+
+
+def _real_pdf(tmp_path: Path) -> Path:
+    """The first pages of the first real PDF `make install` fetched."""
+    found = sorted(REAL_PDFS.rglob("*.pdf")) if REAL_PDFS.is_dir() else []
+    if not found:
+        pytest.skip(f"no real PDFs under {REAL_PDFS}: `make real-pdfs` (as root with apt-get) fetches them")
+    src = pdfium.PdfDocument(found[0])
+    doc = pdfium.PdfDocument.new()
+    doc.import_pages(src, [0, 1, 2])
+    doc.save(str(tmp_path / "real.pdf"))
+    doc.close()
+    src.close()
+    return tmp_path / "real.pdf"
+
+
+def test_real_pdf(tmp_path):
+    """A real document's words: each crop's word is the text layer's, every box lies on its page, and the words
+    with boxes are the text layer's words (PDFium's own text of the page, split at white space)."""
+    pdf = _real_pdf(tmp_path)
+    assert _run(pdf, tmp_path / "out", "--dpi", 72, "--val-fraction", 0, "--jobs", 1) == 0
+    labels = json.loads((tmp_path / "out" / "detection" / "train" / "labels.json").read_text())
+    doc = pdfium.PdfDocument(pdf)
+    assert len(labels) == 3
+    for i, (_, label) in enumerate(sorted(labels.items())):
+        h, w = label["img_dimensions"]
+        boxes = np.array(label["polygons"])
+        assert (boxes >= 0).all() and (boxes[..., 0] <= w).all() and (boxes[..., 1] <= h).all()
+        layer = doc[i].get_textpage().get_text_range().replace("\ufffe", "-").split()  # a line-end hyphen
+        assert "".join(label["words"]) == "".join(layer)  # the same characters, in order
+        assert len(label["words"]) >= 0.9 * len(layer) and len(label["words"]) > 50
+    doc.close()
+    crops = json.loads((tmp_path / "out" / "recognition" / "train" / "labels.json").read_text())
+    for name, word in crops.items():
+        page = labels["_".join(name.split("_")[:2]) + ".png"]
+        assert word in page["words"]
