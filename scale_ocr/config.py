@@ -50,6 +50,40 @@ def _require_finite(section: Any, *names: str) -> None:
                             f"give an ordinary number or leave it out{keep}")
 
 
+PAGE_SCALES = ("native", "fit")  # or a positive factor; scale_ocr.data.det_transforms reads them
+PAGE_SCALE_RANGE = (0.05, 8.0)  # factors outside it shrink words to nothing or blow pages past any memory
+# The longest side a whole page is read at by default. A DBNet forward in eval holds about 0.5 KB of activations per
+# input pixel (fp32, MobileNetV3 and ResNet-50 alike: measured as peak RSS of one forward at 512^2 and 1024^2), so a
+# 2048x2048 page holds about 2 GiB, 8 of them (a validation batch of -b 8) 16 GiB: within a 24 GB GPU. 2048 reads a
+# 150-dpi A4 page (1275x1650) at its own pixels and a 300-dpi one at 0.58x (30 px text stays well above DBNet's floor).
+DEFAULT_MAX_PAGE_SIDE = 2048
+PAGE_SIDE_LIMIT = 8192  # the largest page side a detection folder holds (scale_ocr.data.files.PAGE_LIMITS)
+
+
+def canonical_page_scale(value: str | float) -> str:
+    """``native``, ``fit`` or a factor as its shortest decimal (``"0.5"``); a UserError for anything else."""
+    text = str(value).strip().lower()
+    if text in PAGE_SCALES:
+        return text
+    try:
+        factor = float(text)
+    except ValueError:
+        factor = math.nan
+    low, high = PAGE_SCALE_RANGE
+    if not (low <= factor <= high):  # NaN fails too
+        raise UserError(f"--page-scale {shown(value, 40)}: give native (pages at their own pixels), fit (whole pages "
+                        f"fitted into --input-size) or a factor between {low:g} and {high:g}, e.g. 0.5")
+    return repr(factor)
+
+
+def check_max_page_side(side: int | None, flag: str = "--max-page-side") -> None:
+    """Refuse a page-side cap that is not a multiple of 32 (DBNet's stride) between 32 and the largest page."""
+    if side is not None and (side % 32 or not 32 <= side <= PAGE_SIDE_LIMIT):
+        near = min(PAGE_SIDE_LIMIT, max(32, round(side / 32) * 32))
+        raise UserError(f"{flag} {side}: the longest side a page is read at must be a multiple of 32 (DBNet's "
+                        f"stride) from 32 to {PAGE_SIDE_LIMIT}, e.g. {near}")
+
+
 NAME_MAX, PATH_MAX = 255, 4096  # bytes: the longest file name and path Linux file systems take (ext4, XFS, Btrfs)
 
 
@@ -117,6 +151,9 @@ class ModelConfig:
             raise UserError(f"--input-size {h}x{w} is too small; use at least 8x8, e.g. 32x128")
         _require_finite(self, "mlp_ratio")
         _require_paths(self, "vocab_file", "init_from")
+        if self.page_scale is not None:
+            object.__setattr__(self, "page_scale", canonical_page_scale(self.page_scale))
+        check_max_page_side(self.max_page_side)
         for name in MODEL_SIZE_FIELDS:  # which models take them is the registry's to say (run.resolve)
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -125,6 +162,15 @@ class ModelConfig:
     def size_overrides(self) -> dict[str, Any]:
         """The model-size overrides given, as the registry builder's keywords."""
         return {kw: getattr(self, name) for name, kw in MODEL_SIZE_FIELDS.items() if getattr(self, name) is not None}
+
+    page_scale: str | None = opt(
+        None, "detection: the scale pages are trained and read at: native (their own pixels: the model trains on "
+        "random crops of --input-size and reads whole pages), fit (whole pages fitted into --input-size) or a factor "
+        "F (pages scaled by F, then as native); default: native with --train-path, fit for synthetic pages and "
+        "doctr: models (docTR's predictor fits pages)", metavar="SCALE")
+    max_page_side: int | None = opt(
+        None, f"detection: the longest side a whole page is read at (validation, predict's --det-size auto); larger "
+        f"pages are scaled down to it; a multiple of 32; default: {DEFAULT_MAX_PAGE_SIDE}", metavar="PX")
 
     init_from: str | None = opt(None, "start from the weights of this state dict file (a .pt of torch tensors, e.g. "
                                 "a docTR model's, or a scale-ocr export), checked against the architecture; read "

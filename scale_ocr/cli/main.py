@@ -172,11 +172,26 @@ def _write_overlay(path: Path, image) -> None:
             from None
 
 
-def _square_or_hxw(text: str) -> tuple[int, int]:
-    """``HxW``, or one number for a square."""
+def _det_size(text: str) -> tuple[int, int] | str:
+    """``auto``, ``HxW``, or one number for a square."""
     from scale_ocr.cli.args import _parse_input_size
 
+    if text.strip().lower() == "auto":
+        return "auto"
     return (int(text), int(text)) if text.strip().isdigit() else _parse_input_size(text)
+
+
+def _page_side(args) -> int | None:
+    """``--max-page-side``, refused in one line when it is no multiple of 32 or there is no whole page to cap."""
+    from scale_ocr.config import check_max_page_side
+    from scale_ocr.errors import UserError
+
+    check_max_page_side(args.max_page_side)
+    if args.max_page_side is not None and isinstance(args.det_size, tuple):
+        h, w = args.det_size
+        raise UserError(f"--max-page-side caps the pages --det-size auto reads whole; --det-size {h}x{w} fits every "
+                        "page into that size instead: drop one of them")
+    return args.max_page_side
 
 
 def _add_model_pair(parser) -> None:
@@ -184,9 +199,13 @@ def _add_model_pair(parser) -> None:
     parser.add_argument("--det", required=True, metavar="DET_MODEL", help="detection checkpoint, run dir or export")
     parser.add_argument("--reco", required=True, metavar="RECO_MODEL", help="recognition checkpoint, run dir or export")
     parser.add_argument("--batch-size", "--batch_size", type=int, default=4, help="pages per detector batch")
-    parser.add_argument("--det-size", type=_square_or_hxw, default=None, metavar="HxW",
-                        help="fit pages into this size for the detector (multiples of 32; default: the size it was "
-                             "trained at); a detector trained on small pages finds small words better run larger")
+    parser.add_argument("--det-size", type=_det_size, default=None, metavar="auto|HxW",
+                        help="auto: each page whole at the scale the detector trained at, padded to a multiple of 32; "
+                             "HxW: fit pages into this size (multiples of 32); default: as the detector trained "
+                             "(auto after --page-scale native or a factor, its input size after fit)")
+    parser.add_argument("--max-page-side", type=int, default=None, metavar="PX",
+                        help="with auto, the longest side a page is read at, larger pages are scaled down to it "
+                             "(a multiple of 32; default: the detector's --max-page-side)")
 
 
 def _predict_pages(argv: list[str]) -> int:
@@ -207,6 +226,7 @@ def _predict_pages(argv: list[str]) -> int:
     out.add_argument("--overlay", metavar="OUT.png", help="draw the words on the (single) page into this PNG")
     out.add_argument("--overlay-dir", metavar="DIR", help="draw each page's words into DIR/<page name>.png")
     args = parser.parse_args(argv)
+    max_side = _page_side(args)
     missing = next((p for p in args.pages if not Path(p).is_file()), None)
     if missing:
         raise UserError(f"{missing} is not a file; pass page images")
@@ -215,7 +235,7 @@ def _predict_pages(argv: list[str]) -> int:
     for start in range(0, len(args.pages), args.batch_size):  # a batch at a time, so a big folder streams
         names = args.pages[start:start + args.batch_size]
         pages = [open_rgb(n) for n in names]
-        found = read_pages(detector, recognizer, pages, args.batch_size, det_size=args.det_size)
+        found = read_pages(detector, recognizer, pages, args.batch_size, det_size=args.det_size, max_side=max_side)
         for i, (name, page, words) in enumerate(zip(names, pages, found, strict=True)):
             print(json.dumps({"page": name, "words": words}), flush=True)
             if overlays:
@@ -237,8 +257,9 @@ def _evaluate_pages(argv: list[str]) -> int:
     parser.add_argument("folders", nargs="+", metavar="DIR", help="docTR detection folders (images/, labels.json)")
     parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     args = parser.parse_args(argv)
+    max_side = _page_side(args)
     detector, recognizer = _page_models(args)
-    m = evaluate_pages(detector, recognizer, args.folders, args.batch_size, args.det_size)
+    m = evaluate_pages(detector, recognizer, args.folders, args.batch_size, args.det_size, max_side)
     if args.json:
         print(json.dumps(m))
         return 0

@@ -34,10 +34,10 @@ from scale_ocr.vocab import VOCABS
 DEFAULT_CHARSET = VOCABS["latin"]
 
 
-def _layout(rng: np.random.Generator, size: tuple[int, int], charset: str) -> list[tuple]:
-    """Words placed on the unrotated page: ``(origin, word, font, colour, tight box)`` each."""
+def _layout(rng: np.random.Generator, size: tuple[int, int], charset: str, unit: float) -> list[tuple]:
+    """Words placed on the unrotated page: ``(origin, word, font, colour, tight box)`` each; font sizes are
+    :data:`TEXT_HEIGHT` times ``unit``."""
     h, w = size
-    unit = min(h, w) / 512
     fonts = system_fonts() or (None,)
     left, right = rng.uniform(0.03, 0.15, 2) * w
     top, bottom = rng.uniform(0.03, 0.15, 2) * h
@@ -76,8 +76,8 @@ def _layout(rng: np.random.Generator, size: tuple[int, int], charset: str) -> li
     return placed
 
 
-def render_page(seed: int, index: int, size: tuple[int, int] = (512, 512),
-                charset: str = DEFAULT_CHARSET) -> tuple[Image.Image, np.ndarray, list[str]]:
+def render_page(seed: int, index: int, size: tuple[int, int] = (512, 512), charset: str = DEFAULT_CHARSET,
+                text_scale: float | None = None) -> tuple[Image.Image, np.ndarray, list[str]]:
     """Render page ``index`` of the stream ``seed``.
 
     Args:
@@ -85,6 +85,9 @@ def render_page(seed: int, index: int, size: tuple[int, int] = (512, 512),
         index: the page within it.
         size: ``(H, W)`` in pixels.
         charset: characters words are drawn from (whitespace is ignored).
+        text_scale: font sizes are the synthetic words' (``TEXT_HEIGHT`` px) times this; None: the page's shorter
+            side / 512, so a page of any size holds the same layout (a page larger than the model's input with
+            ``text_scale=1`` holds words of the trained size, as a scanned page at its own resolution does).
 
     Returns:
         The RGB page, its word polygons as float32 ``(N, 4, 2)`` ``(x, y)`` absolute pixels (clockwise
@@ -95,7 +98,7 @@ def render_page(seed: int, index: int, size: tuple[int, int] = (512, 512),
     h, w = size
     bg = paper_colour(rng)
     angle = page_turn(rng)
-    placed = _layout(rng, size, charset)
+    placed = _layout(rng, size, charset, text_scale or min(h, w) / 512)
     img = Image.new("RGB", (w, h), bg)
     if not placed:
         return img, np.zeros((0, 4, 2), np.float32), []
@@ -139,17 +142,17 @@ class SyntheticPages(Dataset):
 
 
 def write_detection_folder(path: str | Path, num_pages: int, seed: int, size: tuple[int, int] = (512, 512),
-                           charset: str = DEFAULT_CHARSET) -> Path:
+                           charset: str = DEFAULT_CHARSET, text_scale: float | None = None) -> Path:
     """Write pages ``0..num_pages-1`` of the stream ``seed`` as a docTR detection folder.
 
     ``labels.json`` carries ``img_dimensions`` ``[H, W]``, the PNG's ``img_hash`` (SHA-256),
-    ``polygons`` and the parallel ``words``. Returns the folder.
+    ``polygons`` and the parallel ``words`` (``text_scale``: :func:`render_page`'s). Returns the folder.
     """
     root = Path(path)
     (root / "images").mkdir(parents=True, exist_ok=True)
     labels = {}
     for i in range(num_pages):
-        img, polygons, words = render_page(seed, i, size, charset)
+        img, polygons, words = render_page(seed, i, size, charset, text_scale)
         buf = io.BytesIO()
         img.save(buf, format="PNG")
         name = f"page_{i:05d}.png"
@@ -158,6 +161,14 @@ def write_detection_folder(path: str | Path, num_pages: int, seed: int, size: tu
                         "polygons": np.round(polygons.astype(np.float64), 2).tolist(), "words": words}
     (root / "labels.json").write_text(json.dumps(labels), encoding="utf-8")
     return root
+
+
+def _size(text: str) -> tuple[int, int] | None:
+    """``HxW`` or one number (a square) as ``(H, W)``; None when it is neither."""
+    parts = text.lower().split("x")
+    if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,13 +184,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pages", type=int, default=10)
     p.add_argument("--seed", type=int, default=4242, help="the page stream (training uses the run's --seed, "
                    "validation that plus 1000003; the default is neither)")
-    p.add_argument("--size", type=int, default=512, help="square page side in pixels")
+    p.add_argument("--size", default="512", metavar="HxW", help="page height x width in pixels, or one number for a "
+                   "square, e.g. 1650x1275 (an A4 page at 150 dpi)")
+    p.add_argument("--text-scale", type=float, default=None, help="font sizes times this (1: 12-40 px words, as "
+                   "synthetic training pages of 512 px); default: the page's shorter side / 512")
     args = p.parse_args(argv)
+    size = _size(args.size)
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         raise UserError(f"{args.out} already exists and is not an empty folder; choose a new one")
-    if args.pages < 1 or args.size < 64:
-        raise UserError("--pages must be at least 1 and --size at least 64")
-    print(write_detection_folder(args.out, args.pages, args.seed, (args.size, args.size)))
+    if args.pages < 1 or size is None or min(size) < 64 or max(size) > 8192:
+        raise UserError(f"--pages {args.pages} --size {args.size}: give at least 1 page and a size HxW (or one "
+                        "number) from 64 to 8192 pixels a side, e.g. 1650x1275")
+    if args.text_scale is not None and not 0.25 <= args.text_scale <= 8:
+        raise UserError(f"--text-scale {args.text_scale}: give a factor from 0.25 to 8 (1: 12-40 px words)")
+    print(write_detection_folder(args.out, args.pages, args.seed, size, text_scale=args.text_scale))
     return 0
 
 

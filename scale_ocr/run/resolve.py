@@ -16,15 +16,17 @@ from scale_ocr.tasks.base import check_size_overrides
 
 
 def resolve(cfg: RunConfig) -> RunConfig:
-    """``cfg`` with the task's and model's defaults filled in (input size, synthetic sample counts, augmentation,
-    schedule, learning rate), after the checks that need the registries; a UserError names what is wrong."""
+    """``cfg`` with the task's and model's defaults filled in (input size, page scale, synthetic sample counts,
+    augmentation, schedule, learning rate), after the checks that need the registries; a UserError names what is wrong."""
     check_size_overrides(cfg.model)
     task = task_class(cfg.model.arch)
     train, val = task.default_samples
     data, optim = cfg.data, cfg.optim
+    page_scale, max_page_side = task.resolve_page_scale(cfg)
     resolved = dataclasses.replace(
         cfg,
-        model=dataclasses.replace(cfg.model, input_size=tuple(cfg.model.input_size or task.default_input_size)),
+        model=dataclasses.replace(cfg.model, input_size=tuple(cfg.model.input_size or task.default_input_size),
+                                  page_scale=page_scale, max_page_side=max_page_side),
         data=dataclasses.replace(data, train_samples=data.train_samples or train, val_samples=data.val_samples or val,
                                  augment=task.default_augment if data.augment is None else data.augment),
         optim=dataclasses.replace(optim, lr=optim.lr if optim.lr is not None else recommended_lr(cfg.model.arch),

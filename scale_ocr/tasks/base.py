@@ -65,6 +65,15 @@ class Task(ABC):
         self.charset = resolve_vocab(model_cfg.vocab or default, model_cfg.vocab_file, names)
 
     @classmethod
+    def resolve_page_scale(cls, cfg) -> tuple[str | None, int | None]:
+        """``(page scale, longest page side)`` of the run (``--page-scale``, ``--max-page-side``): the tasks that read
+        pages override it; the others refuse either flag in one line."""
+        if cfg.model.page_scale is not None or cfg.model.max_page_side is not None:
+            raise UserError(f"--page-scale and --max-page-side set how a detector reads pages; {cfg.model.arch} "
+                            "reads word crops (--input-size): drop them")
+        return None, None
+
+    @classmethod
     def check_config(cls, cfg) -> None:
         """Refuse a :class:`~scale_ocr.config.RunConfig` this task cannot train, with one line (UserError)."""
         return None  # most tasks accept every config

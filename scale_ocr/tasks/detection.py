@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from scale_ocr.config import DataConfig, ModelConfig
+from scale_ocr.config import DEFAULT_MAX_PAGE_SIDE, DataConfig, ModelConfig
 from scale_ocr.dist.distributed import DistInfo, all_reduce_sum
 from scale_ocr.errors import UserError
 from scale_ocr.tasks.base import EvalResult, Task
@@ -43,6 +43,7 @@ class PageBatch:
     polygons: list[np.ndarray]
     words: list[list[str]]
     valid: torch.Tensor
+    sizes: list[tuple[int, int]] | None = None  # each page's (h, w) inside the padded images; None: all of them
 
     @property
     def inputs(self) -> tuple[torch.Tensor, ...]:
@@ -54,7 +55,11 @@ class PageBatch:
         nb = device.type == "cuda"
         return PageBatch(self.images.to(device, non_blocking=nb),
                          {k: v.to(device, non_blocking=nb) for k, v in self.maps.items()},
-                         self.polygons, self.words, self.valid)
+                         self.polygons, self.words, self.valid, self.sizes)
+
+    def page_size(self, i: int) -> tuple[int, int]:
+        """Page ``i``'s own ``(h, w)``: the images beyond it are padding."""
+        return self.sizes[i] if self.sizes else tuple(self.images.shape[-2:])
 
     def __len__(self) -> int:
         return len(self.polygons)
@@ -68,18 +73,39 @@ def db_maps(polygons: list[np.ndarray], h: int, w: int) -> dict[str, torch.Tenso
     return {k: torch.from_numpy(np.stack([m[k] for m in maps])) for k in TARGET_KEYS}
 
 
+MASK_KEYS = ("prob_mask", "thresh_mask")  # the DB maps whose 0 leaves a pixel out of the loss
+
+
 class PageCollate:
     """Stacks pages and builds their training targets with ``targets(polygons, h, w)`` (in the loader's workers
-    when there are any)."""
+    when there are any).
 
-    def __init__(self, targets: Callable[[list[np.ndarray], int, int], dict[str, torch.Tensor]] = db_maps) -> None:
-        self.targets = targets
+    Pages of different sizes (whole pages at their own scale, in validation) are padded bottom/right to the
+    largest, rounded up to DBNet's stride (:func:`~scale_ocr.data.det_transforms.pad_batch`); the padding is out
+    of the DB loss (its masks are 0 there) and of the metrics (each page's own size is kept).
+    """
+
+    def __init__(self, targets: Callable[[list[np.ndarray], int, int], dict[str, torch.Tensor]] = db_maps,
+                 mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None) -> None:
+        from scale_ocr.data.transforms import MEAN, STD
+
+        self.targets, self.mean, self.std = targets, mean or MEAN, std or STD
 
     def __call__(self, items) -> PageBatch:
+        from scale_ocr.data.det_transforms import pad_batch
+
         images, polygons, words, valid = zip(*items, strict=True)
-        h, w = images[0].shape[-2:]
-        return PageBatch(torch.stack(images), self.targets(list(polygons), h, w), list(polygons),
-                         [list(x) for x in words], torch.tensor(valid))
+        stacked, sizes = pad_batch(images, self.mean, self.std)
+        h, w = stacked.shape[-2:]
+        maps = self.targets(list(polygons), h, w)
+        padded = any(s != (h, w) for s in sizes)
+        for key in MASK_KEYS if padded else ():
+            if key in maps:
+                for i, (ph, pw) in enumerate(sizes):
+                    maps[key][i, ph:] = 0
+                    maps[key][i, :, pw:] = 0
+        return PageBatch(stacked, maps, list(polygons), [list(x) for x in words], torch.tensor(valid),
+                         sizes if padded else None)
 
 
 @register_task
@@ -93,12 +119,24 @@ class DetectionTask(Task):
     metric_names = ("hmean", "recall", "precision", "mean_iou")
     percent_metrics = frozenset({"hmean", "recall", "precision"})
 
+    default_page_scale = "native"  # for real pages (--train-path); synthetic pages are rendered at the input size
+
     def __init__(self, model_cfg: ModelConfig) -> None:
         from scale_ocr.data.transforms import MEAN, STD
 
         super().__init__(model_cfg)
         self.post = PostProcess()
         self.mean, self.std = MEAN, STD  # the pages' normalisation
+        # Unset (a model file from before page scales, a task built by hand): whole pages fitted, as then.
+        self.page_scale = model_cfg.page_scale or "fit"
+        self.max_page_side = model_cfg.max_page_side or DEFAULT_MAX_PAGE_SIDE
+
+    @classmethod
+    def resolve_page_scale(cls, cfg) -> tuple[str, int]:
+        """``--page-scale`` and ``--max-page-side`` as given, else: native for real pages, fit for synthetic pages
+        (rendered at the input size, so fitting them is the identity) and the default cap."""
+        scale = cfg.model.page_scale or (cls.default_page_scale if cfg.data.train_path else "fit")
+        return scale, cfg.model.max_page_side or DEFAULT_MAX_PAGE_SIDE
 
     @classmethod
     def check_config(cls, cfg) -> None:
@@ -108,13 +146,34 @@ class DetectionTask(Task):
         if cfg.data.data_cache:
             raise UserError("--data-cache holds word crops for recognition; a detection model trains on pages "
                             "(synthetic, or --train-path with docTR detection folders)")
+        h, w = cfg.model.input_size
+        if cfg.model.page_scale != "fit" and cfg.model.max_page_side < max(h, w):
+            raise UserError(f"--max-page-side {cfg.model.max_page_side} is below the {h}x{w} crops "
+                            f"--page-scale {cfg.model.page_scale} trains on (--input-size); raise it to at least "
+                            f"{max(h, w)} or use smaller crops")
 
     def model_kwargs(self) -> dict[str, Any]:
         return {"input_size": self.input_size}
 
     @classmethod
     def from_identity(cls, identity: dict[str, Any]) -> DetectionTask:
-        return cls(cls.model_config(identity))
+        import dataclasses
+
+        return cls(dataclasses.replace(cls.model_config(identity), page_scale=identity.get("page_scale"),
+                                       max_page_side=identity.get("max_page_side")))
+
+    def _reading(self) -> dict[str, Any]:
+        """How the model reads pages, unless ``fit`` (what every model file before page scales did: those still
+        load and resume as they are)."""
+        return {} if self.page_scale == "fit" else {"page_scale": self.page_scale, "max_page_side": self.max_page_side}
+
+    def identity(self) -> dict[str, Any]:
+        """The model's identity, and the scale and longest side it trained and reads pages at (``--det-size auto``
+        reads pages as it trained)."""
+        return {**super().identity(), **self._reading()}
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), **self._reading()}  # config.json's top level: what best_model.pt loads with
 
     def dummy_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
         h, w = self.input_size
@@ -149,8 +208,8 @@ class DetectionTask(Task):
         else:
             val_ds = SyntheticPages(cfg.val_samples, seed + VAL_SEED_OFFSET, self.input_size, self.charset, val_tf)
         digest = labels_digest(cfg.train_path) if cfg.train_path else None
-        return build_loaders(train_ds, val_ds, PageCollate(self.targets), cfg, batch_size, seed, dist, dict(report.skipped),
-                             digest)
+        return build_loaders(train_ds, val_ds, PageCollate(self.targets, self.mean, self.std), cfg, batch_size, seed,
+                             dist, dict(report.skipped), digest)
 
     targets = staticmethod(db_maps)  # a batch's training targets, the model's arguments after the images
 
@@ -158,7 +217,8 @@ class DetectionTask(Task):
         """Page (PIL) + polygons -> the model's input tensor, polygons and words (augmented when training)."""
         from scale_ocr.data.det_transforms import build_det_transform
 
-        return build_det_transform(self.input_size, train=train, augment=augment, mean=self.mean, std=self.std)
+        return build_det_transform(self.input_size, train=train, augment=augment, mean=self.mean, std=self.std,
+                                   page_scale=self.page_scale, max_side=self.max_page_side)
 
     def doctr_info(self) -> dict[str, Any]:
         """What docTR's class is built with to hold this model's weights, and how to feed it."""
@@ -194,14 +254,14 @@ class DetectionTask(Task):
             batch = batch.to(device)
             batch_loss, probs = self.eval_batch(model, batch, autocast)
             loss_sum += batch_loss
-            h, w = probs.shape[-2:]
             for i in (i for i, v in enumerate(batch.valid.tolist()) if v):
-                pred = _polygons(self.boxes(probs[i]))
+                h, w = batch.page_size(i)  # the padding beyond a page is neither searched nor scored
+                pred = _polygons(self.boxes(probs[i, :h, :w]))
                 gt = batch.polygons[i] / np.float32([w, h])
                 metric.update(pred, gt)
                 pages += 1
                 if len(examples) < NUM_EXAMPLES:
-                    examples.append(_example(batch.images[i], pred, gt, self.mean, self.std))
+                    examples.append(_example(batch.images[i, :, :h, :w], pred, gt, self.mean, self.std))
         model.train()
         sums = all_reduce_sum([loss_sum, pages, *metric.sums()], device)
         rates = LocalizationMetric.rates(sums[2:])
@@ -209,28 +269,51 @@ class DetectionTask(Task):
         return EvalResult({"val_loss": sums[0] / max(sums[1], 1), "hmean": 2 * r * p / (r + p) if r + p else 0.0,
                            **rates}, examples)
 
+    def reads_whole_pages(self, det_size: tuple[int, int] | str | None) -> bool:
+        """Whether ``detect`` runs pages at their own scale (``auto``) rather than fitted into a size: the default
+        for a detector trained at a page scale, ``auto`` asked for by name."""
+        return det_size == "auto" or (det_size is None and self.page_scale != "fit")
+
     @torch.no_grad()
     def detect(self, model: nn.Module, pages: list, batch_size: int = 4,
-               input_size: tuple[int, int] | None = None) -> list[list]:
+               input_size: tuple[int, int] | str | None = None, max_side: int | None = None) -> list[list]:
         """Boxes of each PIL page, as ``(polygon (4, 2) in the page's pixels, score)``.
 
-        ``input_size`` fits the pages into another size than the model was trained at (``--det-size``): DBNet
-        is fully convolutional, and a detector trained on small pages finds small words better run larger.
+        Args:
+            input_size: ``auto`` runs each page whole at the scale the detector trained at (its own pixels for
+                ``native`` and ``fit``, times the factor of a numeric ``--page-scale``), padded up to a multiple of
+                32; ``(H, W)`` fits pages into that size (``--det-size``: DBNet is fully convolutional, and a
+                detector trained on small pages finds small words better run larger); None: ``auto`` for a
+                detector trained at a page scale, else its own input size.
+            max_side: with ``auto``, the longest side a page is read at (larger pages are scaled down to it);
+                None: the detector's ``--max-page-side``.
         """
-        from scale_ocr.data.det_transforms import build_det_transform
+        from scale_ocr.data.det_transforms import build_det_transform, pad_batch
         from scale_ocr.models.detection.sizes import check_input_size
 
-        h, w = input_size or self.input_size
-        check_input_size(h, w, "--det-size")
-        tf = build_det_transform((h, w), train=False, mean=self.mean, std=self.std)
+        if self.reads_whole_pages(input_size):
+            tf = build_det_transform(self.input_size, train=False, mean=self.mean, std=self.std,
+                                     page_scale=self.page_scale if self.page_scale != "fit" else "native",
+                                     max_side=max_side or self.max_page_side)
+            fit = None
+        else:
+            fit = input_size or self.input_size
+            check_input_size(*fit, "--det-size")
+            tf = build_det_transform(fit, train=False, mean=self.mean, std=self.std)
         out = []
         for i in range(0, len(pages), batch_size):
             chunk = pages[i:i + batch_size]
-            images = torch.stack([tf(page, np.zeros((0, 4, 2)))[0] for page in chunk])
+            images, sizes = pad_batch([tf(page, np.zeros((0, 4, 2)))[0] for page in chunk], self.mean, self.std)
             probs = self.probabilities(model(images))
-            for page, prob in zip(chunk, probs, strict=True):
-                scale = min(h / page.height, w / page.width)  # ResizePage's fit; padding is bottom/right
-                out.append([(b.polygon * np.float64([w, h]) / scale, b.score) for b in self.boxes(prob)])
+            for page, prob, (h, w) in zip(chunk, probs, sizes, strict=True):
+                if fit is None:  # relative to the page as run, which is the whole page scaled: back by its size
+                    back = np.float64([page.width, page.height])
+                    found = self.boxes(prob[:h, :w])
+                else:
+                    scale = min(fit[0] / page.height, fit[1] / page.width)  # ResizePage's fit; padding bottom/right
+                    back = np.float64([fit[1], fit[0]]) / scale
+                    found = self.boxes(prob)
+                out.append([(b.polygon * back, b.score) for b in found])
         return out
 
     def predict(self, model: nn.Module, images: list[str], batch_size: int = 4) -> list[dict[str, Any]]:

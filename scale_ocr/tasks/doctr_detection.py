@@ -37,6 +37,7 @@ class DoctrDetectionTask(DetectionTask):
 
     name = "doctr_detection"
     default_input_size = (1024, 1024)  # docTR's input shape for all its detectors
+    default_page_scale = "fit"  # docTR's predictor fits whole pages into the input shape: train as docTR reads
 
     def __init__(self, model_cfg: ModelConfig) -> None:
         from scale_ocr.models.doctr_zoo import default_cfg, det_postprocessor

@@ -51,8 +51,8 @@ def _polygons(words: Sequence[dict[str, Any]]) -> np.ndarray:
 
 
 def read_pages(detector: LoadedModel, recognizer: LoadedModel, pages: Sequence[Image.Image], batch_size: int = 4,
-               word_batch_size: int = 64, pad: float = PAD, det_size: tuple[int, int] | None = None,
-               keep_unread: bool = False) -> list[list[dict[str, Any]]]:
+               word_batch_size: int = 64, pad: float = PAD, det_size: tuple[int, int] | str | None = None,
+               keep_unread: bool = False, max_side: int | None = None) -> list[list[dict[str, Any]]]:
     """The words of each page, in reading order.
 
     Args:
@@ -62,9 +62,12 @@ def read_pages(detector: LoadedModel, recognizer: LoadedModel, pages: Sequence[I
         batch_size: pages per detector batch; the words of those pages are read together.
         word_batch_size: crops per recognizer batch.
         pad: see :func:`crop_words`.
-        det_size: ``(H, W)`` pages are fitted into for the detector; None: the size it was trained at.
+        det_size: ``(H, W)`` pages are fitted into for the detector, or ``auto``: each page whole at the scale the
+            detector trained at, padded up to a multiple of 32; None: as the detector trained (``auto`` after
+            ``--page-scale native`` or a factor, its input size after ``fit``).
         keep_unread: also return boxes in which the recognizer read nothing (an empty text). They are not
             words, so page OCR drops them; evaluation keeps them to score the detector on all its boxes.
+        max_side: with ``auto``, the longest side a page is read at; None: the detector's ``--max-page-side``.
 
     Returns:
         Per page, one ``{"polygon": [[x, y] x 4] (page pixels, 0.1 px), "text", "confidence", "box_score"}``
@@ -75,7 +78,7 @@ def read_pages(detector: LoadedModel, recognizer: LoadedModel, pages: Sequence[I
     results: list[list[dict[str, Any]]] = []
     for start in range(0, len(pages), batch_size):
         chunk = pages[start:start + batch_size]
-        found = detector.task.detect(detector.model, list(chunk), batch_size, det_size)
+        found = detector.task.detect(detector.model, list(chunk), batch_size, det_size, max_side)
         crops: list[Image.Image] = []
         kept: list[list[tuple[np.ndarray, float]]] = []  # per page: (polygon, box score) of each crop
         for page, boxes in zip(chunk, found, strict=True):
@@ -140,14 +143,15 @@ def overlay(page: Image.Image, words: Sequence[dict[str, Any]], colour: tuple[in
 
 
 def evaluate_pages(detector: LoadedModel, recognizer: LoadedModel, folder_paths: Sequence[str | Path],
-                   batch_size: int = 4, det_size: tuple[int, int] | None = None) -> dict[str, float | int]:
+                   batch_size: int = 4, det_size: tuple[int, int] | str | None = None,
+                   max_side: int | None = None) -> dict[str, float | int]:
     """End-to-end accuracy of a detector and recognizer pair on docTR detection folders whose labels carry words.
 
     Detection is scored on boxes alone (``LocalizationMetric``: one-to-one matching at IoU 0.5), reading on
     boxes and text (``OCRMetric``: a true word is read when its matched box's text equals it), both in the
     original pages' pixels.
 
-    ``det_size`` is :func:`read_pages`'.
+    ``det_size`` and ``max_side`` are :func:`read_pages`'.
 
     Returns:
         ``pages``, ``gt_words``, ``pred_words`` (words read), ``unread_boxes`` (boxes read as nothing: scored
@@ -170,7 +174,7 @@ def evaluate_pages(detector: LoadedModel, recognizer: LoadedModel, folder_paths:
     for start in range(0, len(samples), batch_size):
         chunk = [folder[i] for folder, i in samples[start:start + batch_size]]  # (image, polygons, words)
         found = read_pages(detector, recognizer, [c[0] for c in chunk], batch_size, det_size=det_size,
-                           keep_unread=True)
+                           keep_unread=True, max_side=max_side)
         for (_, gt_polys, gt_words), words in zip(chunk, found, strict=True):
             # The detector is scored on every box it found; page OCR's words are those with text read.
             boxes.update(_polygons(words), gt_polys)
