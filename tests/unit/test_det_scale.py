@@ -157,6 +157,12 @@ def test_page_scale_faults_are_one_line():
         argv = flags if flags[0].startswith("crnn") else [DET, *flags]
         with pytest.raises(UserError, match=words.replace("(", r"\(")):
             parse_config(argv)
+    from scale_ocr.data.synthetic_pages import main as pages_main
+
+    for flags, words in ((["--size", "1650x"], "a size HxW"), (["--size", "40"], "from 64 to 8192"),
+                         (["--text-scale", "20"], "from 0.25 to 8")):
+        with pytest.raises(UserError, match=words):
+            pages_main(["unused-out", *flags])
     cfg = parse_config([DET, "--train-path", "x"])
     assert (cfg.model.page_scale, cfg.model.max_page_side) == ("native", 2048)  # real pages: their own pixels
     assert parse_config([DET]).model.page_scale == "fit"  # synthetic pages, rendered at the input size
