@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from scale_ocr.boxes.crop import crop_words
+from scale_ocr.boxes.crop import MIN_SIDE, crop_words
 from scale_ocr.data import pdf_text
 from scale_ocr.data.files import PAGE_LIMITS
 from scale_ocr.errors import UserError, shown
@@ -36,17 +36,21 @@ DPI_RANGE = (50, 600)  # below 50 dpi body text is a few pixels high; above 600 
 MIN_LINE_HEIGHT = 6.0  # pixels from a font's ascent to descent: text set smaller is nothing a recognizer reads
 PNG_LEVEL = 6  # zlib level: deterministic for a given zlib, and the usual size/speed balance
 SPLITS = ("train", "val")
+# A box thinner than this (pixels) is no area: the detection folders' start-up check refuses a polygon under
+# 0.01 px² (scale_ocr.data.detection.MIN_AREA), and a page with one such box would be refused whole.
+MIN_BOX_SIDE = 0.25
 
 # Why a word is left out. The first three leave a word out everywhere (nothing of it is drawn on the page); the
 # others only leave the recognition set: its box stays in the detection labels, or visible text would be trained
 # as background.
 EVERYWHERE = {"invisible": "drawn with an invisible render mode (an OCR layer, clipping text)",
-              "degenerate_box": "a glyph box with no area",
+              "degenerate_box": f"a glyph box under {MIN_BOX_SIDE:g} px across",
               "off_page": "entirely outside the page"}
 RECOGNITION_ONLY = {"out_of_vocab": "characters outside the vocabulary",
                     "slanted": "a baseline neither horizontal nor vertical",
                     "cut_by_page_edge": "partly outside the page",
-                    "too_small": f"set on lines under {MIN_LINE_HEIGHT:g} px at this dpi"}
+                    "too_small": f"set on lines under {MIN_LINE_HEIGHT:g} px at this dpi",
+                    "too_thin": f"a box under {MIN_SIDE:g} px wide or high (a rule, a bar): nothing page OCR reads"}
 PAGE_SKIPS = {"no_text_layer": "no word in the text layer (scanned, or drawn as images or paths)",
               "invisible_text_layer": "only invisible text: an OCR layer over a scan, another engine's reading"}
 
@@ -108,16 +112,24 @@ def find_pdfs(args: Sequence[str]) -> list[Path]:
     return found
 
 
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def _survey_one(path: str) -> Document:
-    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     document = pdf_text.open_pdf(Path(path))
     try:
         pages = []
-        for page in document:
-            textpage = page.get_textpage()
-            text = textpage.get_text_range()
-            pages.append((page.get_width(), page.get_height(), any(not c.isspace() for c in text)))
-        return Document(path, digest, tuple(pages))
+        for i in range(len(document)):
+            with pdf_text.page_errors(path, i):
+                page = document[i]
+                text = page.get_textpage().get_text_range()
+                pages.append((page.get_width(), page.get_height(), any(not c.isspace() for c in text)))
+        return Document(path, _sha256(path), tuple(pages))
     finally:
         document.close()
 
@@ -175,8 +187,13 @@ def assign_splits(documents: Sequence[Document], by: str, seed: int, fraction: f
 
 
 def _png(image: Image.Image) -> bytes:
+    """PNG bytes, grey when the RGB image is grey (a third of the size; every reader decodes it back to the same
+    RGB). No text chunks and no time: the same pixels give the same bytes."""
+    pixels = np.asarray(image)
+    if (pixels[..., 0] == pixels[..., 1]).all() and (pixels[..., 1] == pixels[..., 2]).all():
+        image = Image.fromarray(np.ascontiguousarray(pixels[..., 0]))  # 2-D uint8: mode L
     buf = io.BytesIO()
-    image.save(buf, format="PNG", compress_level=PNG_LEVEL)  # no text chunks, no time: same pixels, same bytes
+    image.save(buf, format="PNG", compress_level=PNG_LEVEL)
     return buf.getvalue()
 
 
@@ -195,6 +212,8 @@ def _place(word: pdf_text.PdfWord, size: tuple[int, int]) -> tuple[str | None, t
     clipped = (max(x0, 0.0), max(y0, 0.0), min(x1, float(size[0])), min(y1, float(size[1])))
     if clipped[2] - clipped[0] <= 0 or clipped[3] - clipped[1] <= 0:
         return "off_page", None
+    if min(clipped[2] - clipped[0], clipped[3] - clipped[1]) < MIN_BOX_SIDE:
+        return "degenerate_box", None
     return None, clipped
 
 
@@ -240,8 +259,8 @@ def page_samples(page: pdf_text.PdfPage, job: PageJob) -> PageSamples:
                       "polygons": polygons, "words": texts}
     crops = crop_words(page.image, np.array([_rounded(b) for _, _, b in readable]).reshape(-1, 4, 2))
     for (k, word, _), crop in zip(readable, crops, strict=True):
-        if crop is None:
-            out.dropped["too_small"] += 1
+        if crop is None:  # under crop_words' MIN_SIDE: page OCR would not read it either
+            out.dropped["too_thin"] += 1
             continue
         if word.turn:
             crop = crop.transpose(_UPRIGHT[word.turn])
@@ -265,7 +284,7 @@ def run_page(job: PageJob) -> PageSamples:
     if document is None:
         close_documents()
         document = _OPEN[job.path] = pdf_text.open_pdf(Path(job.path))
-    return page_samples(pdf_text.read_page(document, job.index, job.dpi), job)  # type: ignore[arg-type]
+    return page_samples(pdf_text.read_page(document, job.index, job.dpi, job.path), job)  # type: ignore[arg-type]
 
 
 def parallel_map(fn: Callable, items: Sequence, jobs: int) -> Iterator:
@@ -284,11 +303,12 @@ class FolderWriter:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.labels: dict[tuple[str, str], dict] = {(t, s): {} for t in ("recognition", "detection") for s in SPLITS}
-        for task, split in self.labels:
-            (root / task / split / "images").mkdir(parents=True)
+        self.labels: dict[tuple[str, str], dict] = {}  # a folder only for a split that gets samples
 
     def _write(self, task: str, split: str, name: str, data: bytes) -> None:
+        if (task, split) not in self.labels:
+            (self.root / task / split / "images").mkdir(parents=True)
+            self.labels[task, split] = {}
         with open(self.root / task / split / "images" / name, "xb") as f:  # a name is never written twice
             f.write(data)
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import ctypes
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +25,6 @@ import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
 from PIL import Image
 
-from scale_ocr.data.files import PAGE_LIMITS
 from scale_ocr.errors import UserError, shown
 
 POINTS_PER_INCH = 72.0
@@ -68,7 +69,7 @@ def _load_error(path: Path, exc: pdfium.PdfiumError) -> UserError:
     if getattr(exc, "err_code", None) == pdfium_c.FPDF_ERR_PASSWORD:
         return UserError(f"{shown(path)} is encrypted; decrypt it first (e.g. `qpdf --decrypt --password=PW IN OUT`) "
                          "or leave it out")
-    return UserError(f"{shown(path)} cannot be read as a PDF ({exc}); pass only PDF files, or repair it "
+    return UserError(f"{shown(path)} cannot be read as a PDF ({str(exc).rstrip('.')}); pass only PDF files, or repair it "
                      "(e.g. `qpdf IN OUT`)")
 
 
@@ -91,14 +92,6 @@ def pixel_size(page: pdfium.PdfPage, dpi: float) -> tuple[int, int]:
     """``(width, height)`` of the page rendered at ``dpi``: PDFium's size after ``/Rotate``, rounded up."""
     scale = dpi / POINTS_PER_INCH
     return math.ceil(page.get_width() * scale), math.ceil(page.get_height() * scale)
-
-
-def max_dpi(page: pdfium.PdfPage) -> int:
-    """The largest whole dpi at which the page fits :data:`PAGE_LIMITS`."""
-    w, h = page.get_width() / POINTS_PER_INCH, page.get_height() / POINTS_PER_INCH
-    by_side = PAGE_LIMITS.max_side / max(w, h)
-    by_pixels = math.sqrt(PAGE_LIMITS.max_pixels / (w * h))
-    return max(0, math.floor(min(by_side, by_pixels)) - 1)  # less one: the size is rounded up
 
 
 class _Device:
@@ -158,7 +151,9 @@ def _char(textpage: pdfium.PdfTextPage, device: _Device, i: int) -> _Char | None
     obj = pdfium_c.FPDFText_GetTextObject(textpage, i)
     invisible = bool(obj) and pdfium_c.FPDFTextObj_GetTextRenderMode(obj) in INVISIBLE_MODES
     loose = device.box(*textpage.get_charbox(i, loose=True))
-    line_height = loose[3] - loose[1] if turn in (0, 2, None) else loose[2] - loose[0]
+    across = (1, 3) if turn in (0, 2, None) else (0, 2)
+    # The glyph's own extent too: some fonts (math symbols, Type 3) declare no ascent or descent.
+    line_height = max(loose[across[1]] - loose[across[0]], box[across[1]] - box[across[0]] if box else 0.0)
     return _Char(LIGATURES.get(text, text), box, turn, invisible, code == HYPHEN, line_height)
 
 
@@ -219,8 +214,19 @@ def render(page: pdfium.PdfPage, size: tuple[int, int], dpi: float) -> Image.Ima
     return image
 
 
-def read_page(document: pdfium.PdfDocument, index: int, dpi: float) -> PdfPage:
+@contextmanager
+def page_errors(path: str | Path, index: int) -> Iterator[None]:
+    """PDFium failing on one page (a damaged content stream PDFium cannot repair) as one line naming it."""
+    try:
+        yield
+    except pdfium.PdfiumError as exc:
+        raise UserError(f"{shown(str(path))} page {index + 1} cannot be read ({str(exc).rstrip('.')}); repair the PDF (e.g. "
+                        "`qpdf IN OUT`) or leave it out") from None
+
+
+def read_page(document: pdfium.PdfDocument, index: int, dpi: float, path: str | Path = "") -> PdfPage:
     """Page ``index`` (0-based) of ``document`` rendered at ``dpi``, with its text layer's words."""
-    page = document[index]
-    size = pixel_size(page, dpi)
-    return PdfPage(render(page, size, dpi), page_words(page, size))
+    with page_errors(path, index):
+        page = document[index]
+        size = pixel_size(page, dpi)
+        return PdfPage(render(page, size, dpi), page_words(page, size))

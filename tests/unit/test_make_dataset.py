@@ -12,6 +12,7 @@ import pypdfium2 as pdfium
 import pytest
 from PIL import Image
 
+from scale_ocr.boxes.crop import PAD
 from scale_ocr.cli.main import main
 from scale_ocr.data.detection import DetectionFolder
 from scale_ocr.data.recognition import RecognitionFolder
@@ -97,10 +98,19 @@ def test_boxes_and_words_round_trip(built):
     assert sorted(w for _, w in crops.values()) == sorted(w.text for ws in truth.values() for w in ws
                                                           if w.text != "naïve")
     for name, (split, word) in crops.items():
-        crop = Image.open(out / "recognition" / split / "images" / name)
+        crop = np.asarray(Image.open(out / "recognition" / split / "images" / name).convert("L"))
         page_name = "_".join(name.split("_")[:2]) + ".png"
-        assert pages[page_name][0] == split and word in pages[page_name][1]["words"]
-        assert crop.width > crop.height, f"{word} is not upright"  # every word here is wider than high
+        page_split, label = pages[page_name]
+        assert page_split == split and word in label["words"]
+        # The crop is the page's pixels under the word's box and page OCR's padding, turned upright: every word
+        # here is wider than high.
+        gray = np.asarray(Image.open(out / "detection" / split / "images" / page_name).convert("L"))
+        (x0, y0), (x1, y1) = np.min(label["polygons"][label["words"].index(word)], axis=0), \
+            np.max(label["polygons"][label["words"].index(word)], axis=0)
+        region = gray[max(0, int(np.floor(y0 - PAD))):int(np.ceil(y1 + PAD)),
+                      max(0, int(np.floor(x0 - PAD))):int(np.ceil(x1 + PAD))]
+        turns = [k for k in range(4) if np.rot90(region, k).shape == crop.shape and (np.rot90(region, k) == crop).all()]
+        assert turns and crop.shape[1] > crop.shape[0], (word, crop.shape, region.shape)
     for split in ("train", "val"):
         assert len(DetectionFolder((str(out / "detection" / split),))) == len(summary["splits"][split]["pages"])
         assert len(RecognitionFolder((str(out / "recognition" / split),), Vocab(VOCABS["latin"]))) == \
@@ -137,6 +147,8 @@ def test_deterministic_and_page_split(built):
 
 FAULTS = {
     "not_pdf": (lambda d: (d / "x.pdf").write_text("hello"), ["x.pdf"], "is not a PDF"),
+    "damaged": (lambda d: (d / "x.pdf").write_bytes(b"%PDF-1.4\n1 0 obj garbage\n"), ["x.pdf"],
+                "cannot be read as a PDF (Failed to load document (PDFium: Data format error));"),
     "encrypted": (lambda d: write_encrypted(d / "x.pdf"), ["x.pdf"], "is encrypted"),
     "no_text_layer": (lambda d: write_pdf(d / "x.pdf", [Layout([], image_only=True)], DPI), ["x.pdf"],
                       "has a text layer"),
