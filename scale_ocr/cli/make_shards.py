@@ -105,7 +105,8 @@ def main(argv: list[str]) -> int:
         prog="scale-ocr make-shards",
         description="Write docTR recognition or detection folders as one shard set (tar shards + shards.json) "
                     "that --train-path/--val-path read.")
-    parser.add_argument("paths", nargs="+", metavar="FOLDER... OUT", help="docTR folders, then the new set's folder")
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="docTR folders, then the new set's folder (new or "
+                        "empty): FOLDER... OUT")
     parser.add_argument("--samples-per-shard", type=int, default=None, metavar="N",
                         help="samples a shard (default: 1000 word crops, 64 pages)")
     parser.add_argument("--seed", type=int, default=0, help="the write-time shuffle's seed")

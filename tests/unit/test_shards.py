@@ -16,6 +16,7 @@ from conftest import make_folder
 from PIL import Image
 from torch.utils.data import DataLoader
 
+from scale_ocr.cli.main import main as cli
 from scale_ocr.cli.make_shards import make_shards
 from scale_ocr.data import position as pos
 from scale_ocr.data.detection import DetectionFolder
@@ -51,6 +52,31 @@ def test_words_round_trip(tmp_path):
     make_shards([a, b], again, None, 3, seed=1, on_bad="error")
     digest = [hashlib.sha256((d / "shard-000001.tar").read_bytes()).digest() for d in (tmp_path / "set", again)]
     assert digest[0] == digest[1]
+
+
+def test_bad_samples_are_skipped_and_counted(tmp_path, capsys):
+    """``--on-bad-sample skip``: a missing image is left out, counted in the summary line and in the index."""
+    folder = make_folder(tmp_path / "w", {"a.png": "ab", "b.png": "cd", "gone.png": "ef"}, {"gone.png": None})
+    assert cli(["make-shards", str(folder), str(tmp_path / "set"), "--on-bad-sample", "skip"]) == 0
+    assert 'skipped 1 bad samples {"missing_image": 1}' in capsys.readouterr().out
+    index = json.loads((tmp_path / "set" / "shards.json").read_text())
+    assert index["total"] == 2 and index["skipped"] == {"missing_image": 1}
+
+
+def test_folder_position_resumes_a_count(word_folder):
+    """A folder run's position is a count of the epoch's global order, and an old checkpoint's count resumes it."""
+    from scale_ocr.data.loader import FolderPosition, ResumableSampler
+    from scale_ocr.data.recognition import RecognitionFolder
+    from scale_ocr.vocab import Vocab
+
+    ds = RecognitionFolder((str(word_folder),), Vocab("abcdefghijklmnopqrstuvwxyzTCO0123456789"))
+    whole = list(ResumableSampler(ds, num_replicas=1, rank=0, seed=2, drop_last=True))
+    p = FolderPosition(ResumableSampler(ds, num_replicas=1, rank=0, seed=2, drop_last=True), batch=2)
+    p.set_epoch(0)
+    assert p.state(0, 1) == {"kind": "folder", "epoch": 0, "samples_in_epoch": 2}
+    p.restore(0, 6, None)  # a checkpoint from before data_position: samples_in_epoch only
+    p.set_epoch(0)
+    assert list(p.sampler) == whole[6:]
 
 
 def test_pages_round_trip(tmp_path):
