@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -138,10 +139,16 @@ class _Char:
     line_height: float = 0.0
 
 
-def _char(textpage: pdfium.PdfTextPage, device: _Device, i: int) -> _Char | None:
-    """Character ``i`` in pixels; None for white space and PDFium's generated separators (a word boundary)."""
+_INSIDE = object()  # a zero-width format character (joiner, BOM): no glyph and no boundary
+
+
+def _char(textpage: pdfium.PdfTextPage, device: _Device, i: int) -> _Char | object | None:
+    """Character ``i`` in pixels; None for white space, control codes and PDFium's generated separators (a word
+    boundary); :data:`_INSIDE` for a format character, which neither shows nor ends a word."""
     code = pdfium_c.FPDFText_GetUnicode(textpage, i)
     text = "-" if code == HYPHEN else chr(code) if 0 < code < 0x110000 else ""
+    if text and unicodedata.category(text) == "Cf":
+        return _INSIDE
     if not text or not text.isprintable() or text.isspace() or pdfium_c.FPDFText_IsGenerated(textpage, i) == 1:
         return None
     left, bottom, right, top = textpage.get_charbox(i)
@@ -178,11 +185,12 @@ def _continues(word: list[_Char], char: _Char) -> bool:
     return on_line and start >= lo - 0.5 * (hi - lo) - 1.0
 
 
-def _word(chars: list[_Char]) -> PdfWord | None:
+def _word(chars: list[_Char]) -> PdfWord:
     boxes = np.array([c.box for c in chars if c.box is not None]).reshape(-1, 4)
     box = (tuple(float(v) for v in (*boxes[:, :2].min(axis=0), *boxes[:, 2:].max(axis=0)))
            if len(boxes) else (0.0, 0.0, 0.0, 0.0))
-    return PdfWord("".join(c.text for c in chars), box, chars[0].turn, all(c.invisible for c in chars),
+    # NFC: an accent the PDF spells as a letter plus a combining mark becomes the one character vocabularies list.
+    return PdfWord(unicodedata.normalize("NFC", "".join(c.text for c in chars)), box, chars[0].turn, all(c.invisible for c in chars),
                    max(c.line_height for c in chars))
 
 
@@ -194,6 +202,8 @@ def page_words(page: pdfium.PdfPage, size: tuple[int, int]) -> list[PdfWord]:
     current: list[_Char] = []
     for i in range(textpage.count_chars()):
         char = _char(textpage, device, i)
+        if char is _INSIDE:
+            continue
         if current and (char is None or not _continues(current, char)):
             words.append(_word(current))
             current = []
