@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scale_ocr.config import BAD_SAMPLE_POLICIES
+from scale_ocr.config import BAD_SAMPLE_POLICIES, SEED_MAX
 from scale_ocr.data.files import ScanReport, read_labels
 from scale_ocr.data.shards import IMAGE_EXTS, ShardWriter
 from scale_ocr.errors import UserError, shown
@@ -117,6 +117,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if len(args.paths) < 2:
         raise UserError("make-shards needs at least one docTR folder and the output folder: FOLDER... OUT")
+    if not 0 <= args.seed <= SEED_MAX:
+        raise UserError(f"--seed {args.seed}: use a whole number from 0 to {SEED_MAX}")
     *folders, out = (Path(p) for p in args.paths)
     n, k, report = make_shards(folders, out, args.task, args.samples_per_shard, args.seed, args.on_bad_sample)
     skipped = f"; skipped {report.num_skipped} bad samples {json.dumps(report.skipped)}" if report.num_skipped else ""

@@ -79,15 +79,19 @@ def test_folder_position_resumes_a_count(word_folder):
     assert list(p.sampler) == whole[6:]
 
 
-def test_pages_round_trip(tmp_path):
-    """A detection folder's pages come back with the same image bytes, polygons (float32 exactly) and words."""
-    root = tmp_path / "pages"
+def _pages(root: Path, n: int) -> Path:
     (root / "images").mkdir(parents=True)
     labels = {}
-    for i in range(3):
+    for i in range(n):
         Image.new("RGB", (64, 48), (40 * i, 90, 200)).save(root / "images" / f"p{i}.png")
         labels[f"p{i}.png"] = {"img_dimensions": [48, 64], "polygons": [[1.5, 2.25, 30, 20 + i]], "words": [f"w{i}"]}
     (root / "labels.json").write_text(json.dumps(labels))
+    return root
+
+
+def test_pages_round_trip(tmp_path):
+    """A detection folder's pages come back with the same image bytes, polygons (float32 exactly) and words."""
+    root = _pages(tmp_path / "pages", 3)
     make_shards([root], tmp_path / "set", None, 2, seed=0, on_bad="error")
     folder = DetectionFolder((str(root),))
     want = Counter((p.path.read_bytes(), p.polygons.tobytes(), tuple(p.words)) for p in folder.pages)
@@ -159,3 +163,30 @@ def test_old_checkpoint_counted_samples_only(shard_set):
     whole, _ = _run(shard_set, None, 0, 1, 0, 4)
     rest, _ = _run(shard_set, {"samples_in_epoch": 40}, 0, 1, 0, 4)
     assert rest == whole[40:40 + len(rest)]
+
+
+@pytest.mark.parametrize("task", ["recognition", "detection"])
+def test_tasks_build_loaders_from_a_set(task, tmp_path, word_folder):
+    """Each task's build_data opens a set (train: the position's batches; validation: every sample, padded)."""
+    import torch
+
+    from scale_ocr.cli.args import parse_config
+    from scale_ocr.dist.distributed import DistInfo
+    from scale_ocr.tasks import create_task
+
+    if task == "recognition":
+        make_shards([word_folder], tmp_path / "set", None, 3, seed=0, on_bad="error")
+        flags = ["crnn_mobilenet_v3_small"]
+    else:
+        _pages(tmp_path / "pages", 5)
+        make_shards([tmp_path / "pages"], tmp_path / "set", None, 2, seed=0, on_bad="error")
+        flags = ["db_mobilenet_v3_large", "--input-size", "64x64"]
+    cfg = parse_config([*flags, "-b", "2", "--train-path", str(tmp_path / "set"), "--val-path",
+                        str(tmp_path / "set"), "--workers", "1", "--output-dir", str(tmp_path / "run")])
+    t = create_task(cfg.model)
+    data = t.build_data(cfg.data, 2, 0, DistInfo(1, 2, 1, 2, torch.device("cpu"), "gloo", "python"))
+    data.position.set_epoch(0)
+    batches = list(data.train_loader)
+    assert len(batches) == len(data.train_loader) == data.num_train // 4 and all(len(b) == 2 for b in batches)
+    val = [b for b in data.val_loader]
+    assert sum(int(b.valid.sum()) for b in val) == data.num_val // 2  # rank 1's share of an odd count, padded

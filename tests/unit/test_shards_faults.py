@@ -108,3 +108,11 @@ def test_make_shards_refuses_a_non_empty_output_and_a_mix(shard_set, tmp_path, c
     assert "is not empty" in capsys.readouterr().err
     mix = (str(shard_set), str(words))
     _fails(lambda: open_words(mix, Vocab("abcdefghij"), "error", None, None, train=True), "give one shard set")
+
+
+def test_resume_from_another_sets_position(shard_set, tmp_path):
+    """A checkpoint's position names its set (the index's SHA-256): resuming it on another set is refused."""
+    ds = ShardTrain(open_set(shard_set, "recognition"), DecodeWord(None))
+    p = ds.position(seed=0, world=1, rank=0, workers=0, batch=1, main=False)
+    state = {**p.state(0, 1), "set": "0" * 64}
+    _fails(lambda: p.restore(0, 1, state), "belongs to another shard set", "--resume none")
