@@ -351,9 +351,12 @@ def staging_dir(out: Path) -> Path:
 
 
 def publish(stage: Path, out: Path) -> None:
-    if out.is_dir():
-        out.rmdir()  # empty (checked before), or rmdir fails rather than lose what appeared since
-    stage.rename(out)
+    """``stage`` becomes ``out`` in one rename, which replaces an empty folder and fails on anything else."""
+    try:
+        stage.rename(out)
+    except OSError as exc:
+        raise UserError(f"{shown(str(out))} was filled by something else during the run ({exc.strerror}); nothing "
+                        "was written over it: choose a new OUT and run again") from None
 
 
 def distinct(documents: Iterable[Document]) -> tuple[list[Document], list[str]]:
