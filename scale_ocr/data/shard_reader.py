@@ -59,8 +59,8 @@ class DecodePage:
             raise UserError(f"{path_text(where)}: the label of {shown(member.key)} is not a page label "
                             f"(polygons, words, img_dimensions); {REBUILD}") from None
         if list(dims) != [img.height, img.width]:
-            raise UserError(f"{path_text(where)}: the page {shown(member.key)} is {img.width}x{img.height} but its label says "
-                            f"{dims[1]}x{dims[0]}; {REBUILD}")
+            raise UserError(f"{path_text(where)}: the page {shown(member.key)} is {img.width}x{img.height} but its "
+                            f"label says {dims[1]}x{dims[0]}; {REBUILD}")
         return self.transform(img, polygons, words) if self.transform else (img, polygons, words)
 
 
@@ -84,10 +84,6 @@ class ShardTrain(Dataset):
             while len(self._cache) > 2:
                 self._cache.popitem(last=False)
         return self._cache[shard]
-
-    def key(self, item: tuple[int, int]) -> str:
-        """The sample's key in its shard (tests and tools name samples by it)."""
-        return self._members(item[0])[item[1]].key
 
     def __getitem__(self, item: tuple[int, int]):
         shard, member = item
