@@ -136,7 +136,11 @@ class _Char:
     turn: int | None
     invisible: bool
     ends_word: bool
-    line_height: float = 0.0
+    line: tuple[float, float] = (0.0, 0.0)  # its extent across the line (pixels): font ascent to descent, and glyph
+
+    @property
+    def line_height(self) -> float:
+        return self.line[1] - self.line[0]
 
 
 _INSIDE = object()  # a zero-width format character (joiner, BOM): no glyph and no boundary
@@ -158,10 +162,10 @@ def _char(textpage: pdfium.PdfTextPage, device: _Device, i: int) -> _Char | obje
     obj = pdfium_c.FPDFText_GetTextObject(textpage, i)
     invisible = bool(obj) and pdfium_c.FPDFTextObj_GetTextRenderMode(obj) in INVISIBLE_MODES
     loose = device.box(*textpage.get_charbox(i, loose=True))
-    across = (1, 3) if turn in (0, 2, None) else (0, 2)
+    a, b = (1, 3) if turn in (0, 2, None) else (0, 2)
     # The glyph's own extent too: some fonts (math symbols, Type 3) declare no ascent or descent.
-    line_height = max(loose[across[1]] - loose[across[0]], box[across[1]] - box[across[0]] if box else 0.0)
-    return _Char(LIGATURES.get(text, text), box, turn, invisible, code == HYPHEN, line_height)
+    line = (min(loose[a], box[a]), max(loose[b], box[b])) if box else (loose[a], loose[b])
+    return _Char(LIGATURES.get(text, text), box, turn, invisible, code == HYPHEN, line)
 
 
 def _continues(word: list[_Char], char: _Char) -> bool:
@@ -180,8 +184,9 @@ def _continues(word: list[_Char], char: _Char) -> bool:
     start = char.box[axis] if forward > 0 else -char.box[axis + 2]
     across = 1 - axis
     mid = (char.box[across] + char.box[across + 2]) / 2
-    height = prev[across + 2] - prev[across]
-    on_line = prev[across] - 0.5 * height <= mid <= prev[across + 2] + 0.5 * height
+    # The word's line, from its fonts' ascent to descent: a flat glyph (".", "-") says nothing of where it lies.
+    top, bottom = min(c.line[0] for c in word), max(c.line[1] for c in word)
+    on_line = top <= mid <= bottom
     return on_line and start >= lo - 0.5 * (hi - lo) - 1.0
 
 
