@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab", default="latin", help="vocabulary NAME or its characters (default latin): words with "
                    "other characters stay out of the recognition set; their boxes stay in detection")
     p.add_argument("--vocab-file", default=None, metavar="FILE", help="the vocabulary's characters from a UTF-8 file")
+    p.add_argument("--reco-width", type=int, default=128, metavar="W",
+                   help="the recognizer's input width (default 128, the models' default): words needing more CTC "
+                   "frames than it gives (W/4: a character each, one between repeated letters) stay out of the "
+                   "recognition set, their boxes in detection; 0 keeps every word")
     p.add_argument("--split-by", choices=("document", "page"), default="document",
                    help="what goes to train or val whole (default document: no document on both sides)")
     val = p.add_mutually_exclusive_group()
@@ -81,11 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.jobs < 1:
         raise UserError(f"--jobs {args.jobs} is below 1; pass how many pages to read at once, e.g. --jobs 4")
+    if args.reco_width < 0:
+        raise UserError(f"--reco-width {args.reco_width} is negative; pass the recognizer's input width, or 0")
     if args.val_count is not None and args.val_count < 0:
         raise UserError(f"--val-count {args.val_count} is negative; pass 0 for no val set")
     fraction = 0.1 if args.val_fraction is None and args.val_count is None else args.val_fraction
     opts = Options(dpi=args.dpi, vocab=resolve_vocab(args.vocab, args.vocab_file), split_by=args.split_by,
-                   val_fraction=fraction, val_count=args.val_count, seed=args.seed, jobs=args.jobs)
+                   val_fraction=fraction, val_count=args.val_count, seed=args.seed, jobs=args.jobs,
+                   reco_width=args.reco_width)
     out = Path(args.out)
     pdfs = find_pdfs(args.inputs)
 

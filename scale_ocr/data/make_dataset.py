@@ -50,7 +50,8 @@ RECOGNITION_ONLY = {"out_of_vocab": "characters outside the vocabulary",
                     "slanted": "a baseline neither horizontal nor vertical",
                     "cut_by_page_edge": "partly outside the page",
                     "too_small": f"set on lines under {MIN_LINE_HEIGHT:g} px at this dpi",
-                    "too_thin": f"a box under {MIN_SIDE:g} px wide or high (a rule, a bar): nothing page OCR reads"}
+                    "too_thin": f"a box under {MIN_SIDE:g} px wide or high (a rule, a bar): nothing page OCR reads",
+                    "too_long": "more characters than the recognizer's CTC frames hold (--reco-width)"}
 PAGE_SKIPS = {"no_text_layer": "no word in the text layer (scanned, or drawn as images or paths)",
               "invisible_text_layer": "only invisible text: an OCR layer over a scan, another engine's reading"}
 
@@ -268,6 +269,20 @@ def page_samples(page: pdf_text.PdfPage, job: PageJob) -> PageSamples:
     return out
 
 
+def drop_long_words(samples: PageSamples, width: int) -> None:
+    """Leave out of the recognition set the words a ``width``-pixel-wide recognizer cannot align (training's own
+    start-up check would refuse them). Here, in the parent: the CTC rule lives beside torch, which workers skip."""
+    if not width:
+        return
+    from scale_ocr.models.recognition.ctc import ctc_frames, ctc_frames_needed
+
+    frames = ctc_frames((32, width))
+    kept = [c for c in samples.crops if ctc_frames_needed(c[2]) <= frames]
+    if len(kept) < len(samples.crops):
+        samples.dropped["too_long"] += len(samples.crops) - len(kept)
+        samples.crops = kept
+
+
 _OPEN: dict[str, object] = {}  # a worker's open document: its pages arrive together (jobs are in page order)
 
 
@@ -380,6 +395,7 @@ class Options:
     val_count: int | None = None
     seed: int = 0
     jobs: int = 1
+    reco_width: int = 128  # the recognizer's input width: its CTC frames bound a word's length; 0: no bound
 
 
 def _survey(paths: Sequence[Path], jobs: int) -> tuple[list[Document], list[str]]:
@@ -398,8 +414,8 @@ def _jobs(documents: Sequence[Document], splits: dict[tuple[str, int], str], opt
 
 def _summary(documents: Sequence[Document], repeats: Sequence[str], opts: Options) -> dict:
     no_text = sum(1 for d in documents for p in d.pages if not p[2])
-    return {"options": {"dpi": opts.dpi, "vocab": opts.vocab, "split_by": opts.split_by,
-                        "val_fraction": opts.val_fraction, "val_count": opts.val_count, "seed": opts.seed},
+    return {"options": {"dpi": opts.dpi, "vocab": opts.vocab, "reco_width": opts.reco_width,
+                        "split_by": opts.split_by, "val_fraction": opts.val_fraction, "val_count": opts.val_count, "seed": opts.seed},
             "documents": [{"path": d.path, "sha256": d.sha256, "pages": len(d.pages)}
                           for d in sorted(documents, key=lambda d: d.path)],
             "repeated_documents": list(repeats),
@@ -449,6 +465,7 @@ def make_dataset(pdfs: Sequence[Path], out: Path, opts: Options,
         summary = _summary(documents, repeats, opts)
         writer = FolderWriter(stage)
         for job, samples in zip(jobs, progress(parallel_map(run_page, jobs, opts.jobs), len(jobs)), strict=True):
+            drop_long_words(samples, opts.reco_width)
             writer.add(samples)
             _count(summary, samples, job.path)
         if not summary["pages"]["written"]:
