@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import pypdfium2 as pdfium
 import pytest
+from fpdf import FPDF
 from PIL import Image
 
 from scale_ocr.boxes.crop import PAD
 from scale_ocr.cli.main import main
+from scale_ocr.data import pdf_text
 from scale_ocr.data.detection import DetectionFolder
 from scale_ocr.data.recognition import RecognitionFolder
 from scale_ocr.vocab import VOCABS, Vocab
@@ -164,6 +166,9 @@ FAULTS = {
     "out_not_empty": (lambda d: (d / "out").mkdir() or (d / "out" / "keep").write_text("x"), ["a.pdf"],
                       "already exists and is not an empty folder"),
     "dpi": (None, ["a.pdf", "--dpi", "1000"], "--dpi 1000 is outside 50..600"),
+    "jobs": (None, ["a.pdf", "--jobs", "0"], "--jobs 0 is below 1"),
+    "reco_width": (None, ["a.pdf", "--reco-width", "-1"], "--reco-width -1 is negative"),
+    "val_count": (None, ["a.pdf", "--val-count", "-1"], "--val-count -1 is negative"),
     "too_large": (lambda d: write_page_of(d / "x.pdf", (3000, 3000)), ["x.pdf", "--dpi", "300"],
                   "pass --dpi 195 or lower"),
     "one_document": (None, ["a.pdf"], "leave train none"),
@@ -185,6 +190,19 @@ def test_faults_are_one_line(case, tmp_path, capsys):
     assert words in err and len(err.splitlines()) == 1, err
     assert case == "out_not_empty" or not (tmp_path / "out").exists()
     assert not list(tmp_path.glob(".out.partial-*"))
+
+
+def test_pages_keep_their_colours(tmp_path):
+    """PDFium renders BGR unless asked: a red square must stay red (a swap would go unnoticed on black text)."""
+    pdf = FPDF(unit="pt", format=(200, 100))
+    pdf.add_page()
+    pdf.set_fill_color(255, 0, 0)
+    pdf.rect(10, 10, 50, 50, style="F")
+    pdf.output(str(tmp_path / "red.pdf"))
+    document = pdfium.PdfDocument(tmp_path / "red.pdf")
+    page = pdf_text.read_page(document, 0, 72)
+    assert page.image.mode == "RGB" and tuple(np.asarray(page.image)[30, 30]) == (255, 0, 0) and page.words == []
+    document.close()
 
 
 def _real_pdf(tmp_path: Path) -> Path:
