@@ -195,8 +195,8 @@ def _word(chars: list[_Char]) -> PdfWord:
     box = (tuple(float(v) for v in (*boxes[:, :2].min(axis=0), *boxes[:, 2:].max(axis=0)))
            if len(boxes) else (0.0, 0.0, 0.0, 0.0))
     # NFC: an accent the PDF spells as a letter plus a combining mark becomes the one character vocabularies list.
-    return PdfWord(unicodedata.normalize("NFC", "".join(c.text for c in chars)), box, chars[0].turn, all(c.invisible for c in chars),
-                   max(c.line_height for c in chars))
+    text = unicodedata.normalize("NFC", "".join(c.text for c in chars))
+    return PdfWord(text, box, chars[0].turn, all(c.invisible for c in chars), max(c.line_height for c in chars))
 
 
 def page_words(page: pdfium.PdfPage, size: tuple[int, int]) -> list[PdfWord]:
