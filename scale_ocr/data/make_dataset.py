@@ -178,7 +178,7 @@ def assign_splits(documents: Sequence[Document], by: str, seed: int, fraction: f
     """``(sha256, page index) -> split`` for every page with text: a seeded draw over documents or pages.
 
     The draw ranks each unit by a hash of the seed and the unit's content hash, so it does not depend on file
-    names, argument order or ``--jobs``, and adding a document moves no other across the split.
+    names, argument order or ``--jobs``, and a unit keeps its rank when others are added.
     """
     pages = [(d.sha256, i) for d in documents for i, p in enumerate(d.pages) if p[2]]
     units = sorted({sha for sha, _ in pages}) if by == "document" else [f"{sha}:{i}" for sha, i in pages]
