@@ -16,7 +16,9 @@ from typing import Any
 from scale_ocr.errors import UserError, shown
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-OPTIMIZERS = ("adamw", "adam")
+OPTIMIZERS = ("adamw", "adam", "lamb")
+LR_SCALINGS = ("none", "linear", "sqrt")  # scale_ocr.optim.scale_factor says what each does
+LR_ON_RESUME = ("keep", "rescale")
 SCHEDULES = ("cosine", "onecycle", "constant")
 BAD_SAMPLE_POLICIES = ("error", "skip")
 WORD_STYLES = ("line", "page")  # scale_ocr.data.synthetic.WORD_STYLES, named here so --help needs no Pillow
@@ -231,20 +233,43 @@ class DataConfig:
 
 
 DEFAULT_LR = 1e-3  # AdamW's peak rate for a model whose registry entry recommends none (models.registry.ModelEntry)
+# The global batch a model's recommended rate is stated at when its entry names none: docTR's recognition
+# training script's batch (references/recognition/train_pytorch.py, -b 64 with Adam(W) 1e-3).
+DEFAULT_REFERENCE_BATCH = 64
+# The rule that carries a model's rate from its reference batch to the run's global batch. Provisional, until
+# benchmarks.scale_accuracy measures it: the square root is the rule derived for Adam-style optimizers (Malladi et
+# al. 2022, "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms"; Hoffer et al. 2017), and keeps a
+# rate close to the one the convergence record validated (3e-3 at global batch 64); docs/lr-scaling.md.
+DEFAULT_LR_SCALING = "sqrt"
 
 
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig:
-    optim: str = opt("adamw", "optimizer", choices=OPTIMIZERS)
-    lr: float | None = opt(None, "peak learning rate (default: the model's recommended rate, `scale-ocr models` "
-                           "lists it: 3e-3 for the MobileNet CRNNs, 1e-3 for the rest)")
+    optim: str = opt("adamw", "optimizer; lamb: timm's LAMB (You et al. 2020: Adam with a per-tensor trust ratio, "
+                     "for large batches), under every strategy that hands it whole tensors", choices=OPTIMIZERS)
+    lr: float | None = opt(None, "peak learning rate at this run's global batch, used as given (default: the model's "
+                           "recommended rate, `scale-ocr models --params` lists it with the batch it is stated at, "
+                           "scaled to this run's by --lr-scaling)")
     wd: float = opt(1e-2, "weight decay (not applied to biases and norm layers)", aliases=("--weight-decay",))
     sched: str | None = opt(
         None, "learning-rate schedule, stepped once per optimizer step; default: the task's: onecycle for word "
         "recognition (torch's OneCycleLR shape: 30% rise from lr/25, cosine anneal; measured against cosine: "
         "the convergence report in benchmarks/results/README.md), cosine for detection", choices=SCHEDULES)
-    warmup_steps: int | None = opt(None, "linear warm-up steps (default: 5% of the run for cosine, 0 otherwise)")
+    warmup_steps: int | None = opt(None, "linear warm-up steps, used as given (default: 5% of the run for cosine, 0 "
+                                   "for constant; when --lr-scaling raises the rate by a factor k > 1, k x 5% of "
+                                   "the run for both, at most half of it; onecycle's 30% rise is its own warm-up)")
     clip_grad: float = opt(5.0, "clip the global gradient norm to this value; 0 disables clipping")
+    lr_scaling: str | None = opt(
+        None, f"carry the rate from the batch it was tuned at to this run's global batch (ranks x -b x "
+        f"--grad-accum): linear (x G/R, Goyal et al.), sqrt (x sqrt(G/R), the Adam rule) or none; default: "
+        f"{DEFAULT_LR_SCALING} for the model's rate (stated at its reference batch R, `scale-ocr models --params`), "
+        f"none for a --lr you give (the rate at this run's batch) unless --lr-reference-batch says where it was tuned",
+        choices=LR_SCALINGS)
+    lr_reference_batch: int | None = opt(None, "the global batch --lr was tuned at: --lr is then scaled from it by "
+                                         f"--lr-scaling (default {DEFAULT_LR_SCALING})", metavar="R")
+    lr_on_resume: str = opt("keep", "a run resumed at another global batch with the same rate flags: keep the peak "
+                            "rate of the run it continues, or rescale to this run's (a rate the flags changed, e.g. "
+                            "another --lr, is always this run's)", choices=LR_ON_RESUME)
 
     @property
     def peak_lr(self) -> float:
@@ -260,6 +285,9 @@ class OptimConfig:
             raise UserError(f"--clip-grad {self.clip_grad}: use 0 to disable clipping, or a positive norm")
         if self.wd < 0:  # torch's optimizers refuse it, after the process group and the model exist
             raise UserError(f"--wd {self.wd}: weight decay must be 0 (off) or positive")
+        if self.lr_reference_batch is not None and self.lr_reference_batch < 1:
+            raise UserError(f"--lr-reference-batch {self.lr_reference_batch}: give the global batch --lr was tuned "
+                            "at, e.g. 64")
 
 
 SEED_MAX = 2**32 - 1  # numpy's and Python's usual seed range; the loader's seed * 1000 + rank stays within 64 bits

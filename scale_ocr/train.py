@@ -31,7 +31,7 @@ from scale_ocr.dist.extensions import use_environment_extensions
 from scale_ocr.errors import printable, report_user_errors, shown
 from scale_ocr.memory.budget import cap_device_memory
 from scale_ocr.memory.host import return_freed_memory
-from scale_ocr.optim import LRSchedule, build_optimizer_spec, default_warmup, lr_factor
+from scale_ocr.optim import LRPlan, LRSchedule, build_optimizer_spec, default_warmup, lr_factor, plan_lr
 from scale_ocr.run.control import StepControl, StopSignal
 from scale_ocr.run.run_dir import claim
 from scale_ocr.run.run_info import describe_run, run_summary_line, write_run_config
@@ -53,7 +53,8 @@ def run(cfg: RunConfig, dist: DistInfo, stop: StopSignal, watchdog: Watchdog | N
     if dist.device.type == "cpu":
         return_freed_memory()  # under a memory cap, a rank's memory follows its live tensors (memory/host.py)
     run_dir = Path(cfg.output.output_dir)
-    strategy = create_strategy(cfg.strategy, dist, cfg.train, cfg.optim, run_dir)  # validates the launch first
+    # The engines get the rate scaled to this run's global batch; config.json keeps it before scaling (lr_plan).
+    strategy = create_strategy(cfg.strategy, dist, cfg.train, scaled_optim(cfg, dist), run_dir)  # checks the launch
     task = create_task(cfg.model)
     checkpoints = CheckpointManager(cfg.checkpoint, run_dir, dist, task.identity())
     lock, resume_from = claim(run_dir, checkpoints, dist)  # first, so a second job on this directory stops at once
@@ -68,6 +69,16 @@ def run(cfg: RunConfig, dist: DistInfo, stop: StopSignal, watchdog: Watchdog | N
     return summary
 
 
+def lr_plan(cfg: RunConfig, dist: DistInfo) -> LRPlan:
+    """The run's peak rate: the resolved rate carried to this run's global batch by its rule."""
+    return plan_lr(cfg.optim, cfg.train.batch_size * cfg.train.grad_accum * dist.world_size)
+
+
+def scaled_optim(cfg: RunConfig, dist: DistInfo):
+    """The optim section the engines build from: the peak rate at this run's global batch, applied as given."""
+    return dataclasses.replace(cfg.optim, lr=lr_plan(cfg, dist).peak_lr, lr_scaling="none", lr_reference_batch=None)
+
+
 def train(cfg: RunConfig, dist: DistInfo, strategy, task: Task, checkpoints: CheckpointManager,
           resume_from: Path | None, control: StepControl, watchdog: Watchdog | None) -> dict:
     factory = task.model_factory()
@@ -76,15 +87,20 @@ def train(cfg: RunConfig, dist: DistInfo, strategy, task: Task, checkpoints: Che
     model = strategy.build_model(factory, cfg.train.seed)  # same initial weights on every rank
     torch.manual_seed(cfg.train.seed + 1 + dist.rank)  # per-rank augmentation randomness
     data = task.build_data(cfg.data, cfg.train.batch_size, cfg.train.seed, dist)
-    wrapped, optimizer = strategy.setup(model, build_optimizer_spec(cfg.optim))
+    plan = lr_plan(cfg, dist)
+    wrapped, optimizer = strategy.setup(model, build_optimizer_spec(scaled_optim(cfg, dist)))
     if cfg.strategy.compile:
         strategy.compile(wrapped)
     total = plan_steps(len(data.train_loader) // cfg.train.grad_accum, cfg.train.epochs, cfg.train.max_steps)
-    schedule = LRSchedule(optimizer, cfg.optim.peak_lr, lr_factor(cfg.optim.sched, total, default_warmup(cfg.optim, total)))
+    warmup = default_warmup(cfg.optim, total, plan.factor)
+    schedule = LRSchedule(optimizer, plan.peak_lr, lr_factor(cfg.optim.sched, total, warmup), cfg.optim.lr_on_resume,
+                          plan)
+    if dist.is_main:
+        print(f"scale-ocr: {plan.describe()}, warm-up {warmup} of {total} steps ({cfg.optim.sched})", flush=True)
     run_dir = checkpoints.dir.parent
     meta = checkpoints.load(resume_from, strategy, cfg.train.seed) if resume_from else None
     own = meta is not None and resume_from.resolve().is_relative_to(run_dir.resolve())  # trim its metrics.jsonl
-    described = describe_run(cfg, dist, strategy, model, data, task)
+    described = {**describe_run(cfg, dist, strategy, model, data, task), "lr_plan": plan.record(warmup)}
     if dist.is_main:
         write_run_config(run_dir, described)
     logger = build_logger(cfg.logging, dist.is_main, run_dir, described, resume=meta is not None,

@@ -51,13 +51,14 @@ def _models(argv: list[str]) -> int:
     parser.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'vitstr_*'")
     parser.add_argument("--params", action="store_true", help="also each model's task, parameter count at its "
                         "default input size and vocabulary (built on the meta device: no memory, no time) and the "
-                        "learning rate --lr defaults to")
+                        "learning rate --lr defaults to, with the global batch it is stated at (--lr-scaling "
+                        "carries it to a run's)")
     args = parser.parse_args(argv)
     import fnmatch
     import importlib.util
 
     from scale_ocr.models import doctr_zoo, list_models
-    from scale_ocr.models.factory import recommended_lr
+    from scale_ocr.models.factory import recommended_lr, reference_batch
 
     docs = [n for n in doctr_zoo.names() if fnmatch.fnmatch(n, args.pattern)]
     have_doctr = importlib.util.find_spec("doctr") is not None
@@ -72,7 +73,8 @@ def _models(argv: list[str]) -> int:
         except RuntimeError:  # a constructor that reads a tensor's value (docTR's VIPTR): built for real
             model = task.build_model()
         params = sum(p.numel() for p in model.parameters())
-        print(f"{name:<30} {task.name:<18} {params / 1e6:>9.2f}M  lr {recommended_lr(name):g}")
+        print(f"{name:<30} {task.name:<18} {params / 1e6:>9.2f}M  lr {recommended_lr(name):g} at global batch "
+              f"{reference_batch(name)}")
     return 0
 
 

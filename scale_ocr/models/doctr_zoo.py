@@ -190,6 +190,7 @@ def doctr_entry(name: str) -> ModelEntry:
         raise UserError(f"unknown docTR model {name!r}; choose one of: {', '.join(names())}")
     _doctr()
     if arch in DETECTORS:
-        return ModelEntry(name, _detector_builder(name, arch), task="doctr_detection")
+        # docTR's scripts: detection at -b 2, recognition at -b 64 (the default reference), both at 1e-3.
+        return ModelEntry(name, _detector_builder(name, arch), task="doctr_detection", reference_batch=2)
     return ModelEntry(name, _recognizer_builder(name, arch), task="doctr_recognition", vocabs=vocabs,
                       default_vocab=lambda: default_cfg(arch)["vocab"])

@@ -50,8 +50,15 @@ def accepts(name: str, keyword: str) -> bool:
 
 
 def recommended_lr(name: str) -> float:
-    """The peak learning rate ``--lr`` defaults to for ``name``."""
+    """The peak learning rate ``--lr`` defaults to for ``name``, at its :func:`reference_batch`."""
     return float(model_entry(name).default_lr)
+
+
+def reference_batch(name: str) -> int:
+    """The global batch :func:`recommended_lr` is stated at (``--lr-scaling`` carries the rate from there): the
+    convergence record's 2 ranks x 32 for the MobileNet CRNNs (their 3e-3 was measured there), docTR's training
+    scripts' batch for the rest (64 words for recognizers, 2 pages for DBNet), whose rate they keep."""
+    return int(model_entry(name).reference_batch)
 
 
 def model_vocabs(name: str) -> tuple[dict[str, str], str]:

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from torch import nn
 
-from scale_ocr.config import DEFAULT_LR
+from scale_ocr.config import DEFAULT_LR, DEFAULT_REFERENCE_BATCH
 
 #: Names of docTR's own models start with it (``doctr:crnn_vgg16_bn``); the factory builds them.
 PREFIX = "doctr:"
@@ -40,6 +40,7 @@ class ModelEntry:
         build: the builder; its keyword arguments are what the model lets a run set (``accepts``).
         task: the name of the task that trains it (data, targets, metrics), a key of the task registry.
         default_lr: the peak learning rate ``--lr`` defaults to (measured to learn fastest with the default recipe).
+        reference_batch: the global batch ``default_lr`` is stated at; ``--lr-scaling`` carries it from there.
         vocabs: the named vocabularies ``--vocab NAME`` may use; None: scale_ocr's.
         default_vocab: the vocabulary used when none is given; None: latin.
         bounds: the largest value of each size keyword and input side (:data:`SIZE_BOUNDS` unless registered).
@@ -49,6 +50,7 @@ class ModelEntry:
     build: Callable[..., nn.Module]
     task: str = "recognition"
     default_lr: float = DEFAULT_LR
+    reference_batch: int = DEFAULT_REFERENCE_BATCH
     vocabs: Callable[[], dict[str, str]] | None = None
     default_vocab: Callable[[], str] | None = None
     bounds: Mapping[str, float] = field(default_factory=lambda: SIZE_BOUNDS)
@@ -82,11 +84,12 @@ def add_entry(entry: ModelEntry) -> ModelEntry:
 
 
 def register_model(fn: Callable[..., nn.Module] | None = None, *, task: str = "recognition",
-                   default_lr: float = DEFAULT_LR) -> Any:
-    """Register a builder under its function name: ``@register_model`` or ``@register_model(task=..., default_lr=...)``."""
+                   default_lr: float = DEFAULT_LR, reference_batch: int = DEFAULT_REFERENCE_BATCH) -> Any:
+    """Register a builder under its function name: ``@register_model`` or ``@register_model(task=..., default_lr=...,
+    reference_batch=...)``."""
 
     def add(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-        add_entry(ModelEntry(builder.__name__, builder, task, default_lr))
+        add_entry(ModelEntry(builder.__name__, builder, task, default_lr, reference_batch))
         return builder
 
     return add(fn) if fn is not None else add

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from scale_ocr.config import RunConfig
-from scale_ocr.models.factory import recommended_lr
+from scale_ocr.config import DEFAULT_LR_SCALING, OptimConfig, RunConfig
+from scale_ocr.errors import UserError
+from scale_ocr.models.factory import recommended_lr, reference_batch
 from scale_ocr.tasks import task_class
 from scale_ocr.tasks.base import check_size_overrides
 
@@ -29,8 +30,35 @@ def resolve(cfg: RunConfig) -> RunConfig:
                                   page_scale=page_scale, max_page_side=max_page_side),
         data=dataclasses.replace(data, train_samples=data.train_samples or train, val_samples=data.val_samples or val,
                                  augment=task.default_augment if data.augment is None else data.augment),
-        optim=dataclasses.replace(optim, lr=optim.lr if optim.lr is not None else recommended_lr(cfg.model.arch),
-                                  sched=optim.sched or task.default_sched),
+        optim=dataclasses.replace(resolve_rate(optim, cfg.model.arch), sched=optim.sched or task.default_sched),
     )
     task.check_config(resolved)  # e.g. synthetic words that CTC cannot align
     return resolved
+
+
+def resolve_rate(optim: OptimConfig, arch: str) -> OptimConfig:
+    """The rate, the batch it is stated at and the rule that scales it, all filled in.
+
+    No ``--lr``: the model's recommended rate at its reference batch, scaled by ``--lr-scaling`` (default
+    :data:`~scale_ocr.config.DEFAULT_LR_SCALING`). A ``--lr``: the rate at this run's global batch, used as given
+    (rule ``none``), unless ``--lr-reference-batch`` names the batch it was tuned at. The global batch itself is
+    known only once the ranks are (:func:`scale_ocr.optim.plan_lr` applies the rule); this config, kept in
+    ``config.json``, stays the rate *before* scaling, so the same file scales again at another world size.
+    """
+    rule, ref = optim.lr_scaling, optim.lr_reference_batch
+    if optim.lr is None:
+        if ref is not None:
+            raise UserError(f"--lr-reference-batch {ref} names the batch a --lr was tuned at, and no --lr is given; "
+                            f"give --lr too, or drop it: the model's rate is stated at its own batch "
+                            f"({reference_batch(arch)}, `scale-ocr models --params`)")
+        rule = rule or DEFAULT_LR_SCALING  # under none the model's rate is used as it is, at any batch
+        return dataclasses.replace(optim, lr=recommended_lr(arch), lr_scaling=rule,
+                                   lr_reference_batch=reference_batch(arch) if rule != "none" else None)
+    if ref is None and rule not in (None, "none"):
+        raise UserError(f"--lr-scaling {rule} with --lr {optim.lr:g}: say which global batch that rate was tuned at "
+                        f"with --lr-reference-batch R (the model's rate is stated at {reference_batch(arch)}), or "
+                        f"drop --lr-scaling to use --lr as given at this run's batch")
+    if ref is not None and rule == "none":
+        raise UserError(f"--lr-scaling none with --lr-reference-batch {ref}: none uses --lr as given, so the "
+                        f"reference batch would change nothing; drop it, or pick linear or sqrt")
+    return dataclasses.replace(optim, lr_scaling=(rule or DEFAULT_LR_SCALING) if ref is not None else "none")

@@ -207,6 +207,7 @@ class Trainer:
         if not same:
             where += (f" (epoch {epoch + 1}, {samples} samples into it; step {step} at this run's global batch of "
                       f"{self.global_batch} instead of {meta.get('global_batch')})")
+        where += f"; {self.schedule.resume_note}"  # the peak rate it continues at: --lr-on-resume
         if step >= self.total_steps:
             raise UserError(f"nothing to train: the checkpoint {where} already reaches this run's last step "
                             f"({self.total_steps}: --epochs {self.cfg.epochs}, --max-steps {self.cfg.max_steps}); "

@@ -116,6 +116,8 @@ class DeepSpeed(Strategy):
         return factory.apply_options(model)
 
     def setup(self, model: nn.Module, optimizer: OptimizerSpec) -> tuple[nn.Module, Any]:
+        if optimizer.layerwise:  # before the engine starts: every rank refuses alike
+            refuse_flattened(self.ds_config, self.source, optimizer.cls.__name__)
         import deepspeed
 
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
@@ -240,8 +242,11 @@ class DeepSpeed(Strategy):
 
     def step(self) -> StepStats:
         skipped_before = internals.skipped_steps(self.engine)
+        # Stage 0 in fp32 steps the client optimizer on the module's own (all-reduced) gradients and keeps no norm.
+        plain = not (self.zero_stage or self.engine.fp16_enabled() or self.engine.bfloat16_enabled())
+        own = tensor_norm([p.grad for p in self.engine.module.parameters() if p.grad is not None]) if plain else None
         self.engine.step()
-        norm = self.engine.get_global_grad_norm()
+        norm = self.engine.get_global_grad_norm() if own is None else own
         fp16 = self.engine.fp16_enabled()
         return StepStats(
             grad_norm=float(norm) if norm is not None else float("nan"),
@@ -408,3 +413,19 @@ def _drain(state: dict[str, Any]):
     while state:
         key = next(iter(state))
         yield key, state.pop(key)
+
+
+def refuse_flattened(ds_config: dict[str, Any], source: str, name: str) -> None:
+    """A layer-wise optimizer (LAMB) only where DeepSpeed hands it whole tensors: ZeRO stage 0 in fp32, with no
+    optimizer of the JSON's own. ZeRO stages 1-3 and the 16-bit optimizers give it flat partitions of many
+    tensors, and its trust ratio would be one rank's partition's instead of each tensor's."""
+    stage = ds_config.get("zero_optimization", {}).get("stage", 0)
+    half = any(ds_config.get(k, {}).get("enabled") for k in ("fp16", "bf16"))
+    if "optimizer" in ds_config:
+        raise UserError(f"--optim lamb with {source}: its \"optimizer\" section would replace scale-ocr's {name}; "
+                        "remove that section to train with LAMB")
+    if stage or half:
+        what = f"ZeRO stage {stage}" if stage else "its 16-bit optimizer"
+        raise UserError(f"--optim lamb under {source} ({what}): DeepSpeed flattens tensors into partitions, and "
+                        f"LAMB's per-tensor trust ratio would become one per partition; use --strategy fsdp, ddp or "
+                        f"fairscale (whole or per-tensor shards), or a DeepSpeed JSON with stage 0 in fp32")

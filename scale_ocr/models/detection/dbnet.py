@@ -135,7 +135,12 @@ class DBNet(nn.Module):
         return out
 
 
-@register_model(task="detection")
+# docTR's detection training script (references/detection/train_pytorch.py) trains DBNet with Adam at 1e-3 on
+# batches of 2 pages: the rate here is docTR's, untuned in scale_ocr, so it is stated at docTR's batch.
+DOCTR_DETECTION_BATCH = 2
+
+
+@register_model(task="detection", reference_batch=DOCTR_DETECTION_BATCH)
 def db_mobilenet_v3_large(input_size: tuple[int, int] = (512, 512), **_) -> DBNet:
     """DBNet on a MobileNetV3-Large backbone (about 4.2M parameters); other kwargs are ignored."""
     check_input_size(*input_size)
@@ -148,7 +153,7 @@ def db_mobilenet_v3_large(input_size: tuple[int, int] = (512, 512), **_) -> DBNe
         for j in range(a, b)})
 
 
-@register_model(task="detection")
+@register_model(task="detection", reference_batch=DOCTR_DETECTION_BATCH)
 def db_resnet50(input_size: tuple[int, int] = (512, 512), **_) -> DBNet:
     """DBNet on a ResNet-50 backbone, docTR's default detector; other kwargs are ignored."""
     check_input_size(*input_size)
