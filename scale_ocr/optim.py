@@ -222,26 +222,30 @@ class LRSchedule:
         return [self.plan.base_lr, self.plan.rule, self.plan.reference_batch]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue at ``state``'s step. A rate that differs only because the global batch did (another world size,
-        micro-batch or accumulation, same flags) is the checkpoint's under ``keep``, so a resume does not jump the
-        rate mid-run (Lightning restores the scheduler's base rate too), this run's under ``rescale``. A rate the
-        flags changed (``--lr``, ``--lr-scaling``...) is this run's. ``resume_note`` says which."""
+        """Continue at ``state``'s step and at :meth:`resumed_peak`'s rate; ``resume_note`` says which."""
         self.step_count = int(state["step_count"])
-        saved = state.get("peak_lr")
+        self.peak_lr, self.resume_note = self.resumed_peak(state)
+        self._apply()
+
+    def resumed_peak(self, state: dict[str, Any]) -> tuple[float, str]:
+        """The peak rate a run resumed from ``state`` trains at, and a phrase saying why.
+
+        A rate that differs only because the global batch did (another world size, micro-batch or accumulation, same
+        flags) is the checkpoint's under ``keep``, so a resume does not jump the rate mid-run (Lightning restores
+        the scheduler's base rate too), this run's under ``rescale``. A rate the flags changed (``--lr``,
+        ``--lr-scaling``...) is this run's."""
+        own, saved = self.plan.peak_lr, state.get("peak_lr")
         if isinstance(saved, bool) or not isinstance(saved, (int, float)) or not 0 < saved < math.inf:
             # a checkpoint from before rates were recorded (or a damaged trainer.json): this run's, and it says so
-            self.resume_note = f"{self.line} (the checkpoint records no rate)"
-        elif math.isclose(saved, self.peak_lr, rel_tol=1e-9):
-            self.resume_note = f"lr {rate(saved)} as before"
-        elif state.get("recipe") != self._recipe():
-            self.resume_note = f"{self.line}, as this run's flags set it (the run it continues trained at {rate(saved)})"
-        elif self.on_resume == "keep":
-            self.resume_note = (f"lr kept at {rate(saved)}, the rate of the run it continues (this run alone would "
-                                f"train at {self.line}; --lr-on-resume rescale for that)")
-            self.peak_lr = float(saved)
-        else:
-            self.resume_note = f"lr rescaled (--lr-on-resume rescale): {self.line}, was {rate(saved)}"
-        self._apply()
+            return own, f"{self.line} (the checkpoint records no rate)"
+        if math.isclose(saved, own, rel_tol=1e-9):
+            return own, f"lr {rate(saved)} as before"
+        if state.get("recipe") != self._recipe():
+            return own, f"{self.line}, as this run's flags set it (the run it continues trained at {rate(saved)})"
+        if self.on_resume == "keep":
+            return float(saved), (f"lr kept at {rate(saved)}, the rate of the run it continues (this run alone would "
+                                   f"train at {self.line}; --lr-on-resume rescale for that)")
+        return own, f"lr rescaled (--lr-on-resume rescale): {self.line}, was {rate(saved)}"
 
 
 def default_warmup(cfg: OptimConfig, total_steps: int, factor: float = 1.0) -> int:

@@ -100,7 +100,10 @@ def train(cfg: RunConfig, dist: DistInfo, strategy, task: Task, checkpoints: Che
     run_dir = checkpoints.dir.parent
     meta = checkpoints.load(resume_from, strategy, cfg.train.seed) if resume_from else None
     own = meta is not None and resume_from.resolve().is_relative_to(run_dir.resolve())  # trim its metrics.jsonl
-    described = {**describe_run(cfg, dist, strategy, model, data, task), "lr_plan": plan.record(warmup)}
+    lr_record = plan.record(warmup)
+    if meta is not None:  # the rate a resumed run trains at (--lr-on-resume), as its resume line will say
+        lr_record["peak_lr"], lr_record["resume"] = schedule.resumed_peak(meta["schedule"])
+    described = {**describe_run(cfg, dist, strategy, model, data, task), "lr_plan": lr_record}
     if dist.is_main:
         write_run_config(run_dir, described)
     logger = build_logger(cfg.logging, dist.is_main, run_dir, described, resume=meta is not None,

@@ -207,12 +207,11 @@ class Trainer:
         if not same:
             where += (f" (epoch {epoch + 1}, {samples} samples into it; step {step} at this run's global batch of "
                       f"{self.global_batch} instead of {meta.get('global_batch')})")
-        where += f"; {self.schedule.resume_note}"  # the peak rate it continues at: --lr-on-resume
         if step >= self.total_steps:
             raise UserError(f"nothing to train: the checkpoint {where} already reaches this run's last step "
                             f"({self.total_steps}: --epochs {self.cfg.epochs}, --max-steps {self.cfg.max_steps}); "
                             "raise --epochs or --max-steps to train on, or pass --resume none to start afresh")
-        return where
+        return f"{where}; {self.schedule.resume_note}"  # the peak rate it continues at: --lr-on-resume
 
     def save_checkpoint(self) -> None:
         self._stop_timing()  # checkpoint I/O is not training throughput
