@@ -113,6 +113,14 @@ def test_deepspeed_refuses_lamb_where_it_flattens_tensors():
         refuse_flattened({"optimizer": {"type": "Adam"}}, "mine.json", "Lamb")
 
 
+def test_lamb_under_zero2_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main([*TINY, "--strategy", "zero2", "--optim", "lamb", "--output-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("scale-ocr: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "zero2.json (ZeRO stage 2): DeepSpeed flattens tensors into partitions" in lines[0]
+
+
 @pytest.mark.parametrize("engine", ["single", "deepspeed"])
 def test_lamb_trains_and_the_run_records_its_rate(engine, tmp_path, capsys):
     """One process, two LAMB steps: the same losses under a torch engine and DeepSpeed's stage 0 (fp32, whole
