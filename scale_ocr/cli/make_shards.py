@@ -47,35 +47,29 @@ def _words(folders: list[Path], on_bad: str, report: ScanReport) -> list[tuple[P
 
 
 def _pages(folders: list[Path], on_bad: str, report: ScanReport) -> list[tuple[Path, str | dict]]:
-    from PIL import Image
-
     from scale_ocr.data.detection import scan_detection_folder
-    from scale_ocr.data.images import exif_orientation, quarter_turned
 
     out: list[tuple[Path, str | dict]] = []
     for f in folders:
-        for page in scan_detection_folder(f, on_bad, report):
-            with Image.open(page.path) as im:  # the header only: the scan decoded it already
-                w, h = im.size
-                if quarter_turned(exif_orientation(im)):
-                    w, h = h, w
+        for page in scan_detection_folder(f, on_bad, report):  # decodes each page upright: its size is the scan's
+            w, h = page.size
             out.append((page.path, {"polygons": page.polygons.tolist(), "words": page.words, "img_dimensions": [h, w]}))
     return out
 
 
 def _image_bytes(path: Path) -> tuple[bytes, str]:
-    """The file's bytes as they are, or re-encoded as PNG (lossless) when webdataset would not know the type."""
+    """The file's bytes as they are, or, when webdataset would not know the type, the pixels every task decodes
+    (scale_ocr.data.files.load_image: upright 8-bit RGB) as a lossless PNG."""
     ext = path.suffix.lower().lstrip(".")
     if ext in IMAGE_EXTS:
         return path.read_bytes(), ext
     import io
 
-    from PIL import Image
+    from scale_ocr.data.files import PAGE_LIMITS, reload_image
 
-    with Image.open(path) as im:
-        buf = io.BytesIO()
-        im.save(buf, format="PNG", exif=im.getexif())
-        return buf.getvalue(), "png"
+    buf = io.BytesIO()
+    reload_image(path, PAGE_LIMITS).save(buf, format="PNG")  # the scan checked the tighter limit of its task
+    return buf.getvalue(), "png"
 
 
 def make_shards(folders: list[Path], out: Path, task: str | None, per_shard: int | None, seed: int,

@@ -57,6 +57,7 @@ class Page:
     path: Path
     polygons: np.ndarray
     words: list[str]
+    size: tuple[int, int] = (0, 0)  # (width, height) upright, as decoded at the start-up scan
 
 
 def _is_number(v: object) -> bool:
@@ -201,7 +202,7 @@ def check_page(path: Path, name: str, entry: object) -> Page:
             raise _degenerate(where)
         quads.append(quad)
     polygons = np.asarray(quads, dtype=np.float32).reshape(-1, 4, 2)
-    return Page(img_path, polygons, list(words) if words is not None else [])
+    return Page(img_path, polygons, list(words) if words is not None else [], (w, h))
 
 
 def scan_detection_folder(path: Path, on_bad_sample: str, report: ScanReport) -> list[Page]:

@@ -7,6 +7,7 @@ import gc
 import os
 import re
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -228,7 +229,14 @@ def destroy_distributed(clean: bool = True) -> None:
                 dist.barrier()
             except Exception:  # noqa: BLE001 - a peer that already failed must not hide our own error
                 pass
-        dist.destroy_process_group()
+        ds_comm = sys.modules.get("deepspeed.comm.comm")
+        if ds_comm is not None and ds_comm.cdb is not None:
+            # DeepSpeed caches the groups it made (its world clone, ZeRO's) at module level and drops them only in
+            # its own teardown; left behind, the next engine in this process (a second run through the Python API)
+            # would use groups of the destroyed world and fail with "Group ... is not registered".
+            ds_comm.destroy_process_group()
+        else:
+            dist.destroy_process_group()
     while _ENV_SET:
         os.environ.pop(_ENV_SET.pop(), None)
 

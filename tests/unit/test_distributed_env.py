@@ -117,3 +117,16 @@ def test_a_flag_mistake_under_srun_is_printed_by_rank_0_alone(monkeypatch, capsy
     assert train.main(["--batch-size", "0", "--wandb-mode", "disabled"]) == 2
     err = capsys.readouterr().err
     assert ("--batch-size" in err) is printed, err
+
+
+def test_a_second_process_group_in_one_process_gets_fresh_deepspeed_groups():
+    """DeepSpeed caches the groups it makes; the teardown drops them, so the next engine in this process (a second
+    run through the Python API) does not meet a group of the destroyed world ("Group ... is not registered")."""
+    import deepspeed
+    from deepspeed.utils import groups
+
+    for _ in range(2):
+        d.init_distributed("gloo")
+        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, dist_init_required=False)
+        assert groups._get_broadcast_src_rank() == 0  # through DeepSpeed's cached world group
+        d.destroy_distributed()

@@ -29,7 +29,8 @@ def out(tmp_path):
 def test_missing_labels_json(tmp_path, capsys, out):
     (tmp_path / "d" / "images").mkdir(parents=True)
     code, line = _run(capsys, ["--train-path", str(tmp_path / "d"), *out])
-    assert code == 2 and "labels.json is missing" in line and str(tmp_path / "d") in line
+    assert code == 2 and "holds neither labels.json (a docTR folder) nor shards.json" in line, line
+    assert str(tmp_path / "d") in line
 
 
 def test_label_points_to_missing_image(tmp_path, capsys, out):
