@@ -8,7 +8,7 @@ import json
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from scale_ocr.config import SECTIONS, RunConfig
 from scale_ocr.errors import UserError
@@ -57,9 +57,18 @@ def _argparse_kw(f: dataclasses.Field, hints: dict[str, Any]) -> dict[str, Any]:
     return kw
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a refused flag is a :class:`UserError`: under a launcher every rank parses the same command line,
+    and argparse's own refusal (a usage line, then the error) would be printed by each rank; a UserError is one line,
+    printed by rank 0 alone (:func:`scale_ocr.errors.report_user_errors`), with argparse's exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{message}; `{self.prog} --help` lists the flags")
+
+
 def build_parser(prog: str = "scale-ocr train") -> argparse.ArgumentParser:
     """The training CLI: every config field becomes a flag, grouped by section."""
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog=prog,
         description="Train an OCR model under any distributed strategy.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

@@ -135,3 +135,12 @@ def test_ddp_reducer_flags_that_cannot_apply(capsys, tmp_path, flags, says):
     code, line = _run(capsys, [*flags, "--output-dir", str(tmp_path / "run")])
     assert code == 2 and says in line
     assert not (tmp_path / "run").exists()
+
+
+def test_a_flag_argparse_refuses_is_one_line(capsys, out):
+    """argparse's own refusal is a usage line and an error, printed by every rank of a launched job; here it is one
+    line (rank 0's, under a launcher) with argparse's exit code."""
+    assert main(["--batch-sise", "4", *out]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["scale-ocr: error: unrecognized arguments: --batch-sise; `scale-ocr train --help` lists the "
+                   "flags"], err
