@@ -54,7 +54,8 @@ def run(cfg: RunConfig, dist: DistInfo, stop: StopSignal, watchdog: Watchdog | N
         return_freed_memory()  # under a memory cap, a rank's memory follows its live tensors (memory/host.py)
     run_dir = Path(cfg.output.output_dir)
     # The engines get the rate scaled to this run's global batch; config.json keeps it before scaling (lr_plan).
-    strategy = create_strategy(cfg.strategy, dist, cfg.train, scaled_optim(cfg, dist), run_dir)  # checks the launch
+    optim = scaled_optim(cfg.optim, lr_plan(cfg, dist))
+    strategy = create_strategy(cfg.strategy, dist, cfg.train, optim, run_dir)  # validates the launch first
     task = create_task(cfg.model)
     checkpoints = CheckpointManager(cfg.checkpoint, run_dir, dist, task.identity())
     lock, resume_from = claim(run_dir, checkpoints, dist)  # first, so a second job on this directory stops at once
@@ -74,9 +75,9 @@ def lr_plan(cfg: RunConfig, dist: DistInfo) -> LRPlan:
     return plan_lr(cfg.optim, cfg.train.batch_size * cfg.train.grad_accum * dist.world_size)
 
 
-def scaled_optim(cfg: RunConfig, dist: DistInfo):
-    """The optim section the engines build from: the peak rate at this run's global batch, applied as given."""
-    return dataclasses.replace(cfg.optim, lr=lr_plan(cfg, dist).peak_lr, lr_scaling="none", lr_reference_batch=None)
+def scaled_optim(optim, plan: LRPlan):
+    """The optim section the engines build from: ``plan``'s peak rate (this run's global batch), applied as given."""
+    return dataclasses.replace(optim, lr=plan.peak_lr, lr_scaling="none", lr_reference_batch=None)
 
 
 def train(cfg: RunConfig, dist: DistInfo, strategy, task: Task, checkpoints: CheckpointManager,
@@ -88,7 +89,7 @@ def train(cfg: RunConfig, dist: DistInfo, strategy, task: Task, checkpoints: Che
     torch.manual_seed(cfg.train.seed + 1 + dist.rank)  # per-rank augmentation randomness
     data = task.build_data(cfg.data, cfg.train.batch_size, cfg.train.seed, dist)
     plan = lr_plan(cfg, dist)
-    wrapped, optimizer = strategy.setup(model, build_optimizer_spec(scaled_optim(cfg, dist)))
+    wrapped, optimizer = strategy.setup(model, build_optimizer_spec(scaled_optim(cfg.optim, plan)))
     if cfg.strategy.compile:
         strategy.compile(wrapped)
     total = plan_steps(len(data.train_loader) // cfg.train.grad_accum, cfg.train.epochs, cfg.train.max_steps)

@@ -136,11 +136,6 @@ class Data:
     labels_sha256: str | None  # of the training labels.json files; None for synthetic data
     speedup_hint: str = ""  # what would make loading faster, for a run that waited on it
 
-    @property
-    def train_sampler(self) -> ResumableSampler | None:
-        """The folder sampler (tests and benchmarks iterate it); None for a shard set."""
-        return getattr(self.position, "sampler", None)
-
 
 def speedup_hint(workers: int, local_world: int) -> str:
     """One sentence on how to take loading off the training ranks' critical path."""

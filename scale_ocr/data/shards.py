@@ -277,8 +277,9 @@ class ShardWriter:
             raise UserError(f"no samples to write into {self.out}")
         doc = {"format": FORMAT, "version": VERSION, "task": self.task, "total": sum(s["samples"] for s in self.shards),
                "shards": self.shards, "chars": "".join(sorted(self.chars)), "ctc_frames": self.frames, **self.meta}
+        from scale_ocr.run.safe_files import write_atomic
+
         index = self.out / INDEX
-        tmp = self.out / f".{INDEX}.part"
-        tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-        os.replace(tmp, index)
+        write_atomic(index, json.dumps(doc, indent=1, ensure_ascii=False) + "\n", what="the shard set's index",
+                     kept=f"the shards written in {self.out} (without an index they are not a set)")
         return index

@@ -114,7 +114,7 @@ def test_train_sampler_gives_disjoint_shards():
     cfg = DataConfig(train_samples=64, val_samples=10)
     task = RecognitionTask(ModelConfig())
     shards = [task.build_data(cfg, 4, 0, _dist(r, 2)) for r in range(2)]
-    idx = [set(s.train_sampler) for s in shards]
+    idx = [set(s.position.sampler) for s in shards]
     assert not idx[0] & idx[1] and len(idx[0] | idx[1]) == 64
-    shards[0].train_sampler.set_epoch(1)
-    assert set(shards[0].train_sampler) != idx[0]  # a new permutation each epoch
+    shards[0].position.sampler.set_epoch(1)
+    assert set(shards[0].position.sampler) != idx[0]  # a new permutation each epoch
