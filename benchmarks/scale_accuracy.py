@@ -1,0 +1,352 @@
+"""Does accuracy hold as the global batch grows? The same recipe at global batches 32..512 under each rate rule.
+
+    python -m benchmarks.scale_accuracy --preset smoke --out /tmp/scale-accuracy-smoke
+    python -m benchmarks.scale_accuracy --preset record [--real-crops DIR] --out benchmarks/results/scale-accuracy-HOST-DATE
+    python -m benchmarks.scale_accuracy --preset record --estimate     # the plan and its CPU time, nothing run
+    python -m benchmarks.scale_accuracy --report DIR                   # rebuild report.md, summary.json, the plots
+
+For each recognizer (a CRNN and a ViTSTR) and word set (``synthetic``: the trainer's own synthetic words;
+``real``: the real-looking crops of :mod:`benchmarks.real_words`; ``crops``: the recognition folders of a
+``scale-ocr make-dataset`` output given as ``--real-crops``), ``scale_ocr/train.py`` trains with its defaults at
+each global batch (world size x micro-batch x accumulation: accumulation stands in for the ranks this host does
+not have) under each ``--lr-scaling`` rule, for the same number of training SAMPLES, and measures validation
+exact match every ``--eval-samples`` samples. At a model's reference batch every rule gives the same rate, so
+that batch is trained once. Detection (db_mobilenet_v3_large on synthetic pages) trains at two global batches
+under the default rule, recall measured the same way. Each finished job is one line of ``results.jsonl``: an
+interrupted benchmark, run again with the same flags, starts with the first job that has no ``ok`` line.
+The report (:mod:`benchmarks.scale_accuracy_report`) gives samples-to-50/80/90 %, the final exact match, the best
+rule per batch and the largest global batch at which the default rule stays within 1 point of the smallest
+batch's final exact match.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import (
+    REPO,
+    TRAIN,
+    append_line,
+    bench_main,
+    hardware,
+    launch_command,
+    parser,
+    run_job,
+    run_main,
+    versions,
+    work_dir,
+    write_command,
+)
+from benchmarks.scale_accuracy_report import RULES, SETS, build_report, key_of, load_rows
+
+CRNN, VIT, DET = "crnn_mobilenet_v3_small", "vitstr_tiny", "db_mobilenet_v3_large"
+# Samples (words or pages) per second of one job on the 2-core VM (2 ranks x 1 thread, evaluation included),
+# used for the time estimate until the folder's own finished jobs measure them.
+RATES = {CRNN: 80.0, VIT: 40.0, "vitstr_small": 12.0, DET: 3.0}
+PRESETS: dict[str, dict[str, Any]] = {
+    # A minute or two: does every piece run end to end (one model, one set, two batches, one rule, detection).
+    "smoke": {"models": [CRNN], "sets": ["synthetic"], "batches": [32, 64], "rules": ["sqrt"], "samples": 1024,
+              "eval_samples": 512, "synthetic_train": 1024, "val": 64, "real_train": 1024,
+              "det_batches": [2, 4], "det_samples": 16, "det_train": 16, "det_val": 4},
+    # The report of record: the convergence record's budgets (3 epochs of 32768 synthetic words, 12 of 8192
+    # real-looking ones: 98304 samples, 1536 steps at batch 64), every batch from 32 to 512, every rule.
+    "record": {"models": [CRNN, VIT], "sets": ["synthetic", "real"], "batches": [32, 64, 128, 256, 512],
+               "rules": list(RULES), "samples": 98304, "eval_samples": 8192, "synthetic_train": 32768, "val": 512,
+               "real_train": 8192, "det_batches": [4, 32], "det_samples": 2048, "det_train": 1024, "det_val": 64},
+}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training run: a model on a set at a global batch under a rule."""
+
+    kind: str  # recognition or detection
+    model: str
+    set: str
+    global_batch: int
+    rule: str
+    world_size: int
+    micro_batch: int
+    grad_accum: int
+    samples: int
+    eval_every: int  # optimizer steps
+    reference_batch: int
+
+    @property
+    def key(self) -> tuple[str, str, str, int, str]:
+        return key_of(asdict(self))
+
+    @property
+    def steps(self) -> int:
+        return self.samples // self.global_batch
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}-{self.set}-g{self.global_batch}-{self.rule}"
+
+
+def split_batch(global_batch: int, world_size: int, max_micro: int) -> tuple[int, int]:
+    """``(micro-batch, accumulation)`` with ``world_size x micro x accum == global_batch`` and the largest micro-batch
+    up to ``max_micro`` (accumulation stands in for the ranks this host lacks)."""
+    from scale_ocr.errors import UserError
+
+    if global_batch % world_size:
+        raise UserError(f"global batch {global_batch} is not a multiple of --world-size {world_size}")
+    per_rank = global_batch // world_size
+    micro = max(m for m in range(1, min(max_micro, per_rank) + 1) if per_rank % m == 0)
+    return micro, per_rank // micro
+
+
+def plan(args: argparse.Namespace) -> list[Job]:
+    """Every job of the run, in order: recognition model by model, set by set, batch by batch, rule by rule; then
+    detection. At a model's reference batch the rules coincide, and only the default rule's job runs."""
+    from scale_ocr.config import DEFAULT_LR_SCALING
+    from scale_ocr.models.factory import reference_batch
+
+    jobs = []
+    for model in args.models:
+        ref = reference_batch(model)
+        for name in args.sets:
+            for g in args.batches:
+                rules = [r for r in args.rules if g != ref or r == DEFAULT_LR_SCALING] or args.rules[:1]
+                micro, accum = split_batch(g, args.world_size, args.micro_batch)
+                jobs += [Job("recognition", model, name, g, rule, args.world_size, micro, accum, args.samples,
+                             max(1, args.eval_samples // g), ref) for rule in rules]
+    ref = reference_batch(DET)
+    for g in args.det_batches:
+        micro, accum = split_batch(g, args.world_size, args.det_micro_batch)
+        jobs.append(Job("detection", DET, "synthetic-pages", g, DEFAULT_LR_SCALING, args.world_size, micro, accum,
+                        args.det_samples, max(1, args.det_eval_samples // g), ref))
+    return jobs
+
+
+def estimate(jobs: list[Job], rows: list[dict[str, Any]]) -> tuple[float, dict[str, float]]:
+    """Seconds the jobs take on this host, at each model's rate measured by the folder's finished jobs (else
+    :data:`RATES`), and the rates used."""
+    rates = dict(RATES)
+    for model in {j.model for j in jobs}:
+        done = [r for r in rows if r["model"] == model and r["status"] == "ok" and r["wall_seconds"] > 0]
+        if done:
+            rates[model] = sum(r["samples"] for r in done) / sum(r["wall_seconds"] for r in done)
+    return sum(j.samples / rates.get(j.model, 10.0) for j in jobs), rates
+
+
+def recognition_folders(args: argparse.Namespace, name: str, work: Path, chars: str) -> tuple[Path, Path]:
+    """A word set's (train, val) docTR folders: the synthetic and real-looking sets written once under the
+    benchmark's scratch folder (the convergence benchmark's, at the same sizes), the crops as given."""
+    from benchmarks import real_words
+    from benchmarks.harness import write_folder
+    from scale_ocr.data.loader import VAL_SEED_OFFSET
+
+    if name == "synthetic":  # the trainer's own synthetic words: seed 0, validation at its offset
+        return (write_folder(work / f"synthetic-train-{args.synthetic_train}", args.synthetic_train, chars, 0),
+                write_folder(work / f"synthetic-val-{args.val}", args.val, chars, VAL_SEED_OFFSET))
+    if name == "real":
+        root = work / f"real-{args.real_train}-{args.val}"
+        return real_words.write(root / "train", args.real_train, 2026), real_words.write(root / "val", args.val, 2027)
+    return crops_folders(args.real_crops)
+
+
+def crops_folders(path: Path | None) -> tuple[Path, Path]:
+    """``PATH/recognition/{train,val}`` of a ``scale-ocr make-dataset`` output (or ``PATH/{train,val}``)."""
+    from scale_ocr.errors import UserError
+
+    if path is None:
+        raise UserError("--sets crops needs --real-crops DIR: a `scale-ocr make-dataset` output folder")
+    root = path / "recognition" if (path / "recognition").is_dir() else path
+    train, val = root / "train", root / "val"
+    for folder in (train, val):
+        if not (folder / "labels.json").is_file():
+            raise UserError(f"--real-crops {path}: no {folder}/labels.json; give the folder `scale-ocr make-dataset "
+                            "--out` wrote (it holds recognition/train and recognition/val)")
+    return train, val
+
+
+def count(folder: Path) -> int:
+    return len(json.loads((folder / "labels.json").read_text(encoding="utf-8")))
+
+
+def command(args: argparse.Namespace, job: Job, data: list[str], train_size: int, run_dir: Path) -> list[str]:
+    """``train.py``'s launch command for ``job``: its defaults but for the batch, the rule and the budget; the run
+    stops at ``job.steps`` (an epoch more than it needs, as the loader may round an epoch down) and validates every ``job.eval_every`` steps and at the end."""
+    steps_per_epoch = max(1, train_size // job.global_batch)
+    cli = [job.model, "--strategy", "ddp", *data, "-b", str(job.micro_batch), "--grad-accum", str(job.grad_accum),
+           "--lr-scaling", job.rule, "--epochs", str(math.ceil(job.steps / steps_per_epoch) + 1), "--max-steps",
+           str(job.steps), "--eval-every", str(job.eval_every), "--seed", str(args.seed), "--no-save-model",
+           "--workers", str(args.workers), "--resume", "none", "--output-dir", str(run_dir), "--run-name", job.name,
+           "--wandb-mode", args.wandb_mode]
+    return launch_command("torchrun", job.world_size, TRAIN, cli)
+
+
+def read_curve(run_dir: Path, metric: str, global_batch: int, t0: float) -> list[dict[str, float]]:
+    """``[{step, samples, seconds, value}]``: the run's validation ``metric`` at each measurement."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    points = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        r = json.loads(line)
+        if f"val/{metric}" in r:
+            points.append({"step": r["step"], "samples": r["step"] * global_batch,
+                           "seconds": round(r["time"] - t0, 1), "value": r[f"val/{metric}"]})
+    return points
+
+
+def lr_plan(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / "config.json").read_text(encoding="utf-8")).get("lr_plan") or {}
+    except (OSError, ValueError):
+        return {}
+
+
+def run_one(args: argparse.Namespace, job: Job, data: list[str], sizes: tuple[int, int], work: Path,
+            context: dict[str, Any]) -> dict[str, Any]:
+    """Train ``job`` and return its results line."""
+    run_dir = work / "runs" / job.name
+    shutil.rmtree(run_dir, ignore_errors=True)  # this benchmark's own scratch: an interrupted try of the same job
+    run_dir.mkdir(parents=True)
+    cmd = command(args, job, data, sizes[0], run_dir)
+    t0 = time.time()
+    status, error, wall = run_job(cmd, context["threads"], args.timeout, None)
+    metric = "exact_match" if job.kind == "recognition" else "recall"
+    curve = read_curve(run_dir, metric, job.global_batch, t0)
+    if status == "ok" and (not curve or curve[-1]["step"] != job.steps):
+        status, error = "failed", f"the curve ends at step {curve[-1]['step'] if curve else None}, not {job.steps}"
+    plan_ = lr_plan(run_dir)
+    return {**asdict(job), "steps": job.steps, "status": status, "error": error, "wall_seconds": round(wall, 1),
+            "train_size": sizes[0], "val_size": sizes[1], "metric": metric, "curve": curve,
+            "peak_lr": plan_.get("peak_lr"), "lr_factor": plan_.get("factor"), "lr_line": plan_.get("line"),
+            "warmup_steps": plan_.get("warmup_steps"), "threads_per_rank": context["threads"],
+            "preset": args.preset, "command": " ".join(cmd).replace(f"{REPO}/", ""), **context["stamp"]}
+
+
+def job_data(args: argparse.Namespace, job: Job, work: Path) -> tuple[list[str], tuple[int, int]]:
+    """``train.py``'s data flags for ``job`` and its (train, val) sizes."""
+    if job.kind == "detection":  # the trainer's own synthetic pages
+        return (["--train-samples", str(args.det_train), "--val-samples", str(args.det_val)],
+                (args.det_train, args.det_val))
+    from scale_ocr.config import ModelConfig
+    from scale_ocr.tasks import create_task
+
+    chars = create_task(ModelConfig(arch=job.model)).vocab.chars
+    train, val = recognition_folders(args, job.set, work / f"vocab-{len(chars)}", chars)
+    return ["--train-path", str(train), "--val-path", str(val)], (count(train), count(val))
+
+
+def run(args: argparse.Namespace) -> None:
+    """Each job without an ``ok`` line in ``args.out/results.jsonl``, appended there as it ends."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = work_dir(args.out)
+    results = args.out / "results.jsonl"
+    done = {key_of(r) for r in load_rows(args.out) if r["status"] == "ok"}
+    jobs = plan(args)
+    todo = [j for j in jobs if j.key not in done]
+    print_estimate(args, jobs, todo, load_rows(args.out))
+    write_command(args.out, "scale_accuracy")
+    hw = hardware()
+    context = {"threads": max(1, (hw["cores"] or 1) // args.world_size),
+               "stamp": {"versions": versions(), "hardware": hw}}
+    for i, job in enumerate(todo, 1):
+        data, sizes = job_data(args, job, work)
+        row = run_one(args, job, data, sizes, work, context)
+        append_line(results, row)
+        final = f"{row['curve'][-1]['value']:.3f}" if row["curve"] else "-"
+        print(f"scale_accuracy [{i}/{len(todo)}] {job.name}: {row['status']}, final {row['metric']} {final}, "
+              f"{row['lr_line'] or ''} [{row['wall_seconds']:.0f} s]" + (f" ({row['error']})" if row["error"] else ""),
+              flush=True)
+
+
+def print_estimate(args: argparse.Namespace, jobs: list[Job], todo: list[Job], rows: list[dict[str, Any]]) -> None:
+    seconds, rates = estimate(todo, rows)
+    used = ", ".join(f"{m} {rates[m]:.1f}/s" for m in dict.fromkeys(j.model for j in jobs))
+    print(f"scale_accuracy: preset {args.preset}: {len(jobs)} jobs, {len(jobs) - len(todo)} done, {len(todo)} to run: "
+          f"about {seconds / 3600:.1f} h of this host at {used} (samples per second of one job; measured by this "
+          "folder's finished jobs where it has them)", flush=True)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = parser("scale_accuracy", __doc__)
+    p.add_argument("--preset", choices=tuple(PRESETS), default="smoke")
+    p.add_argument("--real-crops", type=Path, default=None,
+                   help="a `scale-ocr make-dataset` output: its recognition crops become the set `crops`")
+    p.add_argument("--estimate", action="store_true", help="print the plan's size and CPU time, run nothing")
+    lists = {"models": "recognizers", "sets": f"of {', '.join(SETS)}", "batches": "global batches",
+             "rules": f"of {', '.join(RULES)}", "det_batches": "detection's global batches (pages)"}
+    for name, what in lists.items():
+        p.add_argument(f"--{name.replace('_', '-')}", default=None, help=f"comma-separated {what} (default: the preset's)")
+    for name in ("samples", "eval_samples", "synthetic_train", "real_train", "val", "det_samples", "det_train",
+                 "det_val"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help="default: the preset's")
+    p.add_argument("--det-eval-samples", type=int, default=None, help="default: a quarter of --det-samples")
+    p.add_argument("--world-size", type=int, default=2, help="ranks per job (accumulation makes up the rest)")
+    p.add_argument("--micro-batch", type=int, default=32, help="largest words per rank per micro-batch")
+    p.add_argument("--det-micro-batch", type=int, default=2, help="largest pages per rank per micro-batch")
+    p.add_argument("-j", "--workers", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--wandb-mode", default="disabled", choices=("offline", "disabled"))
+    p.add_argument("--timeout", type=int, default=4 * 3600, help="seconds per training job")
+    return fill(p, p.parse_args(argv))
+
+
+def fill(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """The preset's values for every flag not given; lists split and checked."""
+    for name, value in PRESETS[args.preset].items():
+        given = getattr(args, name)
+        if given is None:
+            setattr(args, name, value)
+        elif isinstance(value, list):
+            items = [v for v in given.split(",") if v]
+            setattr(args, name, [int(v) for v in items] if name.endswith("batches") else items)
+    if args.det_eval_samples is None:
+        args.det_eval_samples = max(1, args.det_samples // 4)
+    if args.real_crops is not None and "crops" not in args.sets:
+        args.sets = [*args.sets, "crops"]
+    for bad in [s for s in args.sets if s not in SETS] + [r for r in args.rules if r not in RULES]:
+        p.error(f"unknown set or rule {bad!r}: sets {', '.join(SETS)}; rules {', '.join(RULES)}")
+    return args
+
+
+def check(args: argparse.Namespace) -> None:
+    """Every flag's value before anything runs (one line each)."""
+    from scale_ocr.errors import UserError
+    from scale_ocr.models.factory import reference_batch
+
+    for model in args.models:
+        reference_batch(model)  # an unknown name is one line listing the known ones
+    if "crops" in args.sets:
+        crops_folders(args.real_crops)
+    for name in ("samples", "eval_samples", "det_samples", "det_eval_samples", "world_size", "micro_batch",
+                 "det_micro_batch"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)}: use at least 1")
+    for batches, budget, flag in ((args.batches, args.samples, "--samples"),
+                                  (args.det_batches, args.det_samples, "--det-samples")):
+        for g in batches:
+            split_batch(g, args.world_size, 1)
+            if g > budget:
+                raise UserError(f"global batch {g} is more than the sample budget {budget}: raise {flag}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.estimate and not args.report:
+        check(args)
+        from benchmarks.harness import default_out
+
+        out = args.out or default_out("scale-accuracy")
+        jobs = plan(args)
+        done = {key_of(r) for r in load_rows(out) if r["status"] == "ok"}
+        print_estimate(args, jobs, [j for j in jobs if j.key not in done], load_rows(out))
+        return 0
+    return bench_main("scale_accuracy", args, run, build_report, check)
+
+
+if __name__ == "__main__":
+    run_main(main)

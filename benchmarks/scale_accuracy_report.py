@@ -1,0 +1,274 @@
+"""The scale-accuracy benchmark's report, from ``results.jsonl`` alone (``python -m benchmarks.scale_accuracy
+--report DIR``): the maths (samples to a threshold, the best rule per batch, how far the default rule keeps
+accuracy), ``report.md``, ``summary.json`` and two plots.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import command_line, write_outputs
+
+SETS = ("synthetic", "real", "crops")
+RULES = ("none", "linear", "sqrt")
+THRESHOLDS = (0.5, 0.8, 0.9)
+TOLERANCE = 0.01  # "within 1 point" of exact match
+SET_NAMES = {"synthetic": "synthetic words", "real": "real-looking crops", "crops": "real-document crops",
+             "synthetic-pages": "synthetic pages"}
+
+
+def key_of(row: dict[str, Any]) -> tuple[str, str, str, int, str]:
+    """A job's identity: (kind, model, set, global batch, rule)."""
+    return row["kind"], row["model"], row["set"], int(row["global_batch"]), row["rule"]
+
+
+def load_rows(out_dir: Path) -> list[dict[str, Any]]:
+    """The lines of ``out_dir/results.jsonl`` (none before the first job ends)."""
+    path = out_dir / "results.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+
+
+def latest(rows: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+    """Each job's last line (a job that failed, then ran again after a resume, counts by its rerun)."""
+    return {key_of(r): r for r in rows}
+
+
+def samples_to(curve: list[dict[str, float]], threshold: float) -> int | None:
+    """Training samples seen at the first measurement at or above ``threshold``; None if never reached."""
+    return next((int(p["samples"]) for p in curve if p["value"] >= threshold), None)
+
+
+def final(row: dict[str, Any] | None) -> float | None:
+    """A finished job's last measurement; None for a job that did not finish."""
+    if row is None or row["status"] != "ok" or not row["curve"]:
+        return None
+    return float(row["curve"][-1]["value"])
+
+
+def cell(jobs: dict[tuple, dict[str, Any]], group: tuple[str, str, str], batch: int, rule: str) -> dict | None:
+    """The job of ``rule`` at ``batch``; at the model's reference batch, where every rule gives the same rate and
+    only one rule's job runs, that job."""
+    row = jobs.get((*group, batch, rule))
+    if row is not None:
+        return row
+    same = [r for k, r in jobs.items() if k[:4] == (*group, batch) and r["global_batch"] == r["reference_batch"]]
+    return same[0] if same else None
+
+
+def best_rule(cells: dict[str, dict[str, Any] | None], default_rule: str) -> str | None:
+    """The rule with the highest final exact match at one batch; a tie goes to the rule that reached the highest
+    threshold in fewer samples, then to the default rule, then to the first in :data:`RULES`. None when no rule
+    finished."""
+    def rank(rule: str) -> tuple[float, float, bool, int]:
+        row = cells[rule]
+        reached = [s for s in (samples_to(row["curve"], t) for t in reversed(THRESHOLDS)) if s is not None]
+        return final(row), -(reached[0] if reached else float("inf")), rule == default_rule, -RULES.index(rule)
+
+    finished = [r for r in cells if final(cells[r]) is not None]
+    return max(finished, key=rank) if finished else None
+
+
+def holds_up_to(finals: dict[int, float | None], tolerance: float = TOLERANCE) -> tuple[int | None, float | None]:
+    """``(largest batch, reference)``: going up from the smallest batch (the reference, its final exact match),
+    the last batch before the first one that ends more than ``tolerance`` below the reference or did not finish.
+    ``(None, None)`` when the smallest batch did not finish."""
+    batches = sorted(finals)
+    if not batches or finals[batches[0]] is None:
+        return None, None
+    ref, largest = finals[batches[0]], batches[0]
+    for g in batches[1:]:
+        value = finals[g]
+        if value is None or value < ref - tolerance - 1e-12:
+            break
+        largest = g
+    return largest, ref
+
+
+def groups(jobs: dict[tuple, dict[str, Any]], kind: str) -> list[tuple[str, str, str]]:
+    return list(dict.fromkeys(k[:3] for k in jobs if k[0] == kind))
+
+
+def summarize(rows: list[dict[str, Any]], default_rule: str) -> dict[str, Any]:
+    """Per recognizer and set: each batch's finals per rule and best rule, the default rule's reach and whether it
+    is the best rule there; per detection batch: the final recall."""
+    jobs = latest(rows)
+    out: dict[str, Any] = {"default_rule": default_rule, "tolerance_points": TOLERANCE * 100, "recognition": [],
+                           "detection": []}
+    for group in groups(jobs, "recognition"):
+        batches = sorted({k[3] for k in jobs if k[:3] == group})
+        per_batch = {}
+        for g in batches:
+            cells = {rule: cell(jobs, group, g, rule) for rule in RULES}
+            cells = {r: c for r, c in cells.items() if c is not None}
+            per_batch[g] = {"final": {r: final(c) for r, c in cells.items()}, "best_rule": best_rule(cells, default_rule),
+                            "samples_to": {r: {str(t): samples_to(c["curve"], t) for t in THRESHOLDS}
+                                           for r, c in cells.items()}}
+        reach, ref = holds_up_to({g: per_batch[g]["final"].get(default_rule) for g in batches})
+        best_there = per_batch[reach]["best_rule"] if reach is not None else None
+        out["recognition"].append({
+            "model": group[1], "set": group[2], "batches": per_batch, "reference_final": ref,
+            "default_holds_up_to": reach, "best_rule_there": best_there,
+            "default_is_best_there": None if best_there is None else
+            final(cell(jobs, group, reach, default_rule)) >= per_batch[reach]["final"][best_there]})
+    for group in groups(jobs, "detection"):
+        for g in sorted({k[3] for k in jobs if k[:3] == group}):
+            row = cell(jobs, group, g, default_rule)
+            out["detection"].append({"model": group[1], "set": group[2], "global_batch": g,
+                                     "final_recall": final(row), "status": row["status"] if row else None,
+                                     "samples": row["samples"] if row else None})
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}"
+
+
+def _samples(n: int | None) -> str:
+    return "not reached" if n is None else f"{n:,}"
+
+
+def group_lines(jobs: dict[tuple, dict[str, Any]], s: dict[str, Any], default_rule: str) -> list[str]:
+    """One recognizer on one set: a table row per batch and rule, then the verdict."""
+    group = ("recognition", s["model"], s["set"])
+    lines = [f"### {s['model']} on {SET_NAMES.get(s['set'], s['set'])}", "",
+             "| global batch | ranks x micro x accum | rule | peak lr | 50% | 80% | 90% | final EM % | best rule | "
+             "wall |", "|---:|---|---|---:|---:|---:|---:|---:|---|---:|"]
+    for g, b in s["batches"].items():
+        shown: set[int] = set()
+        for rule in [r for r in RULES if r in b["final"]]:
+            row = cell(jobs, group, g, rule)
+            if id(row) in shown:
+                continue  # the reference batch's one job, which every rule shares, is shown once
+            shown.add(id(row))
+            label = f"every rule (ran as {row['rule']})" if row["rule"] != rule else rule
+            to = [_samples(n) for n in b["samples_to"][rule].values()] if row["status"] == "ok" else ["-"] * 3
+            lr = f"{row['peak_lr']:.2e}" if row.get("peak_lr") else "-"
+            status = _pct(b["final"][rule]) if row["status"] == "ok" else f"**{row['status']}**"
+            lines.append(f"| {g} | {row['world_size']} x {row['micro_batch']} x {row['grad_accum']} | {label} | "
+                         f"{lr} | " + " | ".join(to) + f" | {status} | {b['best_rule'] or '-'} | "
+                         f"{row['wall_seconds']:.0f} s |")
+    reach = s["default_holds_up_to"]
+    if reach is None:
+        verdict = f"- The default rule ({default_rule}) has no finished run at the smallest batch: no verdict."
+    else:
+        best = s["best_rule_there"]
+        verdict = (f"- The default rule ({default_rule}) stays within {TOLERANCE * 100:.0f} point of the smallest "
+                   f"batch's final exact match ({_pct(s['reference_final'])}%) up to global batch **{reach}**; there "
+                   f"the best rule is {best}" + (f" (the default {'ties or leads' if s['default_is_best_there'] else 'trails it'})"
+                                                 if best != default_rule else ", the default") + ".")
+    return [*lines, "", verdict, ""]
+
+
+def detection_lines(jobs: dict[tuple, dict[str, Any]], summary: dict[str, Any]) -> list[str]:
+    if not summary["detection"]:
+        return []
+    lines = ["## Detection", "", "| model | pages | global batch | ranks x micro x accum | peak lr | final recall % | "
+             "wall |", "|---|---|---:|---|---:|---:|---:|"]
+    for d in summary["detection"]:
+        row = jobs[("detection", d["model"], d["set"], d["global_batch"], summary["default_rule"])]
+        lr = f"{row['peak_lr']:.2e}" if row.get("peak_lr") else "-"
+        recall = _pct(d["final_recall"]) if row["status"] == "ok" else f"**{row['status']}**: {row['error']}"
+        lines.append(f"| {d['model']} | {row['samples']:,} ({row['train_size']} synthetic, {row['val_size']} held out) "
+                     f"| {d['global_batch']} | {row['world_size']} x {row['micro_batch']} x {row['grad_accum']} | {lr} | "
+                     f"{recall} | {row['wall_seconds']:.0f} s |")
+    return [*lines, ""]
+
+
+def plot(jobs: dict[tuple, dict[str, Any]], summary: dict[str, Any], out_dir: Path) -> list[str]:
+    """``final.png`` (final exact match against global batch, a line per rule, the band 1 point under the
+    reference) and ``curves.png`` (the default rule's exact match against samples, a line per batch)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks.report import PLOT_META
+
+    rec = summary["recognition"]
+    if not rec:
+        return []
+    names = []
+    for name, draw in (("final.png", _draw_final), ("curves.png", _draw_curves)):
+        fig, axes = plt.subplots(1, len(rec), figsize=(5 * len(rec), 3.8), squeeze=False)
+        for ax, s in zip(axes[0], rec, strict=True):
+            draw(ax, jobs, s, summary["default_rule"])
+            ax.set_title(f"{s['model']}\n{SET_NAMES.get(s['set'], s['set'])}", fontsize=9)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out_dir / name, dpi=110, metadata=PLOT_META)
+        plt.close(fig)
+        names.append(name)
+    return names
+
+
+def _draw_final(ax, jobs, s: dict[str, Any], default_rule: str) -> None:
+    batches = [int(g) for g in s["batches"]]
+    for rule in RULES:
+        pts = [(g, s["batches"][g]["final"].get(rule)) for g in s["batches"]]
+        pts = [(g, v) for g, v in pts if v is not None]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker="o", label=rule + (" (default)" if rule == default_rule else ""))
+    if s["reference_final"] is not None:
+        ax.axhspan(s["reference_final"] - TOLERANCE, s["reference_final"], color="grey", alpha=0.2,
+                   label="within 1 point of the smallest batch")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="global batch", ylabel="final exact match", xticks=batches, xticklabels=[str(b) for b in batches])
+
+
+def _draw_curves(ax, jobs, s: dict[str, Any], default_rule: str) -> None:
+    for g in s["batches"]:
+        row = cell(jobs, ("recognition", s["model"], s["set"]), g, default_rule)
+        if row and row["curve"]:
+            ax.plot([p["samples"] for p in row["curve"]], [p["value"] for p in row["curve"]], marker=".",
+                    label=f"batch {g}")
+    for t in THRESHOLDS:
+        ax.axhline(t, color="grey", lw=0.5, ls=":")
+    ax.set(xlabel=f"training samples ({default_rule} rule)", ylabel="validation exact match", ylim=(0, 1))
+
+
+def header(rows: list[dict[str, Any]], out_dir: Path, default_rule: str) -> list[str]:
+    r0 = rows[0]
+    gits = sorted({r["versions"].get("git") or "?" for r in rows})
+    rec = [r for r in rows if r["kind"] == "recognition"]
+    budget = f"{rec[0]['samples']:,} training samples per job" if rec else ""
+    return ["# Scale accuracy: the same recipe at growing global batches", "",
+            f"Command: `{command_line(out_dir)}` (preset {r0.get('preset')}); rebuild: "
+            f"`python -m benchmarks.scale_accuracy --report {out_dir.name}`", "",
+            f"- `scale_ocr/train.py` with its defaults (DDP, AdamW, the task's schedule) but for the global batch and "
+            f"`--lr-scaling`; {budget}, validation exact match every few thousand samples and at the end. The global "
+            "batch is ranks x micro-batch x accumulation: accumulation stands in for ranks this host does not have "
+            "(each rank's BatchNorm sees its micro-batch, as it would on more ranks).",
+            f"- The default rule is **{default_rule}** (`scale_ocr.config.DEFAULT_LR_SCALING`). At a model's "
+            "reference batch every rule gives the same rate: that batch is trained once.",
+            f"- Samples to 50/80/90%: training samples seen at the first measurement at or above it. Best rule: "
+            f"highest final exact match. \"Holds up to\": the largest batch, going up from the smallest, whose final "
+            f"exact match under the default rule is at most {TOLERANCE * 100:.0f} point below the smallest batch's.",
+            f"- {r0['hardware'].get('cpu')}, {r0['hardware'].get('cores')} cores, {r0['threads_per_rank']} thread(s) "
+            f"per rank; git {', '.join(gits)}; torch {r0['versions'].get('torch')}.", ""]
+
+
+def build_report(out_dir: Path) -> Path:
+    """``report.md``, ``summary.json`` and the plots of ``out_dir``; returns the report's path."""
+    from scale_ocr.config import DEFAULT_LR_SCALING
+    from scale_ocr.errors import UserError
+
+    rows = load_rows(out_dir)
+    if not rows:
+        raise UserError(f"{out_dir}/results.jsonl has no results; run `python -m benchmarks.scale_accuracy` first")
+    jobs = latest(rows)
+    summary = summarize(rows, DEFAULT_LR_SCALING)
+    lines = header(rows, out_dir, DEFAULT_LR_SCALING) + ["## Recognition", ""]
+    for s in summary["recognition"]:
+        lines += group_lines(jobs, s, DEFAULT_LR_SCALING)
+    lines += [f"![{p[:-4]}]({p})" for p in plot(jobs, summary, out_dir)] + [""]
+    lines += detection_lines(jobs, summary)
+    bad = [r for r in jobs.values() if r["status"] != "ok"]
+    if bad:
+        lines += ["## Jobs without a result", ""] + [f"- `{'/'.join(map(str, key_of(r)))}`: **{r['status']}**: "
+                                                      f"{r['error']}" for r in bad] + [""]
+    return write_outputs(out_dir, summary, lines)

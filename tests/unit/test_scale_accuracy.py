@@ -1,0 +1,98 @@
+"""The scale-accuracy benchmark's maths and plan, on made-up results rows (no training): samples to a threshold,
+the best rule per batch, how far the default rule keeps accuracy, the report, and what a resumed run skips."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import scale_accuracy as sa
+from benchmarks import scale_accuracy_report as rep
+from scale_ocr.errors import UserError
+
+
+def _row(batch, rule, values, model="crnn", data="synthetic", ref=64, kind="recognition", status="ok"):
+    every = 256
+    curve = [{"step": every * (i + 1) // batch, "samples": every * (i + 1), "seconds": 1.0 + i, "value": v}
+             for i, v in enumerate(values)]
+    return {"kind": kind, "model": model, "set": data, "global_batch": batch, "rule": rule, "reference_batch": ref,
+            "world_size": 2, "micro_batch": min(32, batch // 2), "grad_accum": max(1, batch // 64), "samples": 1024,
+            "status": status, "error": None if status == "ok" else "exit 1", "curve": curve if status == "ok" else [],
+            "peak_lr": 3e-3, "wall_seconds": 10.0, "train_size": 512, "val_size": 64, "threads_per_rank": 1,
+            "preset": "test", "hardware": {"cpu": "x", "cores": 2}, "versions": {"git": "abc", "torch": "2"}}
+
+
+def test_samples_to_a_threshold_and_the_best_rule():
+    curve = _row(32, "sqrt", [0.3, 0.55, 0.85, 0.9])["curve"]
+    assert [rep.samples_to(curve, t) for t in rep.THRESHOLDS] == [512, 768, 1024]
+    assert rep.samples_to(curve, 0.95) is None
+    cells = {"none": _row(128, "none", [0.5, 0.8, 0.9, 0.91]), "linear": _row(128, "linear", [0.8, 0.9, 0.9, 0.93]),
+             "sqrt": _row(128, "sqrt", [0.5, 0.6, 0.9, 0.93])}
+    assert rep.best_rule(cells, "sqrt") == "linear"  # tie on the final: linear reached 90% first
+    cells["linear"]["curve"] = cells["sqrt"]["curve"]
+    assert rep.best_rule(cells, "sqrt") == "sqrt"  # a full tie: the default
+    cells["sqrt"] = _row(128, "sqrt", [], status="failed")
+    assert rep.best_rule(cells, "sqrt") == "linear"
+
+
+def test_the_default_holds_up_to_the_last_batch_before_it_drops_a_point():
+    assert rep.holds_up_to({32: 0.900, 64: 0.905, 128: 0.8905, 256: 0.85, 512: 0.95}) == (128, 0.9)
+    assert rep.holds_up_to({32: 0.9, 64: None, 128: 0.95}) == (32, 0.9)  # a batch that did not finish stops it
+    assert rep.holds_up_to({32: None, 64: 0.9}) == (None, None)
+
+
+def test_report_and_summary_from_rows_alone(tmp_path):
+    rows = [_row(32, r, [0.5, 0.8, 0.9, 0.90]) for r in ("none", "linear", "sqrt")]
+    rows += [_row(64, "sqrt", [0.5, 0.8, 0.9, 0.91])]  # the reference batch: one job stands for every rule
+    rows += [_row(128, "none", [0.4, 0.7, 0.8, 0.85]), _row(128, "linear", [0.6, 0.9, 0.9, 0.92]),
+             _row(128, "sqrt", [0.5, 0.8, 0.9, 0.895])]
+    rows += [_row(256, "sqrt", [0.1, 0.2, 0.3, 0.5], status="failed"), _row(256, "sqrt", [0.3, 0.5, 0.7, 0.8])]
+    rows += [_row(b, "sqrt", [0.1, 0.3], model="db", data="synthetic-pages", ref=2, kind="detection") for b in (4, 32)]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "command.txt").write_text("python -m benchmarks.scale_accuracy --preset test\n")
+    report = rep.build_report(tmp_path).read_text()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    s = summary["recognition"][0]
+    assert (s["default_holds_up_to"], s["reference_final"], s["best_rule_there"]) == (128, 0.9, "linear")
+    assert s["default_is_best_there"] is False and s["batches"]["64"]["final"] == {r: 0.91 for r in rep.RULES}
+    assert "| 64 | 2 x 32 x 1 | every rule (ran as sqrt) |" in report and report.count("| 64 |") == 1
+    assert "up to global batch **128**; there the best rule is linear (the default trails it)" in report
+    assert [d["final_recall"] for d in summary["detection"]] == [0.3, 0.3]
+    assert (tmp_path / "final.png").is_file() and (tmp_path / "curves.png").is_file()
+
+
+def test_plan_splits_batches_skips_shared_rules_and_finished_jobs(tmp_path):
+    args = sa.parse(["--preset", "record", "--out", str(tmp_path)])
+    assert sa.split_batch(512, 2, 32) == (32, 8) and sa.split_batch(32, 2, 32) == (16, 1)
+    jobs = sa.plan(args)
+    crnn = [j for j in jobs if j.model == sa.CRNN and j.set == "synthetic"]
+    assert len(crnn) == 13 and [j.rule for j in crnn if j.global_batch == 64] == ["sqrt"]
+    assert {j.steps for j in crnn if j.global_batch == 512} == {192}
+    assert [(j.kind, j.global_batch, j.micro_batch, j.grad_accum) for j in jobs[-2:]] == [
+        ("detection", 4, 2, 1), ("detection", 32, 2, 8)]
+    done = _row(32, "none", [0.5], model=sa.CRNN)
+    assert crnn[0].key == rep.key_of(done)
+    seconds, rates = sa.estimate(jobs, [done | {"wall_seconds": 1024 / 64}])
+    assert rates[sa.CRNN] == 64.0 and seconds > 0
+    with pytest.raises(UserError, match="--real-crops"):
+        sa.check(sa.parse(["--sets", "crops"]))
+    with pytest.raises(UserError, match="not a multiple"):
+        sa.split_batch(33, 2, 32)
+
+
+def test_convergence_compares_the_recipes_after_the_same_steps_in_points():
+    from benchmarks import convergence
+
+    def row(data, recipe, ems):
+        curve = [{"step": 64 * (i + 1), "seconds": 1.0, "exact_match": em} for i, em in enumerate(ems)]
+        return {"set": data, "recipe": recipe, "status": "ok", "curve": curve, "world_size": 2, "batch_size": 32}
+
+    rows = [row("real", "defaults", [0.1, 0.58]), row("real", "bare", [0.2, 0.6]),
+            row("crops", "defaults", [0.3, 0.5]), row("crops", "bare", [0.3, 0.53]),
+            row("synthetic", "defaults", [0.01]), row("synthetic", "bare", [0.02])]
+    lines = convergence.equal_steps(rows)
+    assert lines[0].startswith("- synthetic, global batch 64, after 64 optimizer steps each") and "INCONCLUSIVE" in lines[0]
+    assert "real-looking, global batch 64, after 128 optimizer steps each: defaults 58.0% vs bare 60.0%, -2.0 points: " \
+           "PASS" in lines[1]
+    assert "defaults 50.0% vs bare 53.0%, -3.0 points: FAIL" in lines[2]
