@@ -32,7 +32,7 @@ def format_table(doc: dict[str, Any]) -> str:
                      f"{gb(r['model_state']):>8}{gb(r['ideal']):>8}{gb(r['host']):>9}{gb(r['disk']):>9}{gb(r['activations']):>8}"
                      f"{gb(r['total']):>8}{gb(ds):>9}")
     lines.append("state = params+grads+optim at the optimizer step; device = state + other - on host - on disk"
-                 " + activations;"
+                 " + staged + activations;"
                  " ideal = ZeRO paper; DS est. = DeepSpeed's estimator (device)")
     for name, r in doc["strategies"].items():
         if r["note"]:

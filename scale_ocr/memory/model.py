@@ -37,9 +37,14 @@ class StateLayout:
         master_bytes: fp32 master weights kept beside the stored weights (0 when they are the master).
         optim_bytes, optim_sharded: Adam's moments.
         buffer_bytes: engine buffers allocated up front whatever the model size (ZeRO-3's reduce bucket).
-        host: which parts live in host memory on an accelerator: "", "optimizer" or "optimizer+params".
+        host: which parts live in host memory on an accelerator: "", or "optimizer", "grads", "params" joined
+            by "+". "optimizer" takes the fp32 step gradient with it (the optimizer steps on the host);
+            "grads" is the 16-bit gradient partition (DeepSpeed keeps it beside an offloaded optimizer).
         disk: which parts live in swap files (NVMe offload), same names; host memory then holds only
             the part being used (one optimizer sub-group, the parameters being gathered).
+        grads_staged: the whole fp32 gradient partition, swapped out with the optimizer (``disk``), is first
+            built in device memory at the accumulation boundary: DeepSpeed 0.19's NVMe offload upcasts every
+            16-bit partition and writes them out together, so the step's peak holds it although it lives on disk.
         gathers_16bit: the engine gathers fp32 weights as 16-bit copies for each unit's compute (FSDP's
             mixed-precision policy), so, as with ``mixed``, autocast makes and saves no 16-bit copy of them.
         shard_group: the sharded parts are split over groups of this many ranks and replicated across the groups
@@ -70,6 +75,7 @@ class StateLayout:
     shard_group: int | None = None
     secondary_group: int = 0
     grads_freed: bool = False
+    grads_staged: bool = False
     note: str = ""
 
     @property
@@ -82,7 +88,8 @@ class StateLayout:
 @dataclass(frozen=True)
 class Prediction:
     """Predicted bytes per rank (``params + grads + optimizer`` is the model state; ``host`` and ``disk``
-    are the parts of it kept off the device, in host memory and in swap files)."""
+    are the parts of it kept off the device, in host memory and in swap files; ``staged`` the part of ``disk``
+    that is nevertheless in device memory at the step's peak, see ``StateLayout.grads_staged``)."""
 
     params: float
     grads: float
@@ -91,10 +98,17 @@ class Prediction:
     host: float
     ideal: float
     disk: float = 0.0
+    staged: float = 0.0
 
     @property
     def model_state(self) -> float:
         return self.params + self.grads + self.optimizer
+
+    @property
+    def resident(self) -> float:
+        """Model state and engine buffers in device memory at the step's peak (never negative: every part
+        subtracted as offloaded is a part of the model state)."""
+        return self.model_state + self.other - self.host - self.disk + self.staged
 
     def as_dict(self) -> dict[str, float]:
         return {**asdict(self), "model_state": self.model_state}
@@ -128,21 +142,15 @@ def predict(layout: StateLayout, n: int, world: int) -> Prediction:
     if layout.secondary_group:
         params += layout.param_bytes * n / layout.secondary_group
     step_elems = shard if layout.step_grad_chunk is None else min(layout.step_grad_chunk, shard)
-    grads = per(layout.grad_bytes, layout.grads_sharded) + layout.step_grad_bytes * step_elems
+    grads16 = per(layout.grad_bytes, layout.grads_sharded)
+    step_grad = layout.step_grad_bytes * step_elems  # the fp32 gradient the optimizer steps on, as held
     optimizer = per(layout.master_bytes + layout.optim_bytes, layout.optim_sharded)
-    host = disk = 0.0
-    if "optimizer" in layout.host:
-        host += optimizer + layout.step_grad_bytes * step_elems
-    if "optimizer" in layout.disk:
-        # Master and moments are swapped per sub-group, and so is the fp32 gradient partition the step
-        # reads: DeepSpeed accumulates it into swap files during backward, the whole shard of it.
-        disk += optimizer + layout.step_grad_bytes * shard
-    if "params" in layout.host:
-        host += params
-    if "params" in layout.disk:
-        disk += params
-    return Prediction(params, grads, optimizer, float(layout.buffer_bytes), host,
-                      ideal_model_state(n, group, layout.ideal_stage, layout.mixed), disk)
+    parts = {"optimizer": optimizer + step_grad, "grads": grads16, "params": params}
+    host = sum(v for k, v in parts.items() if k in layout.host.split("+"))
+    disk = sum(v for k, v in parts.items() if k in layout.disk.split("+"))
+    staged = step_grad if layout.grads_staged and "optimizer" in layout.disk.split("+") else 0.0
+    return Prediction(params, grads16 + step_grad, optimizer, float(layout.buffer_bytes), host,
+                      ideal_model_state(n, group, layout.ideal_stage, layout.mixed), disk, staged)
 
 
 def deepspeed_estimate(stage: int, n: int, largest_layer: int, world: int, offload_optimizer: bool,

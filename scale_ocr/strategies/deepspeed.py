@@ -203,7 +203,12 @@ class DeepSpeed(Strategy):
         note = ("an fp32 master partition beside the 16-bit weights" if mixed
                 else "clones an fp32 master partition although the weights are fp32")
         note += "; the gradient partition is upcast to fp32 for the step"
-        if stage == 3:
+        if stage == 3 and off_opt:
+            note += (", the whole partition, kept beside the offloaded optimizer"
+                     + ("; at the boundary it is built in device memory, then swapped out" if opt_dev == "nvme" else "")
+                     + f"; a reduce bucket of reduce_bucket_size ({zero.get('reduce_bucket_size', 5e8):.0e}) elements "
+                     "is allocated up front")
+        elif stage == 3:
             note += (f", one sub-group ({zero.get('sub_group_size', 1e9):.0e} elements) at a time; a reduce bucket "
                      f"of reduce_bucket_size ({zero.get('reduce_bucket_size', 5e8):.0e}) elements is allocated up front")
         if where("nvme"):
@@ -213,12 +218,15 @@ class DeepSpeed(Strategy):
         if hpz > 1:
             note += (f"; ZeRO++ hpZ: a second copy of the weights partitioned over groups of {hpz} ranks (a node), "
                      "from which the backward gathers; DeepSpeed's own estimate leaves it out")
+        # An offloaded ZeRO-3 optimizer keeps the whole fp32 gradient partition (pinned host buffers, or swap files
+        # that NVMe offload first fills from memory at the boundary) and the 16-bit one on the host (stage3.py).
+        chunk = int(zero.get("sub_group_size", 1e9)) if stage == 3 and not off_opt else None
+        host = where("cpu") + ("+grads" if stage == 3 and off_opt else "")
         return StateLayout(ideal_stage=stage, mixed=mixed, param_bytes=weight, params_sharded=stage == 3,
                            secondary_group=hpz if hpz > 1 else 0,
-                           grad_bytes=grad_bytes, grads_sharded=True, step_grad_bytes=4,
-                           step_grad_chunk=int(zero.get("sub_group_size", 1e9)) if stage == 3 else None,
-                           master_bytes=4, optim_sharded=True, buffer_bytes=bucket, host=where("cpu"),
-                           disk=where("nvme"), note=note)
+                           grad_bytes=grad_bytes, grads_sharded=True, step_grad_bytes=4, step_grad_chunk=chunk,
+                           master_bytes=4, optim_sharded=True, buffer_bytes=bucket, host=host.lstrip("+"),
+                           disk=where("nvme"), grads_staged=opt_dev == "nvme", note=note)
 
     def _hpz_group(self) -> int:
         """ZeRO++ hpZ's group size (the resolved ``zero_hpz_partition_size``), 1 when hpZ is off."""

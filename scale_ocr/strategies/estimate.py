@@ -132,7 +132,7 @@ def estimate(size: ModelSize, world: int, precision: str, strategies: list[str],
                                            offload_params="params" in layout.host + layout.disk)
             row["deepspeed"] = {"device": dev, "host": host}
         row["activations"] = activations.under(layout) if activations else None
-        row["resident_state"] = pred.model_state + pred.other - pred.host - pred.disk
+        row["resident_state"] = pred.resident
         row["grads_freed"] = layout.grads_freed
         row["total"] = step_peak(row["resident_state"], pred.grads, row["activations"] or 0, layout.grads_freed)
         rows[name] = row

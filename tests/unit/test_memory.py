@@ -46,6 +46,19 @@ def test_every_registered_strategy_has_a_prediction():
     assert rows["zero2"]["model_state"] == pytest.approx(2e8 + 18e8 / 4)  # 2n + 18n/N
 
 
+def test_no_strategy_prints_a_negative_figure():
+    """Issue 33: zero3_nvme's device figure was -0.64 GB for a 0.76B ViTSTR (width 1536, depth 27) on 2 ranks: the
+    fp32 gradient partition was subtracted as swapped to disk while only one sub-group of it was counted as held."""
+    doc = _estimate("--params", "765.45e6", "--largest-layer", "9.44e6", "--world-size", "2", "--precision", "bf16")
+    for name, row in doc["strategies"].items():
+        figures = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        assert all(v >= 0 for v in figures.values()), (name, figures)
+        assert row["host"] + row["disk"] - row["staged"] <= row["model_state"] + 1, name  # offloaded: part of the state
+    nvme = doc["strategies"]["zero3_nvme"]
+    # DeepSpeed builds the whole fp32 gradient partition in memory before swapping it out (stage3.py, 0.19).
+    assert nvme["staged"] == pytest.approx(4 * 765.45e6 / 2) and nvme["total"] >= nvme["staged"]
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_estimate_agrees_with_deepspeeds_estimators(world, capsys):
     from deepspeed.runtime.zero.stage3 import (
