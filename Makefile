@@ -48,26 +48,29 @@ engines:
 		fi; \
 	fi
 
-# Real born-digital PDFs for tests/unit/test_make_dataset.py: the CamlIDL manual (26 pages of LaTeX prose and code,
-# 190 KB) from Debian's camlidl-doc, unpacked into .venv/real-pdfs/ (nothing installed on the system). Needs
-# apt-get (the package lists are fetched once when missing and we are root); otherwise that test skips with a line.
+# Real born-digital PDFs, unpacked into .venv/real-pdfs/ (nothing installed on the system) from Debian's
+# documentation packages: the CamlIDL manual (camlidl-doc: 26 pages of LaTeX prose and code, 190 KB), which
+# tests/unit/test_make_dataset.py reads, and the FreeFEM manual (freefem-doc: 50 pages, 320 KB), which with it makes
+# the real-document benchmark's set (python -m benchmarks.real_documents). Needs apt-get (the package lists are
+# fetched once when missing and we are root); otherwise that test skips and the benchmark stops, each with a line.
 REAL_PDFS := $(VENV)/real-pdfs
+REAL_PDF_PKGS := camlidl-doc freefem-doc
 real-pdfs:
-	@if ! ls $(REAL_PDFS)/*.pdf >/dev/null 2>&1; then \
-		if command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then \
-			tmp=$$(mktemp -d); \
-			(cd $$tmp && apt-get download -qq camlidl-doc 2>/dev/null) || \
-				{ [ "$$(id -u)" = 0 ] && apt-get update -qq && (cd $$tmp && apt-get download -qq camlidl-doc 2>/dev/null); }; \
-			if ls $$tmp/camlidl-doc_*.deb >/dev/null 2>&1 && dpkg-deb -x $$tmp/camlidl-doc_*.deb $$tmp/x; then \
-				mkdir -p $(REAL_PDFS) && cp $$tmp/x/usr/share/doc/camlidl/*.pdf $(REAL_PDFS)/; \
-			else \
-				echo "note: could not fetch camlidl-doc (apt-get download): the real-PDF test of make-dataset will skip"; \
-			fi; \
-			rm -rf $$tmp; \
-		else \
-			echo "note: no apt-get here: the real-PDF test of make-dataset will skip"; \
+	@for pkg in $(REAL_PDF_PKGS); do \
+		test -e $(REAL_PDFS)/.$$pkg && continue; \
+		if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then \
+			echo "note: no apt-get here: $$pkg's PDFs are not fetched (the real-PDF test skips)"; continue; \
 		fi; \
-	fi
+		tmp=$$(mktemp -d); \
+		(cd $$tmp && apt-get download -qq $$pkg 2>/dev/null) || \
+			{ [ "$$(id -u)" = 0 ] && apt-get update -qq && (cd $$tmp && apt-get download -qq $$pkg 2>/dev/null); }; \
+		if ls $$tmp/$${pkg}_*.deb >/dev/null 2>&1 && dpkg-deb -x $$tmp/$${pkg}_*.deb $$tmp/x; then \
+			mkdir -p $(REAL_PDFS) && find $$tmp/x -name '*.pdf' -exec cp {} $(REAL_PDFS)/ \; && touch $(REAL_PDFS)/.$$pkg; \
+		else \
+			echo "note: could not fetch $$pkg (apt-get download): its PDFs are missing from $(REAL_PDFS)"; \
+		fi; \
+		rm -rf $$tmp; \
+	done
 
 # A real 2-rank DDP training on synthetic words (CPU + gloo without GPUs), then its metrics: minutes on 2 CPU cores.
 # A constant rate gets the CRNN past CTC's early plateau within the demo's 960 steps; the rate stays pinned at

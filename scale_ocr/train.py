@@ -47,8 +47,10 @@ if __name__ == "__main__":
     gc.enable()
 
 
-def run(cfg: RunConfig, dist: DistInfo, stop: StopSignal, watchdog: Watchdog | None = None) -> dict:
-    """Claim the run directory, build every component from its config section and train; returns the summary."""
+def run(cfg: RunConfig, dist: DistInfo, stop: StopSignal, watchdog: Watchdog | None = None,
+        argv: list[str] | None = None) -> dict:
+    """Claim the run directory, build every component from its config section and train; returns the summary.
+    ``argv``, the flags the job was given, goes into config.json (``scale-ocr summary`` re-launches the job)."""
     cap_device_memory(dist.device, cfg.train.gpu_memory_cap_gb)  # before anything is allocated
     if dist.device.type == "cpu":
         return_freed_memory()  # under a memory cap, a rank's memory follows its live tensors (memory/host.py)
@@ -61,7 +63,7 @@ def run(cfg: RunConfig, dist: DistInfo, stop: StopSignal, watchdog: Watchdog | N
     lock, resume_from = claim(run_dir, checkpoints, dist)  # first, so a second job on this directory stops at once
     try:
         summary = train(cfg, dist, strategy, task, checkpoints, resume_from,
-                        StepControl(stop, cfg.checkpoint.save_minutes or None, dist.is_main), watchdog)
+                        StepControl(stop, cfg.checkpoint.save_minutes or None, dist.is_main), watchdog, argv)
     finally:
         strategy.teardown()
         lock.release()
@@ -81,7 +83,8 @@ def scaled_optim(optim, plan: LRPlan):
 
 
 def train(cfg: RunConfig, dist: DistInfo, strategy, task: Task, checkpoints: CheckpointManager,
-          resume_from: Path | None, control: StepControl, watchdog: Watchdog | None) -> dict:
+          resume_from: Path | None, control: StepControl, watchdog: Watchdog | None,
+          argv: list[str] | None = None) -> dict:
     factory = task.model_factory()
     if resume_from is not None:  # the checkpoint holds the weights: an --init-from file is not read
         factory = dataclasses.replace(factory, load_weights=None)
@@ -104,7 +107,7 @@ def train(cfg: RunConfig, dist: DistInfo, strategy, task: Task, checkpoints: Che
     lr_record = plan.record(warmup)
     if meta is not None:  # the rate a resumed run trains at (--lr-on-resume), as its resume line will say
         lr_record["peak_lr"], lr_record["resume"] = schedule.resumed_peak(meta["schedule"])
-    described = {**describe_run(cfg, dist, strategy, model, data, task), "lr_plan": lr_record}
+    described = {**describe_run(cfg, dist, strategy, model, data, task), "lr_plan": lr_record, "argv": argv}
     if dist.is_main:
         write_run_config(run_dir, described)
     logger = build_logger(cfg.logging, dist.is_main, run_dir, described, resume=meta is not None,
@@ -126,6 +129,13 @@ def train(cfg: RunConfig, dist: DistInfo, strategy, task: Task, checkpoints: Che
     return summary
 
 
+def job_flags(argv: list[str] | None) -> list[str]:
+    """The flags this job was given (``argv``, else this process's command line), without the launcher's
+    per-process ``--local_rank``."""
+    flags = list(sys.argv[1:] if argv is None else argv)
+    return [a for a in flags if not a.startswith(("--local_rank", "--local-rank"))]
+
+
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
     use_environment_extensions()  # DeepSpeed's ops as `make install` built them: no job waits on a compiler
@@ -137,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                         dist.round_id).start()
     stop = StopSignal().install()  # SIGTERM/SIGUSR1: finish the step, checkpoint together, exit 75
     try:
-        run(cfg, dist, stop, watchdog)
+        run(cfg, dist, stop, watchdog, job_flags(argv))
     except BaseException:
         destroy_distributed(clean=False)
         raise

@@ -29,6 +29,8 @@ commands:
                docTR detection folders whose labels carry words
   make-dataset  PDF... OUT [--dpi 150] [--split-by document|page] [--val-fraction F]: born-digital PDFs into
                docTR recognition (word crops) and detection (pages, with words) folders, from the text layer
+  summary      RUN_DIR [--plot OUT.png]: one screen on a finished run (strategy, world size, global batch,
+               time, accuracy, its files, its W&B offline run) and a PNG of its loss and accuracy curves
   estimate-memory  (--model ARCH | --params N) --world-size N: per-rank memory of every strategy
   make-shards  FOLDER... OUT [--samples-per-shard N --seed S]: docTR folders as one shard set (tar shards and
                shards.json) that --train-path/--val-path stream from, resumable exactly at any world size
@@ -339,6 +341,12 @@ def _make_dataset(argv: list[str]) -> int:
     return make_dataset_main.__wrapped__(argv)  # this entry point already reports user errors
 
 
+def _summary(argv: list[str]) -> int:
+    from scale_ocr.cli.summary import main as summary_main
+
+    return summary_main(argv)
+
+
 def _estimate_memory(argv: list[str]) -> int:
     from scale_ocr.cli.estimate_memory import main as estimate_main
 
@@ -348,7 +356,7 @@ def _estimate_memory(argv: list[str]) -> int:
 COMMANDS = {"train": _train, "ray-train": _ray_train, "verify": _verify, "export": _export, "predict": _predict,
             "evaluate-pages": _evaluate_pages, "make-shards": _make_shards, "make-dataset": _make_dataset,
             "estimate-memory": _estimate_memory, "bench": _bench, "max-model": _max_model, "models": _models,
-            "strategies": _strategies}
+            "strategies": _strategies, "summary": _summary}
 
 
 @report_user_errors

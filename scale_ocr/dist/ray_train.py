@@ -247,7 +247,7 @@ def _train(argv: list[str]) -> dict:
     dist = init_distributed(cfg.strategy.backend, cfg.strategy.dist_timeout, cfg.strategy.threads)
     watchdog = Watchdog(dist.rank, dist.world_size, cfg.strategy.dist_timeout, dist.is_main, dist.round_id).start()
     try:
-        return run(cfg, dist, StopSignal(), watchdog)
+        return run(cfg, dist, StopSignal(), watchdog, list(argv or []))
     finally:
         watchdog.close()
 
