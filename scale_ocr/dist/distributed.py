@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from scale_ocr.dist.cores import usable_cores, warn_if_oversubscribed
 from scale_ocr.dist.round_store import round_store, uses_agent_store, warn_if_joins_would_hang
 from scale_ocr.errors import UserError
 
@@ -154,13 +155,15 @@ def _torchrun_default_threads(launcher: str) -> bool:
 
 def rank_threads(requested: int | None, local_world: int, launcher: str) -> tuple[int, str]:
     """Intra-op threads for a CPU rank and where the number came from: ``--threads``, else an ``OMP_NUM_THREADS``
-    the user set, else this host's cores divided by its local ranks (oversubscribed threads slow every rank)."""
+    the user set, else the cores this job may use (affinity and cgroup quota: :mod:`~scale_ocr.dist.cores`) divided by
+    its local ranks (oversubscribed threads slow every rank)."""
     if requested:
         return requested, "--threads"
     env = os.environ.get("OMP_NUM_THREADS", "").strip()
     if env.isdigit() and int(env) > 0 and not _torchrun_default_threads(launcher):
         return int(env), "OMP_NUM_THREADS"
-    return max(1, (os.cpu_count() or 1) // local_world), f"{os.cpu_count() or 1} cores / {local_world} local ranks"
+    cores = usable_cores().usable
+    return max(1, cores // local_world), f"{cores} cores / {local_world} local ranks"
 
 
 def init_distributed(backend: str | None = None, timeout_s: float = 300.0, threads: int | None = None) -> DistInfo:
@@ -190,7 +193,10 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0, threa
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-        torch.set_num_threads(rank_threads(threads, local_world, launcher)[0])
+        count, source = rank_threads(threads, local_world, launcher)
+        torch.set_num_threads(count)
+        if rank == 0:  # one line per job: the user's count is honoured, and its cost said
+            warn_if_oversubscribed(count, source, local_world)
     backend = backend or ("nccl" if use_cuda else "gloo")
     round_id = ""
     if launcher == "torchrun" and rank == 0:

@@ -11,12 +11,34 @@ category is not counted again by a later one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import resource
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+
+
+def resident_bytes() -> int:
+    """This process's resident set size now (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def process_bytes(device: torch.device) -> int:
+    """What the process holds now: CUDA's allocated bytes on a GPU, the resident set on CPU."""
+    return int(torch.cuda.memory_allocated(device)) if device.type == "cuda" else resident_bytes()
+
+
+#: Resident bytes when the package's engines were imported, before any model: the interpreter, torch and its
+#: libraries. A CPU rank's peak holds it besides its tensors.
+RUNTIME_BYTES = resident_bytes()
 
 #: Claim order: a storage reachable as a parameter is a parameter even if an engine also keeps it elsewhere.
 CATEGORIES = ("params", "grads", "optimizer", "other")
@@ -110,6 +132,7 @@ class StateMeter:
                  device: torch.device, samples: int = 2, disk: Callable[[], int] | None = None) -> None:
         self.collect, self.device, self.disk = collect, device, disk
         self.peak: StateBytes | None = None
+        self.process_at_peak: int | None = None  # process_bytes() when the peak was counted
         self._remaining = samples
         self._handle = optimizer.register_step_pre_hook(self._on_step)
 
@@ -122,7 +145,7 @@ class StateMeter:
         if self.disk is not None:  # swap files only grow as sub-groups first step: keep their largest size
             now = dataclasses.replace(now, disk=max(self.disk(), self.peak.disk if self.peak else 0))
         if self.peak is None or now.model_state + now.other >= self.peak.model_state + self.peak.other:
-            self.peak = now
+            self.peak, self.process_at_peak = now, process_bytes(self.device)
         elif now.disk > self.peak.disk:
             self.peak = dataclasses.replace(self.peak, disk=now.disk)
         self._remaining -= 1
@@ -139,3 +162,62 @@ def module_tensors(module: torch.nn.Module) -> dict[str, list[torch.Tensor | Non
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """Everything in a torch optimizer's per-parameter state (moments, step counters)."""
     return [t for st in optimizer.state.values() for t in tensors_in(st)]
+
+
+class ActivationProbe:
+    """Bytes of the tensors autograd saves for backward in one micro-batch's forward: the activations (and autocast's
+    16-bit weight copies, and the whole parameters FSDP2 and ZeRO-3 gather for the layer), distinct storages counted
+    once, the storages of the parameters as the rank holds them left out (the meter counts them). Measured
+    once, on the first micro-batch this process trains, through ``torch.autograd.graph.saved_tensors_hooks``;
+    activation checkpointing's own hooks take precedence inside checkpointed blocks, so what they keep is what
+    is counted. Compiled modules are skipped (their graphs save tensors inside the compiled region)."""
+
+    def __init__(self) -> None:
+        self.bytes: int | None = None
+        self._seen: set[int] = set()
+        self._done = False
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        with contextlib.suppress(RuntimeError, NotImplementedError):  # tensors without storage
+            storage = local_tensor(t).untyped_storage()
+            if storage.data_ptr() not in self._seen:
+                self._seen.add(storage.data_ptr())
+                self.bytes = (self.bytes or 0) + storage.nbytes()
+        return t
+
+    def watch(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Measure inside this context the first time (wrap the forward); a no-op after."""
+        if self._done or getattr(model, "_compiled_call_impl", None) is not None:
+            return contextlib.nullcontext()
+        self._done = True
+        self.bytes = 0
+        # The parameters' storages (views of them too, such as a Linear's transposed weight) are the meter's.
+        self._seen = {local_tensor(p).untyped_storage().data_ptr() for p in model.parameters()}
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+
+def peak_breakdown(device: torch.device, state: StateBytes | None, at_step: int | None,
+                   activations: int | None) -> dict[str, int | None]:
+    """Memory at this rank's peak, split beside the meter's model state (docs/memory.md, "At the peak").
+
+    GPU: the CUDA caching allocator's peaks (allocated, active, reserved, inactive split); ``temporaries`` is
+    the peak allocated less model state, engine buffers and activations, ``allocator`` the reserved less the
+    allocated. CPU: the peak resident set against the runtime (resident before any model), model state, engine
+    buffers and activations; ``heap`` is the rest: freed memory glibc kept, temporaries, loader buffers. At the
+    meter's optimizer step (activations freed by then), ``at_step`` is what the process held.
+    """
+    state_bytes = state.model_state if state is not None else None
+    other = state.other if state is not None else None
+    known = sum(v for v in (state_bytes, other, activations) if v is not None)
+    if device.type == "cuda":
+        stats = torch.cuda.memory_stats(device)
+        allocated = int(stats.get("allocated_bytes.all.peak", 0))
+        reserved = int(stats.get("reserved_bytes.all.peak", 0))
+        return {"peak_allocated": allocated, "peak_reserved": reserved,
+                "peak_active": int(stats.get("active_bytes.all.peak", 0)),
+                "peak_inactive_split": int(stats.get("inactive_split_bytes.all.peak", 0)),
+                "model_state": state_bytes, "engine_buffers": other, "activations": activations,
+                "temporaries": allocated - known, "allocator": reserved - allocated, "at_step": at_step}
+    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+    return {"peak_rss": peak, "runtime": RUNTIME_BYTES, "model_state": state_bytes, "engine_buffers": other,
+            "activations": activations, "heap": peak - RUNTIME_BYTES - known, "at_step": at_step}

@@ -1,30 +1,156 @@
 """``--profile-steps N``: profile the last N optimizer steps with torch.profiler.
 
-Writes rank 0's Chrome trace (``trace_rank0.json``, open it in Perfetto or chrome://tracing) and
-measures the **communication share**: the fraction of the profiled wall time during which a
-collective was in flight on this rank (gloo's ``gloo:*`` work, NCCL kernels on GPU), as the union of
-their intervals. Overlapped communication counts too, so it is an upper bound on what communication
-costs; engines that overlap well show a high share with little slowdown.
+Writes rank 0's Chrome trace (``trace_rank0.json``, open it in Perfetto or chrome://tracing) and measures, on each
+rank, communication two ways (:func:`exposed_comm`):
+
+- **in flight**: the union of the intervals during which a collective ran. Overlapped communication counts
+  too, so this is an upper bound on what communication costs.
+- **exposed**: the part of that union during which no compute ran: time the step spent on communication alone,
+  which a faster link (or better overlap) would save. Split by the loop's phases (the ranges
+  :class:`~scale_ocr.run.breakdown.StepClock` names while the profiler runs), it becomes the ``exposed_comm``
+  part of the time breakdown.
+
+What counts as communication and compute depends on where the work runs:
+
+- **GPU (NCCL)**: the device timeline. Communication is NCCL's kernels (DDP's bucket all-reduces, FSDP2's
+  all-gathers and reduce-scatters and DeepSpeed's collectives all end in them, on their own streams); compute
+  is every other kernel and copy. A kernel waiting for a peer's data counts as communication, so a rank
+  waiting for a slower one shows as exposed communication.
+- **CPU (gloo)**: gloo runs each collective on its own worker threads (``gloo:*`` ranges), and the calling
+  thread starts it (``c10d::*`` ranges); compute is torch's operators (``aten::*``) on the other threads.
+  Synchronous collectives (FSDP2's, DeepSpeed's, the loop's per-step agreement) leave the calling thread
+  waiting, so they are exposed whole; DDP's buckets run while backward continues and are exposed only where
+  backward has finished and waits for them. On a host whose cores are all busy with compute threads, a gloo
+  thread hidden behind compute still takes a core from it: the exposed share is then a lower bound, and the
+  difference shows as slower compute (see the oversubscription line at start).
 """
 
 from __future__ import annotations
 
+import bisect
 import time
+from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from scale_ocr.run.breakdown import PHASES, RANGE_PREFIX
+
 COMM_MARKERS = ("gloo:", "nccl:", "ncclDevKernel", "ncclKernel")
+HOST_COMM = ("gloo:", "c10d::", "nccl:", "record_param_comms")  # host ranges: a collective, or its start
+Spans = list[tuple[float, float]]
 
 
-def _union_us(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
+def _merge(intervals: Spans) -> Spans:
+    """Sorted, disjoint union of ``intervals``."""
+    out: Spans = []
     for a, b in sorted(intervals):
-        if b <= end:
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        elif b > a:
+            out.append((a, b))
+    return out
+
+
+def _length(spans: Spans) -> float:
+    return sum(b - a for a, b in spans)
+
+
+def _subtract(keep: Spans, remove: Spans) -> Spans:
+    """``keep`` minus ``remove``, both merged."""
+    out: Spans = []
+    j = 0
+    for a, b in keep:
+        while j < len(remove) and remove[j][1] <= a:
+            j += 1
+        k, start = j, a
+        while k < len(remove) and remove[k][0] < b:
+            if remove[k][0] > start:
+                out.append((start, remove[k][0]))
+            start = max(start, remove[k][1])
+            k += 1
+        if start < b:
+            out.append((start, b))
+    return out
+
+
+def _overlap(spans: Spans, windows: Spans) -> float:
+    """Length of ``spans`` inside ``windows`` (both merged)."""
+    return _length(_subtract(spans, _subtract(spans, windows)))
+
+
+def _inside(spans: Spans, a: float, b: float) -> bool:
+    """Whether [a, b] lies within one of ``spans`` (sorted by start)."""
+    i = bisect.bisect_right(spans, (a, float("inf"))) - 1
+    return i >= 0 and spans[i][1] >= b
+
+
+def _host_spans(events: list[Any]) -> tuple[Spans, Spans]:
+    """Communication and compute on the host (CPU ranks): see the module docstring."""
+    comm_by_thread: dict[int, Spans] = defaultdict(list)
+    for e in events:
+        if e.name.startswith(HOST_COMM):
+            comm_by_thread[e.thread].append((e.time_range.start, e.time_range.end))
+    for spans in comm_by_thread.values():
+        spans.sort()
+    workers = set(comm_by_thread) - _calling_threads(events)  # gloo's threads: their operators serve a collective
+    compute = [(e.time_range.start, e.time_range.end) for e in events
+               if e.name.startswith("aten::") and e.thread not in workers
+               and not _inside(comm_by_thread.get(e.thread, []), e.time_range.start, e.time_range.end)]
+    comm = [s for spans in comm_by_thread.values() for s in spans]
+    return _merge(comm), _merge(compute)
+
+
+def _calling_threads(events: list[Any]) -> set[int]:
+    """Threads that ran the loop's phases (the training thread; its operators are compute)."""
+    return {e.thread for e in events if e.name.startswith(RANGE_PREFIX)}
+
+
+def _device_spans(events: list[Any]) -> tuple[Spans, Spans]:
+    """Communication (NCCL kernels) and compute (every other kernel and copy) on the GPU's timeline."""
+    comm, compute = [], []
+    for e in events:
+        if e.device_type != torch.autograd.DeviceType.CUDA or e.name.startswith(RANGE_PREFIX):
             continue
-        total += b - max(a, end)
-        end = b
-    return total
+        span = (e.time_range.start, e.time_range.end)
+        (comm if "nccl" in e.name.lower() else compute).append(span)
+    return _merge(comm), _merge(compute)
+
+
+def _phase_spans(events: list[Any], device: bool) -> dict[str, Spans]:
+    """The loop's phase ranges; on GPU the device-side copies of the ranges when the profiler recorded them."""
+    spans: dict[str, Spans] = {p: [] for p in PHASES}
+    on_device = [e for e in events if e.name.startswith(RANGE_PREFIX)
+                 and (e.device_type == torch.autograd.DeviceType.CUDA) == device]
+    chosen = on_device or [e for e in events if e.name.startswith(RANGE_PREFIX)]
+    for e in chosen:
+        phase = e.name[len(RANGE_PREFIX):]
+        if phase in spans:
+            spans[phase].append((e.time_range.start, e.time_range.end))
+    return {p: _merge(s) for p, s in spans.items()}
+
+
+def exposed_comm(events: list[Any], on_gpu: bool, steps: int) -> dict[str, Any] | None:
+    """Exposed and in-flight communication of profiled steps, from torch.profiler's events.
+
+    Returns ``phase_share`` (per loop phase: the share of its time with communication exposed),
+    ``exposed_share`` and ``in_flight_share`` (of the profiled steps' time), and ``steps``; None when the
+    profile holds no loop phases.
+    """
+    comm, compute = _device_spans(events) if on_gpu else _host_spans(events)
+    phases = _phase_spans(events, on_gpu)
+    total = sum(_length(s) for s in phases.values())
+    if total <= 0:
+        return None
+    exposed = _subtract(comm, compute)
+    in_steps = _merge([s for spans in phases.values() for s in spans])
+    return {
+        "phase_share": {p: _overlap(exposed, s) / _length(s) if s else 0.0 for p, s in phases.items()},
+        "exposed_share": _overlap(exposed, in_steps) / total,
+        "in_flight_share": _overlap(comm, in_steps) / total,
+        "steps": steps,
+    }
 
 
 class StepProfiler:
@@ -41,7 +167,8 @@ class StepProfiler:
         self.run_dir, self.first, self.last, self.device = run_dir, first_step, last_step, device
         self.write_trace = write_trace
         self.prof = None
-        self.share: float | None = None
+        self.share: float | None = None  # in flight, of the profiled wall time (metrics.json's comm_share)
+        self.comm: dict[str, Any] | None = None  # exposed_comm()'s result
         self._t0 = 0.0
 
     def before_step(self, step: int) -> None:
@@ -64,9 +191,11 @@ class StepProfiler:
             torch.cuda.synchronize(self.device)
         wall_us = (time.perf_counter() - self._t0) * 1e6
         self.prof.__exit__(None, None, None)
-        spans = [(e.time_range.start, e.time_range.end) for e in self.prof.events()
+        events = list(self.prof.events())
+        spans = [(e.time_range.start, e.time_range.end) for e in events
                  if e.name.startswith(COMM_MARKERS) or any(m in e.name for m in COMM_MARKERS[2:])]
-        self.share = min(1.0, _union_us(spans) / wall_us) if wall_us > 0 else None
+        self.share = min(1.0, _length(_merge(spans)) / wall_us) if wall_us > 0 else None
+        self.comm = exposed_comm(events, self.device.type == "cuda", self.last - self.first + 1)
         if self.write_trace:
             self.prof.export_chrome_trace(str(self.run_dir / "trace_rank0.json"))
         self.prof = None

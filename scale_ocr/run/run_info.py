@@ -14,6 +14,7 @@ from torch import nn
 from scale_ocr.config import RunConfig
 from scale_ocr.dist.distributed import DistInfo
 from scale_ocr.models.init import full_numel
+from scale_ocr.run.breakdown import compact
 from scale_ocr.run.safe_files import DiskFault, raise_or_defer, write_atomic
 
 
@@ -80,10 +81,13 @@ def run_summary_line(s: dict[str, Any], run_dir: Path, task) -> str:
         v = s.get(key)
         return "n/a" if v is None else format(v * scale, spec)
 
+    parts = compact(s.get("time_breakdown"))  # where a timed step's time went
+    breakdown = f" time=[{parts}]" if parts else ""
+
     return (
         f"scale-ocr: strategy={s['strategy']} world_size={s['world_size']} global_batch={s['global_batch']} "
         f"steps={s['steps']} train_loss={fmt('train_loss', '.4f')} val_loss={fmt('val_loss', '.4f')} "
         f"{task.format_metrics(s)} "
         f"samples/s={fmt('samples_per_sec', '.1f')} peak_mem={fmt('peak_memory_bytes', '.0f', 2**-20)}MiB "
-        f"wall={fmt('wall_seconds', '.1f')}s -> {run_dir / 'metrics.json'}"
+        f"wall={fmt('wall_seconds', '.1f')}s{breakdown} -> {run_dir / 'metrics.json'}"
     )

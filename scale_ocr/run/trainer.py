@@ -24,8 +24,10 @@ from scale_ocr.config import TrainConfig
 from scale_ocr.data.loader import Data
 from scale_ocr.dist.distributed import all_reduce_max, all_reduce_sum
 from scale_ocr.errors import RunStopped, UserError
+from scale_ocr.memory.meter import ActivationProbe, peak_breakdown
 from scale_ocr.optim import LRSchedule
 from scale_ocr.precision import autocast_factory, emulates_gemm, gemm_factory
+from scale_ocr.run.breakdown import StepClock, memory_breakdown, time_breakdown
 from scale_ocr.run.control import EXIT_PREEMPTED, StepControl, StopSignal, WeightCheck
 from scale_ocr.run.profiling import StepProfiler
 from scale_ocr.run.safe_files import DiskFault, defer, pending, take_pending, write_atomic
@@ -129,6 +131,8 @@ class Trainer:
         self.timing_end = total_steps - cfg.profile_steps
         self.profiler = (StepProfiler(run_dir, self.timing_end + 1, total_steps, self.device, strategy.is_main)
                          if cfg.profile_steps else None)
+        self.clock = StepClock(self.device)  # data, compute, optimizer and other time of each step
+        self.activations = ActivationProbe()  # bytes saved for backward by the first micro-batch
         self.state = RunState()
         self.weights = WeightCheck(strategy.weight_norm, cfg.max_weight_growth)  # measured again when fit() starts
         # A live bar on a terminal; plain log lines (one per --log-every) in files and CI logs.
@@ -236,11 +240,13 @@ class Trainer:
                 if self.state.step == self.timing_end:
                     self._stop_timing()
                 self.profiler.before_step(self.state.step + 1)
+            self.clock.begin(timed=self.timing_start is not None)
             loss, waited = self.train_step(batches)
             window.data_seconds += waited
             if self.timing_start is not None:
                 self.state.timed_data_seconds += waited
             stats = self.strategy.step()
+            self.clock.lap("optimizer")
             agreed = self.control.agree(bool(torch.isfinite(loss)), self._norm_finite(stats), weights=self.weights)
             lr = self.schedule.lr  # the rate this step used
             self.schedule.step()
@@ -252,14 +258,15 @@ class Trainer:
                 self.state.bad_steps = 0
                 window.add(loss, stats, lr)
                 self.state.epoch_loss.append(loss)
-            if self.profiler is not None:
-                self.profiler.after_step(self.state.step)
             if self.watchdog is not None:
                 self.watchdog.progress(self.state.step, self.total_steps)
             bar.update(1)
             if self.state.step % self.cfg.log_every == 0 or self.state.step == self.total_steps:
                 self.log_window(window, bar)  # before a save, so the checkpoint accounts for this record
                 window = Window(self._now())
+            self.clock.end_step()  # saves and validation below are not step time
+            if self.profiler is not None:
+                self.profiler.after_step(self.state.step)
             # Never checkpoint in the middle of a non-finite streak: the last good checkpoint must stay the newest.
             if (self.checkpoints is not None and self.state.bad_steps == 0
                     and (agreed.save or agreed.stop or self.checkpoints.due(self.state.step))):
@@ -318,13 +325,15 @@ class Trainer:
             t0 = time.perf_counter()
             batch = next(batches).to(self.device)
             waited += time.perf_counter() - t0
+            self.clock.lap("data")
             sync = micro == self.cfg.grad_accum - 1
             with self.strategy.no_sync() if not sync else contextlib.nullcontext():
-                with self.autocast():
+                with self.autocast(), self.activations.watch(self.model):
                     out = self.model(*batch.inputs)
                 loss = out["loss"].mean()  # DataParallel returns one loss per replica
                 with self.gemm():
                     self.strategy.backward(loss)
+            self.clock.lap("compute", then="optimizer" if sync else "data")
             total += loss.detach().float()
         return total / self.cfg.grad_accum, waited
 
@@ -435,7 +444,13 @@ class Trainer:
             "peak_reserved_bytes": (int(all_reduce_max(torch.cuda.max_memory_reserved(self.device), self.device))
                                     if self.device.type == "cuda" else None),
             "state_bytes": self._state_bytes(),
+            "memory_breakdown": memory_breakdown(peak_breakdown(
+                self.device, self.strategy.memory_report(), self.strategy.meter and self.strategy.meter.process_at_peak,
+                self.activations.bytes), self.strategy.rank, self.device),
             "comm_share": self._comm_share(),
+            "time_breakdown": time_breakdown(self.clock, self.profiler and self.profiler.comm,
+                                             timed / self.state.timed_steps if self.state.timed_steps else None,
+                                             self.device, self.strategy.world_size),
             "nonfinite_steps": self.state.skipped_steps,
             "wall_seconds": wall,
         }

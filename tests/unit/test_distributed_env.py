@@ -82,7 +82,9 @@ def test_rank_threads_honour_the_users_choice_but_not_torchruns_default(monkeypa
     import subprocess
     import sys
 
-    cores = os.cpu_count() or 1
+    from scale_ocr.dist.cores import usable_cores
+
+    cores = usable_cores().usable  # affinity and cgroup quota, not the host's count
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert d.rank_threads(5, 2, "python") == (5, "--threads")
     assert d.rank_threads(None, 2, "python") == (3, "OMP_NUM_THREADS")

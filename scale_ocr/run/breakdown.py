@@ -1,0 +1,190 @@
+"""Where a step's time goes: data wait, compute, exposed communication, optimizer, other.
+
+Every run keeps a :class:`StepClock`: the loop marks the end of each phase of a step (``lap``), so the phases tile
+the step and add up to it. On CPU a lap is one ``time.perf_counter()``; on GPU it is a CUDA event on the current
+stream, so the phases are measured on the device's timeline (the host runs ahead of the device; its own clock would
+put a step's kernels in whichever phase next waits for them). Events are read back once they have completed, never
+waited for between steps.
+
+The phases:
+
+- **data**: waiting for the loader's next batch (and its copy to the device);
+- **compute**: forward and backward of every micro-batch, less the communication exposed in them;
+- **optimizer**: the strategy's step: unscale, clip, update, zero the gradients, less its exposed communication;
+- **other**: the rest of the step, in the loop: the ranks' per-step agreement (a collective, so waiting for a
+  slower rank lands here or in exposed communication), the schedule, logging;
+- **exposed_comm**: time in collectives that no compute hides, measured by torch.profiler over the last
+  ``--profile-steps`` steps (:func:`scale_ocr.run.profiling.exposed_comm`), as a share of each phase; that share
+  of the timed steps' phases is moved into this part. ``None`` when nothing was profiled.
+
+Timed steps are those samples/s counts (after warm-up, before the profiled ones), so the parts add up to the
+measured step time: what is left over is loop overhead between steps, a few microseconds.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+import torch
+from torch.autograd.profiler import record_function
+
+from scale_ocr.dist.distributed import all_reduce_max, all_reduce_sum
+
+PHASES = ("data", "compute", "optimizer", "other")
+NEXT = dict(zip(PHASES, PHASES[1:], strict=False))
+#: The loop's phase ranges as torch.profiler sees them (only while it profiles): exposed communication is split by them.
+RANGE_PREFIX = "scale_ocr.phase:"
+
+
+class StepClock:
+    """Per-phase seconds of the timed steps (``totals``) and of every step since the last ``window()`` read.
+
+    Args:
+        device: the run's device: CUDA events on a GPU, the host clock otherwise.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.totals = dict.fromkeys(PHASES, 0.0)
+        self.timed_steps = 0
+        self._step = dict.fromkeys(PHASES, 0.0)
+        self._mark: Any = None
+        self._timed = False
+        self._range: record_function | None = None
+        # On GPU: (phase, start event, end event, timed) waiting to complete.
+        self._pending: collections.deque = collections.deque()
+
+    def _stamp(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def begin(self, timed: bool) -> None:
+        """A step starts; ``timed``: samples/s counts it."""
+        self._timed = timed
+        self._mark = self._stamp()
+        self._open("data")
+
+    def lap(self, phase: str, then: str | None = None) -> None:
+        """The time since the last mark was spent in ``phase``; ``then`` follows (by default the next of
+        data, compute, optimizer, other: a micro-batch's compute is followed by the next one's data)."""
+        if self._mark is None:
+            return
+        now = self._stamp()
+        if self.cuda:
+            self._pending.append((phase, self._mark, now, self._timed))
+        else:
+            self._add(phase, now - self._mark, self._timed)
+        self._mark = now
+        self._open(then or NEXT.get(phase, "other"))
+
+    def end_step(self) -> None:
+        """The step is over: the rest since the optimizer step was "other"."""
+        self.lap("other", then="")
+        self._mark = None
+        if self._timed:
+            self.timed_steps += 1
+        self._settle(wait=False)
+
+    def _add(self, phase: str, seconds: float, timed: bool) -> None:
+        if timed:
+            self.totals[phase] += seconds
+
+    def _settle(self, wait: bool) -> None:
+        """Fold in the GPU laps whose events have completed (all of them, synchronizing, with ``wait``)."""
+        while self._pending:
+            phase, start, end, timed = self._pending[0]
+            if not wait and not end.query():
+                return
+            end.synchronize()
+            self._add(phase, start.elapsed_time(end) / 1000.0, timed)
+            self._pending.popleft()
+
+    def _open(self, phase: str) -> None:
+        """While torch.profiler runs, each phase is a named range in its trace (so communication can be split)."""
+        self._close()
+        if phase and torch.autograd._profiler_enabled():
+            self._range = record_function(RANGE_PREFIX + phase)
+            self._range.__enter__()
+
+    def _close(self) -> None:
+        if self._range is not None:
+            self._range.__exit__(None, None, None)
+            self._range = None
+
+    def timed_totals(self) -> tuple[dict[str, float], int]:
+        """Seconds per phase over the timed steps, and their count."""
+        self._settle(wait=True)
+        return dict(self.totals), self.timed_steps
+
+
+def split_exposed(totals: dict[str, float], exposed_share: dict[str, float] | None) -> dict[str, float | None]:
+    """Move each phase's exposed-communication share out of it into ``exposed_comm`` (None when not profiled)."""
+    if exposed_share is None:
+        return {**totals, "exposed_comm": None}
+    parts = {}
+    comm = 0.0
+    for phase in PHASES:
+        moved = totals[phase] * min(1.0, max(0.0, exposed_share.get(phase, 0.0)))
+        parts[phase] = totals[phase] - moved
+        comm += moved
+    return {**parts, "exposed_comm": comm}
+
+
+def time_breakdown(clock: StepClock, comm: dict[str, Any] | None, step_seconds: float | None,
+                   device: torch.device, world_size: int) -> dict[str, Any] | None:
+    """The run's breakdown for metrics.json: mean seconds per timed step over the ranks, by part.
+
+    A collective: every rank calls it. ``comm`` is this rank's profile (:func:`exposed_comm`'s result, or None);
+    ``step_seconds`` the measured mean step time that samples/s reports (rank 0's).
+    """
+    totals, steps = clock.timed_totals()
+    have_comm = comm is not None  # the same on every rank: they profile the same steps
+    parts = split_exposed(totals, comm["phase_share"] if have_comm else None)
+    keys = (*PHASES, "exposed_comm")
+    local = [(parts[k] or 0.0) / max(steps, 1) for k in keys]
+    shares = [comm["exposed_share"], comm["in_flight_share"]] if have_comm else [0.0, 0.0]
+    summed = all_reduce_sum([*local, *shares, float(steps)], device)
+    worst = all_reduce_max(shares[0], device)
+    if summed[-1] == 0:
+        return None  # no timed step (a run of a few steps is all warm-up)
+    mean = {k: v / world_size for k, v in zip(keys, summed, strict=False)}
+    if not have_comm:
+        mean["exposed_comm"] = None
+    return {
+        "timed_steps": steps,
+        "step_seconds": step_seconds,
+        **mean,
+        "sum_seconds": sum(v for v in mean.values() if v is not None),
+        "exposed_comm_share": summed[len(keys)] / world_size if have_comm else None,
+        "exposed_comm_share_max": worst if have_comm else None,  # the rank that waited most
+        "comm_in_flight_share": summed[len(keys) + 1] / world_size if have_comm else None,
+        "profiled_steps": comm["steps"] if have_comm else 0,
+    }
+
+
+def compact(breakdown: dict[str, Any] | None) -> str | None:
+    """``compute 71% comm 9% data 3% opt 12% other 5%``: the final line's form (None without a breakdown)."""
+    if not breakdown or not breakdown.get("sum_seconds"):
+        return None
+    total = breakdown["sum_seconds"]
+    names = (("compute", "compute"), ("exposed_comm", "comm"), ("data", "data"), ("optimizer", "opt"),
+             ("other", "other"))
+    return " ".join(f"{short} {breakdown[key] / total:.0%}" if breakdown.get(key) is not None else f"{short} n/a"
+                    for key, short in names)
+
+
+def memory_breakdown(local: dict[str, int | None], rank: int, device: torch.device) -> dict[str, Any]:
+    """The peak-memory breakdown (:func:`scale_ocr.memory.meter.peak_breakdown`) of the rank whose peak is largest
+    (the lowest such rank), so its parts add up; ``rank`` says which. A collective: every rank calls it."""
+    keys = sorted(local)  # the same keys on every rank: they share a device type
+    peak = float(local.get("peak_allocated", local.get("peak_rss")) or 0)
+    worst = all_reduce_max(peak, device)
+    winner = int(-all_reduce_max(-float(rank if peak >= worst else 2**31), device))
+    mine = rank == winner
+    values = all_reduce_sum([float(-1 if local[k] is None else local[k]) if mine else 0.0 for k in keys], device)
+    return {"rank": winner, **{k: None if v == -1 else int(v) for k, v in zip(keys, values, strict=True)}}

@@ -1,0 +1,110 @@
+"""The time breakdown (run/breakdown.py, run/profiling.py), the oversubscription line (dist/cores.py) and the
+peak-memory breakdown (memory/meter.py), on hand-made profiles and tiny modules: no process group needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from scale_ocr.dist.cores import Cores, cgroup_quota, oversubscription
+from scale_ocr.memory.meter import ActivationProbe, peak_breakdown
+from scale_ocr.run.breakdown import PHASES, RANGE_PREFIX, StepClock, compact, split_exposed
+from scale_ocr.run.profiling import exposed_comm
+
+CPU, CUDA = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+MAIN, GLOO = 1, 2
+
+
+def ev(name: str, start: float, end: float, thread: int = MAIN, device=CPU):
+    return SimpleNamespace(name=name, thread=thread, device_type=device, time_range=SimpleNamespace(start=start, end=end))
+
+
+def test_exposed_communication_on_gloo_is_what_no_compute_hides():
+    """One step of 100 us: data 0-10, compute 10-70, optimizer 70-90, other 90-100. DDP's bucket all-reduce runs on
+    gloo's thread from 40 to 80: backward computes until 60, so 60-70 is exposed in compute and 70-75 in the
+    optimizer (its first op starts at 75); the gloo thread's own copy (aten::copy_) is not compute. The per-step
+    agreement is synchronous: c10d::allreduce_ on the calling thread 92-94 plus gloo's 94-98, exposed whole."""
+    events = [ev(RANGE_PREFIX + p, a, b) for p, a, b in (("data", 0, 10), ("compute", 10, 70),
+                                                           ("optimizer", 70, 90), ("other", 90, 100))]
+    events += [ev("aten::convolution", 10, 40), ev("aten::mm", 40, 60), ev("aten::add_", 75, 90),
+               ev("gloo:all_reduce", 40, 80, GLOO), ev("aten::copy_", 41, 79, GLOO),
+               ev("c10d::allreduce_", 92, 94), ev("aten::empty", 92.5, 93), ev("gloo:all_reduce", 94, 98, GLOO)]
+    got = exposed_comm(events, on_gpu=False, steps=1)
+    assert got["phase_share"] == pytest.approx({"data": 0.0, "compute": 10 / 60, "optimizer": 5 / 20, "other": 0.6})
+    assert got["exposed_share"] == pytest.approx((10 + 5 + 6) / 100)
+    assert got["in_flight_share"] == pytest.approx((40 + 6) / 100)
+
+
+def test_exposed_communication_on_a_gpu_is_read_from_the_device_timeline():
+    """NCCL kernels against compute kernels; host-side ranges (launches) are not the device's work."""
+    events = [ev(RANGE_PREFIX + "compute", 0, 100), ev("aten::mm", 0, 100),
+              ev("sm90_gemm", 0, 50, 7, CUDA), ev("ncclDevKernel_AllReduce", 30, 80, 8, CUDA)]
+    got = exposed_comm(events, on_gpu=True, steps=1)
+    assert got["exposed_share"] == pytest.approx(0.3) and got["in_flight_share"] == pytest.approx(0.5)
+    assert exposed_comm([ev("aten::mm", 0, 1)], on_gpu=False, steps=1) is None  # no loop phases profiled
+
+
+def test_phases_tile_the_step_and_exposed_communication_moves_out_of_them():
+    clock = StepClock(torch.device("cpu"))
+    for timed in (False, True, True):
+        clock.begin(timed)
+        for micro in range(2):
+            clock.lap("data")
+            clock.lap("compute", then="optimizer" if micro else "data")
+        clock.lap("optimizer")
+        clock.end_step()
+    totals, steps = clock.timed_totals()
+    assert steps == 2 and set(totals) == set(PHASES) and all(v >= 0 for v in totals.values())
+    parts = split_exposed({"data": 1.0, "compute": 6.0, "optimizer": 2.0, "other": 1.0},
+                          {"data": 0.0, "compute": 0.5, "optimizer": 0.25, "other": 0.0})
+    assert parts == {"data": 1.0, "compute": 3.0, "optimizer": 1.5, "other": 1.0, "exposed_comm": 3.5}
+    assert sum(parts.values()) == 10.0  # the parts still add up to the step
+    assert compact({**parts, "sum_seconds": 10.0}) == "compute 30% comm 35% data 10% opt 15% other 10%"
+    assert split_exposed(totals, None)["exposed_comm"] is None
+
+
+def test_oversubscription_is_one_line_with_the_numbers_and_the_fix():
+    line = oversubscription(2, "OMP_NUM_THREADS", 2, Cores(affinity=2, quota=None))
+    assert line == ("scale-ocr: warning: OMP_NUM_THREADS=2 x 2 local ranks = 4 threads on 2 usable cores (affinity 2, "
+                    "cgroup quota none): threads wait for each other at every operator, and steps can run many times "
+                    "slower (20x measured at 2 x 2 on 2 cores); export OMP_NUM_THREADS=1 or pass --threads 1")
+    assert oversubscription(1, "OMP_NUM_THREADS", 2, Cores(2, None)) is None
+    assert oversubscription(4, "--threads", 2, Cores(64, 4.0)).endswith("pass --threads 2")  # the quota binds
+    assert "start at most 2 local ranks" in oversubscription(1, "2 cores / 4 local ranks", 4, Cores(8, 1.5))
+    assert Cores(8, 1.5).usable == 2 and Cores(8, None).usable == 8 and Cores(1, 0.2).usable == 1
+
+
+def test_cgroup_quota_is_the_tightest_on_the_path(tmp_path: Path):
+    """v1: the parent's 1.5 cores bind a child with none; v2: cpu.max "max" is no limit, "50000 100000" half a core."""
+    for rel, quota in (("cpu/job", "150000"), ("cpu/job/step", "-1")):
+        (tmp_path / rel).mkdir(parents=True)
+        (tmp_path / rel / "cpu.cfs_quota_us").write_text(quota)
+        (tmp_path / rel / "cpu.cfs_period_us").write_text("100000")
+    (tmp_path / "v2" / "pod").mkdir(parents=True)
+    (tmp_path / "v2" / "cpu.max").write_text("max 100000\n")
+    (tmp_path / "v2" / "pod" / "cpu.max").write_text("50000 100000\n")
+    proc = tmp_path / "cgroup"
+    proc.write_text("3:cpu,cpuacct:/job/step\n")
+    (tmp_path / "cpu,cpuacct").symlink_to(tmp_path / "cpu")
+    assert cgroup_quota(tmp_path, proc) == 1.5
+    proc.write_text("0::/pod\n")
+    assert cgroup_quota(tmp_path / "v2", proc) == 0.5
+    proc.write_text("0::/\n")
+    assert cgroup_quota(tmp_path / "v2", proc) is None
+    assert cgroup_quota(tmp_path, tmp_path / "missing") is None
+
+
+def test_activations_are_the_tensors_saved_for_backward_less_the_parameters():
+    """Linear(256, 64) then ReLU at batch 8: backward keeps the input (8x256 fp32) and the ReLU output (8x64 fp32);
+    the weight it also saves is a parameter, counted by the meter, not here. Measured once."""
+    model = torch.nn.Sequential(torch.nn.Linear(256, 64), torch.nn.ReLU())
+    probe = ActivationProbe()
+    for _ in range(2):
+        with probe.watch(model):
+            model(torch.randn(8, 256)).sum().backward()
+    assert probe.bytes == 8 * 256 * 4 + 8 * 64 * 4
+    got = peak_breakdown(torch.device("cpu"), None, 1 << 20, probe.bytes)
+    assert got["peak_rss"] == got["runtime"] + got["activations"] + got["heap"] and got["model_state"] is None
