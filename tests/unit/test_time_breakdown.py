@@ -108,3 +108,24 @@ def test_activations_are_the_tensors_saved_for_backward_less_the_parameters():
     assert probe.bytes == 8 * 256 * 4 + 8 * 64 * 4
     got = peak_breakdown(torch.device("cpu"), None, 1 << 20, probe.bytes)
     assert got["peak_rss"] == got["runtime"] + got["activations"] + got["heap"] and got["model_state"] is None
+
+
+def test_rank_0_says_it_once_when_a_job_starts_oversubscribed(monkeypatch, capsys):
+    """The user's OMP_NUM_THREADS is honoured (torch runs 2 threads) and the start-up line says what it costs."""
+    from scale_ocr.dist import distributed
+
+    for var in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setattr("scale_ocr.dist.cores.usable_cores", lambda: Cores(affinity=1, quota=None))
+    before = torch.get_num_threads()
+    try:
+        distributed.init_distributed("gloo")
+        assert torch.get_num_threads() == 2
+    finally:
+        distributed.destroy_distributed()
+        torch.set_num_threads(before)
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["scale-ocr: warning: OMP_NUM_THREADS=2 x 1 local rank = 2 threads on 1 usable core (affinity 1, "
+                   "cgroup quota none): threads wait for each other at every operator, and steps can run many times "
+                   "slower (20x measured at 2 x 2 on 2 cores); export OMP_NUM_THREADS=1 or pass --threads 1"]
