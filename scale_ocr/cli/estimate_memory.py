@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from scale_ocr.cli.estimate_time import add_time_args, format_time, time_document, wants_time
 from scale_ocr.config import MODEL_SIZE_FIELDS
 from scale_ocr.errors import UserError
 from scale_ocr.strategies.estimate import GB, ModelSize, estimate, measure_activations, model_size
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="ranks per node, which hsdp and zero3_hpz shard within (default: the world size, one node)")
     p.add_argument("--activations", action="store_true",
                    help="add activations measured from one real forward at --batch-size and --input-size")
-    p.add_argument("--batch-size", type=int, default=32, help="per-device batch for --activations")
+    p.add_argument("--batch-size", type=int, default=32, help="per-device batch for --activations and --time")
     p.add_argument("--input-size", default=None, help="HxW for --model and --activations (default: the model's task's)")
     p.add_argument("--model-width", type=int, default=None, help="with --model: override a scalable model's width")
     p.add_argument("--model-depth", type=int, default=None, help="with --model: override its depth (blocks)")
@@ -94,17 +95,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mlp-ratio", type=float, default=None, help="with --model: override its MLP ratio")
     p.add_argument("--activation-checkpointing", action="store_true",
                    help="with --activations: measure them with activation checkpointing on")
-    p.add_argument("--json", action="store_true", help="machine-readable output (bytes)")
+    p.add_argument("--json", action="store_true", help="machine-readable output (bytes, seconds)")
+    add_time_args(p)
     args = p.parse_args(argv)
+    if args.batch_size < 1:
+        raise UserError("--batch-size must be at least 1")
     # Engines' own import-time lines (DeepSpeed logs to stdout) go to stderr, so that --json prints JSON alone.
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-        doc = _document(args)
-    print(json.dumps(doc, indent=2) if args.json else format_table(doc))
+        doc, task, size = _document(args)
+        if wants_time(args):
+            doc["time"] = time_document(args, task, size, list(doc["strategies"]))
+    text = format_table(doc) + ("\n\n" + format_time(doc["time"]) if "time" in doc else "")
+    print(json.dumps(doc, indent=2) if args.json else text)
     return 0
 
 
-def _document(args: argparse.Namespace) -> dict[str, Any]:
-    """The estimate for parsed ``args``: :func:`~scale_ocr.strategies.estimate.estimate`'s document."""
+def _document(args: argparse.Namespace) -> tuple[dict[str, Any], Any, ModelSize]:
+    """The estimate for parsed ``args``: :func:`~scale_ocr.strategies.estimate.estimate`'s document, the model's task
+    (None with ``--params``) and its size."""
     names, skipped = _strategy_names(args)
     try:
         size_hw = tuple(int(v) for v in args.input_size.lower().split("x")) if args.input_size else None
@@ -112,7 +120,7 @@ def _document(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError
     except ValueError:
         raise UserError(f"--input-size {args.input_size!r}: expected HxW such as 32x128") from None
-    acts, model = None, None
+    acts, model, task = None, None, None
     if args.model:
         from scale_ocr.config import ModelConfig
         from scale_ocr.tasks import create_task
@@ -133,7 +141,7 @@ def _document(args: argparse.Namespace) -> dict[str, Any]:
             raise UserError(f"--{given[0].replace('_', '-')} needs --model (it changes a registered model's size)")
         size = ModelSize(int(args.params), int(args.largest_layer))
     doc = estimate(size, args.world_size, args.precision, names, args.ds_config, acts, model, args.shard_size)
-    return {**doc, "model": args.model, "skipped": skipped}
+    return {**doc, "model": args.model, "skipped": skipped}, task, size
 
 
 if __name__ == "__main__":

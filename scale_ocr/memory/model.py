@@ -45,6 +45,9 @@ class StateLayout:
         grads_staged: the whole fp32 gradient partition, swapped out with the optimizer (``disk``), is first
             built in device memory at the accumulation boundary: DeepSpeed 0.19's NVMe offload upcasts every
             16-bit partition and writes them out together, so the step's peak holds it although it lives on disk.
+        gathers_per: how a sharding engine issues its collectives, for the time model's count of calls: "unit"
+            (FSDP: one all-gather and one reduce-scatter per sharding unit), "module" (ZeRO-3: an all-gather per
+            module whose weights are partitioned, gradients reduced in buckets); "" (buckets of about 25 MiB).
         gathers_16bit: the engine gathers fp32 weights as 16-bit copies for each unit's compute (FSDP's
             mixed-precision policy), so, as with ``mixed``, autocast makes and saves no 16-bit copy of them.
         shard_group: the sharded parts are split over groups of this many ranks and replicated across the groups
@@ -76,6 +79,7 @@ class StateLayout:
     secondary_group: int = 0
     grads_freed: bool = False
     grads_staged: bool = False
+    gathers_per: str = ""
     note: str = ""
 
     @property

@@ -226,7 +226,8 @@ class DeepSpeed(Strategy):
                            secondary_group=hpz if hpz > 1 else 0,
                            grad_bytes=grad_bytes, grads_sharded=True, step_grad_bytes=4, step_grad_chunk=chunk,
                            master_bytes=4, optim_sharded=True, buffer_bytes=bucket, host=host.lstrip("+"),
-                           disk=where("nvme"), grads_staged=opt_dev == "nvme", note=note)
+                           disk=where("nvme"), grads_staged=opt_dev == "nvme",
+                           gathers_per="module" if stage == 3 else "", note=note)
 
     def _hpz_group(self) -> int:
         """ZeRO++ hpZ's group size (the resolved ``zero_hpz_partition_size``), 1 when hpZ is off."""

@@ -104,7 +104,7 @@ class FSDP(Strategy):
                 else "gathered parameters stay from forward until backward ends (not at the step)")
         return StateLayout(ideal_stage=3 if self.reshard_after_forward else 2, params_sharded=True,
                            grads_sharded=True, optim_sharded=True, gathers_16bit=self.train.precision != "fp32",
-                           grads_freed=True,
+                           grads_freed=True, gathers_per="unit",
                            note=note)
 
     def _grad_norm(self) -> torch.Tensor:

@@ -1,0 +1,162 @@
+"""``scale-ocr estimate-memory --time``: step time per strategy beside its memory, and ``--scaling`` from 1 to 1,024
+devices. The model is :mod:`scale_ocr.strategies.time_model`; this module is its flags, inputs and tables."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from scale_ocr.errors import UserError
+
+CURVE = tuple(2**k for k in range(11))  # 1 ... 1,024 devices
+
+
+def add_time_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("step time (--time, --scaling)")
+    g.add_argument("--time", action="store_true", help="also predict each strategy's step time at --batch-size per "
+                   "device: counted FLOPs at the device's peak x --mfu, bytes moved over the links, Adam's step")
+    g.add_argument("--scaling", action="store_true", help="predicted step time and scaling efficiency of each "
+                   "strategy from 1 to 1,024 devices on the stated cluster (implies --time)")
+    g.add_argument("--device", default="host", help="h100, a100, h200, v100, l4, mi300x, or host: this machine's "
+                   "CPU, measured (the model's own FLOP/s at a rank's threads, memory bandwidth; a few seconds)")
+    g.add_argument("--mfu", type=float, default=None, help="model FLOPs utilisation assumed on a GPU (default 0.4); "
+                   "with --device host the measured rate is used as is")
+    g.add_argument("--link", default=None, help="the link within a node: nvlink4, nvlink3, pcie5, pcie4, ... "
+                   "(default nvlink4 on GPUs), or host: a gloo all-reduce between two local processes, measured")
+    g.add_argument("--inter-link", default="ib400", help="the link between nodes (ib400, ib200, eth100, eth25, ...)")
+    g.add_argument("--per-node", type=int, default=8, help="devices per node (default 8)")
+    g.add_argument("--flops-per-sample", type=float, default=None,
+                   help="with --params: a training sample's FLOPs, forward and backward (--model counts them)")
+
+
+def wants_time(args: argparse.Namespace) -> bool:
+    return bool(args.time or args.scaling)
+
+
+def _workload(args: argparse.Namespace, task, size) -> Any:
+    from scale_ocr.strategies.time_model import Workload
+
+    units = modules = 0
+    if task is not None:
+        from scale_ocr.models.flops import flops_per_sample
+
+        count = flops_per_sample(task, precision=args.precision)
+        fwd, bwd = count.forward, count.backward
+        units, modules = _granularity(task)
+    elif args.flops_per_sample:
+        fwd, bwd = args.flops_per_sample / 3, args.flops_per_sample * 2 / 3  # the backward is about twice the forward
+    else:
+        raise UserError("--time with --params needs --flops-per-sample (or give --model, whose FLOPs are counted)")
+    return Workload(fwd, bwd, args.batch_size, size.params, size.largest_layer, args.precision,
+                    args.activation_checkpointing, units, modules)
+
+
+PERSISTENT = 10_000  # the zero3 presets' stage3_param_persistence_threshold: smaller weights are never gathered
+
+
+def _granularity(task) -> tuple[int, int]:
+    """FSDP's sharding units (plus the root) and the modules whose weights ZeRO-3 partitions, of ``task``'s model
+    built on the meta device."""
+    import torch
+
+    from scale_ocr.models.registry import capable
+
+    with torch.device("meta"):
+        model = task.build_model()
+    units = model.sharding_units() if capable(model, "sharding_units") else list(model.children())
+    modules = [m for m in model.modules() if any(p.numel() > PERSISTENT for p in m.parameters(recurse=False))]
+    return len(units) + 1, len(modules)
+
+
+def _cluster(args: argparse.Namespace, task, work) -> tuple[Any, float, str]:
+    """The cluster, the MFU that applies, and a line on where the figures come from."""
+    from scale_ocr.strategies import time_model as tm
+
+    if args.per_node < 1:
+        raise UserError("--per-node must be at least 1")
+    if args.mfu is not None and not 0 < args.mfu <= 1:
+        raise UserError(f"--mfu {args.mfu}: give a fraction in (0, 1], such as 0.4")
+    if args.device != "host":
+        intra = tm.link(args.link or "nvlink4")
+        cluster = tm.Cluster(tm.device(args.device), intra, tm.link(args.inter_link), args.per_node)
+        mfu = args.mfu or 0.4
+        return cluster, mfu, f"MFU {mfu:g} assumed"
+    return _host_cluster(args, task, work)
+
+
+def _host_cluster(args: argparse.Namespace, task, work) -> tuple[Any, float, str]:
+    """This CPU host, measured: the model's FLOP/s at a rank's threads at ``--world-size``, memory bandwidth, and
+    gloo's all-reduce between two local processes (``--link host``, the default here)."""
+    from scale_ocr.strategies import host_probe
+    from scale_ocr.strategies import time_model as tm
+
+    if task is None:
+        raise UserError("--device host measures the model's own speed here; give --model (or a --device from the table)")
+    if args.link not in (None, "host"):
+        raise UserError(f"--device host runs over gloo on this machine; drop --link {args.link} (or give a GPU --device)")
+    threads = max(1, (os.cpu_count() or 1) // min(args.world_size, os.cpu_count() or 1))
+    flops = host_probe.compute_rate(task, args.batch_size, args.precision, threads, work.flops_forward
+                                    + work.flops_backward)
+    bandwidth, latency = host_probe.gloo_link(2)
+    memory = host_probe.memory_bandwidth(threads=threads)
+    cluster = tm.with_host(tm.Cluster(tm.DEVICES["h100"], tm.LINKS["nvlink4"], tm.LINKS["nvlink4"], args.per_node),
+                           flops, memory, bandwidth, latency)
+    why = (f"measured here: {flops / 1e9:.1f} GFLOP/s at {threads} thread(s) per rank, memory {memory / 1e9:.1f} GB/s, "
+           f"gloo all-reduce {bandwidth / 1e9:.2f} GB/s + {latency * 1e6:.0f} us per call")
+    return cluster, 1.0, why
+
+
+def time_document(args: argparse.Namespace, task, size, names: list[str]) -> dict[str, Any]:
+    """Per-strategy step times at ``--world-size`` and, with ``--scaling``, at every size of :data:`CURVE`."""
+    from scale_ocr.strategies.estimate import build_strategy
+    from scale_ocr.strategies.time_model import predict_step
+
+    work = _workload(args, task, size)
+    cluster, mfu, source = _cluster(args, task, work)
+
+    def layout(name: str, world: int):
+        strategy, ranks = build_strategy(name, world, args.precision, args.ds_config, min(args.per_node, world))
+        return strategy.state_layout(), ranks
+
+    rows = {}
+    for name in names:
+        lay, ranks = layout(name, args.world_size)
+        rows[name] = predict_step(lay, work, ranks, cluster, mfu).as_dict()
+        rows[name]["samples_per_s"] = work.batch * ranks / rows[name]["step_s"]
+    doc: dict[str, Any] = {"cluster": cluster.describe(), "source": source, "mfu": mfu, "batch_per_device": work.batch,
+                           "flops_per_sample": work.flops_forward + work.flops_backward, "strategies": rows}
+    if args.scaling:
+        curve: dict[str, dict[int, float]] = {}
+        for name in names:
+            points = {}
+            for n in CURVE:
+                try:
+                    lay, ranks = layout(name, n)
+                except UserError:  # e.g. zero3_hpz on one rank per node
+                    continue
+                if ranks == n:
+                    points[n] = predict_step(lay, work, n, cluster, mfu).total
+            curve[name] = points
+        doc["scaling"] = curve
+    return doc
+
+
+def format_time(doc: dict[str, Any]) -> str:
+    lines = [f"Predicted step time per rank, {doc['batch_per_device']} samples per device, "
+             f"{doc['flops_per_sample'] / 1e9:.3g} GFLOP per sample (counted): {doc['cluster']}; {doc['source']}",
+             f"{'strategy':<14}{'compute':>9}{'comm MB':>9}{'comm':>8}{'exposed':>9}{'optim':>8}{'step':>9}"
+             f"{'samples/s':>11}   (times in ms)"]
+    for name, r in doc["strategies"].items():
+        lines.append(f"{name:<14}{r['compute_s'] * 1e3:>9.3g}{r['comm_bytes'] / 1e6:>9.1f}{r['comm_s'] * 1e3:>8.3g}"
+                     f"{r['exposed_comm_s'] * 1e3:>9.3g}{r['optimizer_s'] * 1e3:>8.3g}{r['step_s'] * 1e3:>9.3g}"
+                     f"{r['samples_per_s']:>11.0f}")
+    if "scaling" in doc:
+        lines.append("Predicted scaling (a prediction, not a measurement): step ms, and in brackets the efficiency "
+                     "T(1)/T(n) at a fixed per-device batch")
+        lines.append(f"{'strategy':<14}" + "".join(f"{n:>13}" for n in CURVE))
+        for name, points in doc["scaling"].items():
+            base = points.get(1) or next(iter(points.values()), None)
+            cells = [f"{points[n] * 1e3:.3g} ({base / points[n]:.2f})" if n in points else "-" for n in CURVE]
+            lines.append(f"{name:<14}" + "".join(f"{c:>13}" for c in cells))
+    return "\n".join(lines)

@@ -1,0 +1,251 @@
+"""The time model: a training step's time per strategy, before launching, from counted FLOPs and bytes moved.
+
+Beside the memory model (:mod:`scale_ocr.strategies.estimate`), per strategy and per rank at a fixed per-rank
+batch (weak scaling, as data parallelism grows):
+
+* **compute**: the model's counted training FLOPs per sample (:func:`scale_ocr.models.flops.flops_per_sample`,
+  torch's own counter) x batch, at the device's peak for the precision x an assumed MFU. With activation
+  checkpointing the forward runs twice.
+* **communication**: the bytes each engine moves per step, as its :class:`~scale_ocr.memory.model.StateLayout`
+  describes it, over the link's bandwidth with ring algorithms' volumes (Patarasuk & Yuan 2009; NCCL's
+  "bus bandwidth"): DDP all-reduces the gradients, 2(n-1)/n x G bytes; ZeRO-1/2, fairscale and FSDP without
+  resharding reduce-scatter the gradients and all-gather the parameters once, (n-1)/n x (G + P); FSDP and
+  ZeRO-3 gather the parameters for the forward and again for the backward, (n-1)/n x (G + 2P); HSDP does
+  that within its shard group and all-reduces its fp32 shard of the gradients across groups. Each collective
+  also pays a latency of 2 log2(n) hops (tree and hierarchical algorithms, which NCCL picks at scale).
+* **optimizer**: Adam's step is memory-bound: about 28 bytes read and written per parameter it updates
+  (parameter, gradient, two moments; 34 with DeepSpeed's 16-bit copy and upcast gradient), over the device's
+  memory bandwidth, for the parameters the rank updates (its shard when the optimizer state is sharded).
+* **overlap** (stated, not measured): on GPUs collectives run on their own stream. DDP's gradient all-reduce
+  hides behind the backward except its last bucket; FSDP/ZeRO-3's gathers and reduce-scatters hide behind the
+  forward and backward except the first unit's gather and the last unit's reduce-scatter; ZeRO-1/2's
+  reduce-scatter hides behind the backward, and the all-gather of the updated parameters after the step does
+  not hide. On CPU hosts (gloo) nothing hides: the collectives run on the cores the compute needs (measured:
+  ZeRO-3 trained 4.9% faster with overlap_comm off, benchmarks/results/engine-knobs-vm-20261202).
+
+Links are per rank ("bus") bandwidths: within a node the intra-node link, beyond it the inter-node link (one NIC
+per device, as DGX/HGX nodes have). The figures in :data:`DEVICES` and :data:`LINKS` are vendors' datasheet
+peaks; achieved bandwidths are lower (NCCL's all-reduce bus bandwidth is typically 75-90% of them), which the
+``efficiency`` of each link states.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from scale_ocr.errors import UserError
+from scale_ocr.memory.model import StateLayout
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator's peaks: dense FLOP/s by precision, memory bandwidth in bytes/s, and where they come from."""
+
+    name: str
+    flops: dict[str, float]
+    memory_bandwidth: float
+    source: str
+
+    def peak(self, precision: str) -> float:
+        return self.flops[precision]
+
+
+# Dense (no sparsity) peaks from the vendors' datasheets. fp32 is the plain fp32 pipeline: torch leaves TF32 off
+# for matrix products unless a run asks for it, and scale-ocr's fp32 runs do not.
+DEVICES: dict[str, Device] = {d.name: d for d in (
+    Device("v100", {"fp32": 15.7e12, "fp16": 125e12, "bf16": 15.7e12}, 0.9e12, "NVIDIA V100 SXM2 datasheet"),
+    Device("a100", {"fp32": 19.5e12, "fp16": 312e12, "bf16": 312e12}, 2.039e12, "NVIDIA A100 80GB SXM datasheet"),
+    Device("h100", {"fp32": 67e12, "fp16": 989e12, "bf16": 989e12}, 3.35e12, "NVIDIA H100 SXM datasheet"),
+    Device("h200", {"fp32": 67e12, "fp16": 989e12, "bf16": 989e12}, 4.8e12, "NVIDIA H200 SXM datasheet"),
+    Device("l4", {"fp32": 30.3e12, "fp16": 121e12, "bf16": 121e12}, 0.3e12, "NVIDIA L4 datasheet"),
+    Device("mi300x", {"fp32": 163.4e12, "fp16": 1307e12, "bf16": 1307e12}, 5.3e12, "AMD Instinct MI300X datasheet"),
+)}
+
+
+@dataclass(frozen=True)
+class Link:
+    """A per-rank link: bandwidth in bytes/s each way, latency per hop in seconds, and the share of the
+    bandwidth collectives achieve on it."""
+
+    name: str
+    bandwidth: float
+    latency: float
+    efficiency: float
+    source: str
+
+    @property
+    def achieved(self) -> float:
+        return self.bandwidth * self.efficiency
+
+
+LINKS: dict[str, Link] = {k.name: k for k in (
+    Link("nvlink3", 300e9, 5e-6, 0.8, "A100 NVLink 3: 600 GB/s both ways per GPU"),
+    Link("nvlink4", 450e9, 5e-6, 0.8, "H100 NVLink 4: 900 GB/s both ways per GPU"),
+    Link("pcie4", 32e9, 10e-6, 0.75, "PCIe 4.0 x16: 32 GB/s each way"),
+    Link("pcie5", 64e9, 10e-6, 0.75, "PCIe 5.0 x16: 64 GB/s each way"),
+    Link("ib200", 25e9, 10e-6, 0.85, "InfiniBand HDR 200 Gb/s, one NIC per GPU"),
+    Link("ib400", 50e9, 10e-6, 0.85, "InfiniBand NDR 400 Gb/s, one NIC per GPU"),
+    Link("eth100", 12.5e9, 30e-6, 0.7, "100 GbE with RoCE, one NIC per GPU"),
+    Link("eth25", 3.125e9, 50e-6, 0.7, "25 GbE, TCP"),
+    Link("eth10", 1.25e9, 50e-6, 0.7, "10 GbE, TCP"),
+)}
+
+
+def link(name: str) -> Link:
+    if name not in LINKS:
+        raise UserError(f"unknown link {name!r}; pick one of {', '.join(LINKS)} (or measure this host's: --link host)")
+    return LINKS[name]
+
+
+def device(name: str) -> Device:
+    if name not in DEVICES:
+        raise UserError(f"unknown device {name!r}; pick one of {', '.join(DEVICES)} (or this host's CPU: --device host)")
+    return DEVICES[name]
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where the ranks run: the device, the links within and between nodes, ranks per node, and the overlap rule
+    (``overlap``: collectives run beside compute on their own stream, as on GPUs; False on CPU hosts)."""
+
+    device: Device
+    intra: Link
+    inter: Link
+    per_node: int
+    overlap: bool = True
+
+    def link_for(self, ranks: int) -> Link:
+        """The slowest link a collective over ``ranks`` consecutive ranks crosses."""
+        return self.intra if ranks <= self.per_node else self.inter
+
+    def describe(self) -> str:
+        return (f"{self.device.name} ({self.device.source}), {self.per_node} per node over {self.intra.name}, "
+                f"nodes over {self.inter.name}; communication {'overlaps' if self.overlap else 'does not overlap'} "
+                "compute")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One rank's work per optimizer step: FLOPs of a training sample, samples, parameters and the largest
+    layer (the unit engines gather and reduce at once), the precision, activation checkpointing, and how many
+    sharding units (FSDP's) and partitioned modules (ZeRO-3's) the model has, which set how many collectives
+    those engines issue (0: estimated from the sizes)."""
+
+    flops_forward: float
+    flops_backward: float
+    batch: int
+    params: int
+    largest_layer: int
+    precision: str
+    checkpointing: bool = False
+    units: int = 0
+    modules: int = 0
+
+    def count(self, per: str) -> int:
+        """Collectives of one kind per pass: one per sharding unit or partitioned module."""
+        guess = max(1, round(self.params / max(self.largest_layer, 1)))
+        return max(1, (self.units if per == "unit" else self.modules) or guess)
+
+
+BUCKET = 25 * 2**20  # bytes per bucketed collective: DDP's bucket_cap_mb; DeepSpeed's presets' buckets are near it
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Predicted seconds of one step, by part (``comm`` is all collective time, ``exposed`` the part of it
+    compute does not hide), and the bytes each rank sends."""
+
+    compute: float
+    comm: float
+    exposed: float
+    optimizer: float
+    comm_bytes: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.exposed + self.optimizer
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"compute_s": self.compute, "comm_s": self.comm, "exposed_comm_s": self.exposed,
+                "optimizer_s": self.optimizer, "step_s": self.total, "comm_bytes": self.comm_bytes, **self.extra}
+
+
+def _collective(volume: float, ranks: int, lnk: Link, calls: int = 1) -> float:
+    """Seconds to move ``volume`` bytes per rank in ``calls`` collectives over ``ranks`` ranks."""
+    if ranks <= 1 or volume <= 0:
+        return 0.0
+    return volume / lnk.achieved + calls * 2 * math.log2(ranks) * lnk.latency
+
+
+def comm_volumes(layout: StateLayout, n: int, world: int,
+                 work: Workload | None = None) -> list[tuple[str, float, int, int]]:
+    """Per-rank bytes of each collective phase of one step: ``(phase, bytes, ranks it spans, calls)``."""
+    group = min(layout.shard_group or world, world)
+    if world <= 1:
+        return []
+
+    def calls(volume: float, per: str = "", passes: int = 1) -> int:
+        if per and work is not None:
+            return passes * work.count(per)
+        return max(1, math.ceil(volume / BUCKET))
+
+    if layout.ideal_stage == 0:  # DDP: the gradients, all-reduced
+        volume = 2 * (world - 1) / world * layout.grad_bytes * n
+        return [("all-reduce grads", volume, world, calls(volume))]
+    grad_comm = layout.grad_bytes or layout.param_bytes  # offloaded ZeRO-1/2 keeps no 16-bit grads but sends them
+    gather = 2 if layout.gathers_16bit else layout.param_bytes
+    gathers = 2 if layout.ideal_stage == 3 and layout.params_sharded else 1
+    f = (group - 1) / group
+    scatter, gathered = f * grad_comm * n, f * gathers * gather * n
+    phases = [("reduce-scatter grads", scatter, group, calls(scatter, "unit" if layout.gathers_per == "unit" else "")),
+              (f"all-gather params x{gathers}", gathered, group, calls(gathered, layout.gathers_per, gathers))]
+    if group < world:  # HSDP: the shard's gradients all-reduced across the replica groups
+        replicas = world // group
+        volume = 2 * (replicas - 1) / replicas * 4 * n / group
+        phases.append(("all-reduce grads across groups", volume, world, calls(volume, "unit" if layout.gathers_per else "")))
+    return phases
+
+
+def optimizer_bytes(layout: StateLayout, n: int, world: int) -> float:
+    """Bytes Adam's step reads and writes on one rank (see the module doc)."""
+    group = min(layout.shard_group or world, world)
+    updated = n / group if layout.optim_sharded else n
+    return updated * (34 if layout.mixed else 28)
+
+
+def predict_step(layout: StateLayout, work: Workload, world: int, cluster: Cluster, mfu: float) -> StepTime:
+    """One step's predicted time on one rank of ``world`` under ``layout``'s engine."""
+    rate = cluster.device.peak(work.precision) * mfu
+    fwd = work.flops_forward * work.batch / rate
+    bwd = (work.flops_backward + (work.flops_forward if work.checkpointing else 0)) * work.batch / rate
+    phases = comm_volumes(layout, work.params, world, work)
+    comm = sum(_collective(volume, ranks, cluster.link_for(ranks), calls) for _, volume, ranks, calls in phases)
+    volume = sum(v for _, v, _, _ in phases)
+    exposed = comm
+    if cluster.overlap and phases:
+        unit = 2 * work.largest_layer * (layout.grad_bytes or layout.param_bytes)  # one unit's gather + reduce
+        tail = _collective(unit, world, cluster.link_for(world))
+        if layout.ideal_stage == 0:
+            exposed = max(comm - bwd, 0.0) + min(tail, comm)
+        elif layout.ideal_stage == 3 and layout.params_sharded:
+            exposed = max(comm - fwd - bwd, 0.0) + min(tail, comm)
+        else:  # ZeRO-1/2, fairscale, FSDP without resharding: the post-step all-gather is not hidden
+            _, gather, ranks, calls = next(p for p in phases if p[0].startswith("all-gather"))
+            t_gather = _collective(gather, ranks, cluster.link_for(ranks), calls)
+            exposed = max(comm - t_gather - bwd, 0.0) + t_gather + min(tail, comm)
+    opt = optimizer_bytes(layout, work.params, world) / cluster.device.memory_bandwidth
+    return StepTime(fwd + bwd, comm, exposed, opt, volume,
+                    {"phases": {name: {"bytes": v, "calls": c} for name, v, _, c in phases},
+                     "link": cluster.link_for(world).name})
+
+
+def with_host(cluster: Cluster, flops: float, memory_bandwidth: float, bandwidth: float, latency: float) -> Cluster:
+    """``cluster`` on a measured host: its achieved FLOP/s (``mfu`` 1 then applies), memory bandwidth and
+    link (a gloo all-reduce between local processes), and no overlap."""
+    host = Device("host", {p: flops for p in ("fp32", "bf16", "fp16")}, memory_bandwidth, "measured on this host")
+    # A call over 2 ranks pays 2 log2(2) = 2 hops in _collective: the measured per-call latency is split over them.
+    measured = Link("host", bandwidth, latency / 2, 1.0, "a gloo all-reduce between two local processes, measured")
+    return replace(cluster, device=host, intra=measured, inter=measured, overlap=False)
