@@ -31,7 +31,8 @@ commands:
                docTR recognition (word crops) and detection (pages, with words) folders, from the text layer
   summary      RUN_DIR [--plot OUT.png]: one screen on a finished run (strategy, world size, global batch,
                time, accuracy, its files, its W&B offline run) and a PNG of its loss and accuracy curves
-  estimate-memory  (--model ARCH | --params N) --world-size N: per-rank memory of every strategy
+  estimate-memory  (--model ARCH | --params N) --world-size N: per-rank memory of every strategy; --time adds
+               its step time (--device, --link, --mfu), --scaling its predicted curve from 1 to 1,024 devices
   make-shards  FOLDER... OUT [--samples-per-shard N --seed S]: docTR folders as one shard set (tar shards and
                shards.json) that --train-path/--val-path stream from, resumable exactly at any world size
   bench        scaling benchmark (same as `python -m benchmarks.scaling`)
