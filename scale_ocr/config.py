@@ -318,7 +318,8 @@ class TrainConfig:
                            "turn it off (--no-save-model); resumable checkpoints are separate (--save-every)",
                            action=argparse.BooleanOptionalAction)
     profile_steps: int = opt(0, "profile the last N optimizer steps with torch.profiler (excluded from samples/s): "
-                             "rank 0's Chrome trace in the run directory, communication share in metrics.json")
+                             "rank 0's Chrome trace in the run directory, and the communication no compute hides "
+                             "(exposed_comm in metrics.json's time_breakdown; docs/time-breakdown.md)")
     gpu_memory_cap_gb: float | None = opt(None, "cap each rank's GPU memory at this many GiB, as if the device were that "
                                           "small (memory experiments: benchmarks.max_model); GPUs only")
 
