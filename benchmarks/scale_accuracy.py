@@ -267,8 +267,8 @@ def print_estimate(args: argparse.Namespace, jobs: list[Job], todo: list[Job], r
     seconds, rates = estimate(todo, rows)
     used = ", ".join(f"{m} {rates[m]:.1f}/s" for m in dict.fromkeys(j.model for j in jobs))
     print(f"scale_accuracy: preset {args.preset}: {len(jobs)} jobs, {len(jobs) - len(todo)} done, {len(todo)} to run: "
-          f"about {seconds / 3600:.1f} h of this host at {used} (samples per second of one job; measured by this "
-          "folder's finished jobs where it has them)", flush=True)
+          f"about {seconds / 3600:.1f} h ({seconds / 60:.0f} min) of this host's cores at {used} (samples per second "
+          "of one job; measured by this folder's finished jobs where it has them)", flush=True)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -9,12 +9,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import command_line, write_outputs
+from benchmarks.harness import REPO, command_line, write_outputs
 
 SETS = ("synthetic", "real", "crops")
 RULES = ("none", "linear", "sqrt")
 THRESHOLDS = (0.5, 0.8, 0.9)
 TOLERANCE = 0.01  # "within 1 point" of exact match
+LEARNED = 0.1  # a smallest batch ending below this has not learned the set: nothing to hold, no verdict
 SET_NAMES = {"synthetic": "synthetic words", "real": "real-looking crops", "crops": "real-document crops",
              "synthetic-pages": "synthetic pages"}
 
@@ -154,6 +155,9 @@ def group_lines(jobs: dict[tuple, dict[str, Any]], s: dict[str, Any], default_ru
     reach = s["default_holds_up_to"]
     if reach is None:
         verdict = f"- The default rule ({default_rule}) has no finished run at the smallest batch: no verdict."
+    elif s["reference_final"] < LEARNED:
+        verdict = (f"- INCONCLUSIVE: under the default rule ({default_rule}) the smallest batch ends at "
+                   f"{_pct(s['reference_final'])}% exact match, so it has not learned the set; a larger --samples.")
     else:
         best = s["best_rule_there"]
         verdict = (f"- The default rule ({default_rule}) stays within {TOLERANCE * 100:.0f} point of the smallest "
@@ -235,12 +239,15 @@ def header(rows: list[dict[str, Any]], out_dir: Path, default_rule: str) -> list
     r0 = rows[0]
     gits = sorted({r["versions"].get("git") or "?" for r in rows})
     rec = [r for r in rows if r["kind"] == "recognition"]
-    budget = f"{rec[0]['samples']:,} training samples per job" if rec else ""
+    budget = (f"{rec[0]['samples']:,} training samples per job, validation exact match every "
+              f"{rec[0]['eval_every'] * rec[0]['global_batch']:,} samples and at each epoch's end" if rec else "")
+    where = out_dir.resolve()
+    shown = where.relative_to(REPO) if where.is_relative_to(REPO) else where
     return ["# Scale accuracy: the same recipe at growing global batches", "",
             f"Command: `{command_line(out_dir)}` (preset {r0.get('preset')}); rebuild: "
-            f"`python -m benchmarks.scale_accuracy --report {out_dir.name}`", "",
+            f"`python -m benchmarks.scale_accuracy --report {shown}`", "",
             f"- `scale_ocr/train.py` with its defaults (DDP, AdamW, the task's schedule) but for the global batch and "
-            f"`--lr-scaling`; {budget}, validation exact match every few thousand samples and at the end. The global "
+            f"`--lr-scaling`; {budget}. The global "
             "batch is ranks x micro-batch x accumulation: accumulation stands in for ranks this host does not have "
             "(each rank's BatchNorm sees its micro-batch, as it would on more ranks).",
             f"- The default rule is **{default_rule}** (`scale_ocr.config.DEFAULT_LR_SCALING`). At a model's "
