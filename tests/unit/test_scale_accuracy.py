@@ -19,7 +19,7 @@ def _row(batch, rule, values, model="crnn", data="synthetic", ref=64, kind="reco
     return {"kind": kind, "model": model, "set": data, "global_batch": batch, "rule": rule, "reference_batch": ref,
             "world_size": 2, "micro_batch": min(32, batch // 2), "grad_accum": max(1, batch // 64), "samples": 1024,
             "status": status, "error": None if status == "ok" else "exit 1", "curve": curve if status == "ok" else [],
-            "peak_lr": 3e-3, "wall_seconds": 10.0, "train_size": 512, "val_size": 64, "threads_per_rank": 1,
+            "eval_every": 256 // batch, "peak_lr": 3e-3, "wall_seconds": 10.0, "train_size": 512, "val_size": 64, "threads_per_rank": 1,
             "preset": "test", "hardware": {"cpu": "x", "cores": 2}, "versions": {"git": "abc", "torch": "2"}}
 
 
@@ -49,6 +49,7 @@ def test_report_and_summary_from_rows_alone(tmp_path):
              _row(128, "sqrt", [0.5, 0.8, 0.9, 0.895])]
     rows += [_row(256, "sqrt", [0.1, 0.2, 0.3, 0.5], status="failed"), _row(256, "sqrt", [0.3, 0.5, 0.7, 0.8])]
     rows += [_row(b, "sqrt", [0.1, 0.3], model="db", data="synthetic-pages", ref=2, kind="detection") for b in (4, 32)]
+    rows += [_row(b, "sqrt", [0.0, 0.05], model="vit") for b in (32, 64)]  # learned nothing: no verdict
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "command.txt").write_text("python -m benchmarks.scale_accuracy --preset test\n")
     report = rep.build_report(tmp_path).read_text()
@@ -59,6 +60,7 @@ def test_report_and_summary_from_rows_alone(tmp_path):
     assert "| 64 | 2 x 32 x 1 | every rule (ran as sqrt) |" in report and report.count("| 64 |") == 1
     assert "up to global batch **128**; there the best rule is linear (the default trails it)" in report
     assert [d["final_recall"] for d in summary["detection"]] == [0.3, 0.3]
+    assert "INCONCLUSIVE: under the default rule (sqrt) the smallest batch ends at 5.0% exact match" in report
     assert (tmp_path / "final.png").is_file() and (tmp_path / "curves.png").is_file()
 
 
