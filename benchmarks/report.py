@@ -20,11 +20,23 @@ from benchmarks.harness import load, run_main, work_dir
 
 MIB = 2**20
 KINDS = ("params", "grads", "optimizer", "other")
+#: The time breakdown's parts (metrics.json's time_breakdown, docs/time-breakdown.md), in stacking order.
+PARTS = {"compute": "compute", "exposed_comm": "exposed communication", "data": "data wait",
+         "optimizer": "optimizer", "other": "other"}
 
 
 def _median(rows: list[dict[str, Any]], key: str) -> float | None:
     vals = [r["metrics"][key] for r in rows if r["status"] == "ok" and r["metrics"].get(key) is not None]
     return statistics.median(vals) if vals else None
+
+
+def _time(rows: list[dict[str, Any]]) -> dict[str, float | None] | None:
+    """Median seconds per timed step of each part of the time breakdown over the repeats that have one."""
+    found = [r["metrics"]["time_breakdown"] for r in rows if r["status"] == "ok" and r["metrics"].get("time_breakdown")]
+    if not found:
+        return None
+    return {k: statistics.median(vals) if (vals := [b[k] for b in found if b.get(k) is not None]) else None
+            for k in (*PARTS, "sum_seconds")}
 
 
 def aggregate(results: list[dict[str, Any]]) -> dict[str, dict[tuple[str, int], dict[str, Any]]]:
@@ -47,7 +59,7 @@ def aggregate(results: list[dict[str, Any]]) -> dict[str, dict[tuple[str, int], 
             "reserved": _median(rows, "peak_reserved_bytes"), "state": state,
             "predicted": first["metrics"].get("predicted"), "ratio": _median(rows, "measured_over_predicted"),
             "tflops": _median(rows, "achieved_tflops"), "mfu": _median(rows, "mfu"),
-            "comm": _median(rows, "comm_share"),
+            "comm": _median(rows, "comm_share"), "time": _time(rows),
         }
     return table
 
@@ -138,6 +150,51 @@ def plot_ratio_to_dp(model: str, cells, out_dir: Path, top: int, dp: dict[str, A
     return _save(fig, out_dir, f"ratio_to_dp_{model}.png")
 
 
+def plot_time(model: str, cells, out_dir: Path) -> str | None:
+    """Milliseconds per timed step of each strategy and world size, stacked by part, beside the measured step time."""
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in _order(cells) if cells[k]["time"]]
+    if not keys:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    bottom = [0.0] * len(keys)
+    for part, label in PARTS.items():
+        vals = [(cells[k]["time"][part] or 0.0) * 1e3 for k in keys]
+        ax.bar(range(len(keys)), vals, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    measured = [(i, cells[k]["p50"] * 1e3) for i, k in enumerate(keys) if cells[k]["p50"]]
+    if measured:
+        ax.scatter(*zip(*measured, strict=True), color="black", marker="_", s=400, zorder=3,
+                   label="measured step (p50)")
+    ax.set_xticks(range(len(keys)), [f"{s} ×{ws}" for s, ws in keys], rotation=30, ha="right", fontsize=8)
+    ax.set(ylabel="ms per step", title=f"{model}: where a step's time goes")
+    ax.set_ylim(0, 1.3 * max([*bottom, *(m for _, m in measured)], default=1))
+    ax.legend(fontsize=7, ncol=3, loc="upper center")
+    return _save(fig, out_dir, f"time_{model}.png")
+
+
+def time_section(model: str, cells, out_dir: Path) -> list[str]:
+    """The time breakdown's table, its plot, and what limits each strategy; nothing when no job recorded one."""
+    png = plot_time(model, cells, out_dir)
+    if png is None:
+        return []
+    lines = ["Where a timed step's time went (ms, median over repeats; exposed communication from the profiled "
+             "steps; how each part is measured: docs/time-breakdown.md):", "",
+             "| strategy | ranks | " + " | ".join(PARTS.values()) + " | parts ÷ step p50 | limited by |",
+             "| --- | ---: | " + "---: | " * len(PARTS) + "---: | --- |"]
+    for key in _order(cells):
+        t, c = cells[key]["time"], cells[key]
+        if not t:
+            continue
+        known = {p: t[p] for p in PARTS if t[p] is not None}
+        top = max(known, key=known.get)
+        limit = PARTS[top] + (" (communication not profiled)" if t["exposed_comm"] is None else "")
+        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(_fmt(t[p], ".1f", 1e3) for p in PARTS)
+                     + f" | {_fmt(t['sum_seconds'] / c['p50'] if c['p50'] else None, '.2f')} | {limit} |")
+    return [*lines, "", f"![{png[:-4]}]({png})", ""]
+
+
 def plot(model: str, cells, out_dir: Path) -> list[str]:
     """The three PNGs for one model (the ratio plot only with a DataParallel baseline); returns their file names."""
     import matplotlib
@@ -197,7 +254,7 @@ def model_section(model: str, cells, out_dir: Path) -> list[str]:
             f"{_fmt(st['model_state'] / ddp['state']['model_state'] if ddp and ddp['state'] else None, '.0%')} | "
             f"{_fmt(pr['ideal'], '.1f', 1 / MIB)} |")
     lines += [""] + [f"![{p[:-4]}]({p})" for p in pngs[1:]] + [""]
-    return lines
+    return lines + time_section(model, cells, out_dir)
 
 
 def _gits(results: list[dict]) -> str:

@@ -129,3 +129,30 @@ def test_rank_0_says_it_once_when_a_job_starts_oversubscribed(monkeypatch, capsy
     assert err == ["scale-ocr: warning: OMP_NUM_THREADS=2 x 1 local rank = 2 threads on 1 usable core (affinity 1, "
                    "cgroup quota none): threads wait for each other at every operator, and steps can run many times "
                    "slower (20x measured at 2 x 2 on 2 cores); export OMP_NUM_THREADS=1 or pass --threads 1"]
+
+
+def test_the_scaling_report_stacks_each_strategys_step_and_names_its_limit(tmp_path: Path):
+    """benchmarks.report from a results.jsonl whose jobs recorded a time breakdown (no jobs launched)."""
+    import json
+
+    from benchmarks.report import build_report
+
+    def row(strategy, comm, compute):
+        parts = {"data": 0.01, "compute": compute, "exposed_comm": comm, "optimizer": 0.02, "other": 0.01}
+        metrics = {"hardware": {"host": "h", "cpu": "cpu", "cores": 2, "memory_bytes": 2**34, "gpus": []},
+                   "versions": {"torch": "2", "deepspeed": "0", "fairscale": "0", "python": "3", "scale-ocr": "0",
+                                "git": "abc"},
+                   "samples_per_sec": 100, "samples_per_sec_p25": 90, "samples_per_sec_p75": 110,
+                   "step_time_p50": sum(parts.values()), "step_time_p95": 0.3, "peak_memory_bytes": 2**30,
+                   "time_breakdown": {**parts, "sum_seconds": sum(parts.values())}}
+        cfg = {"model": "m", "strategy": strategy, "world_size": 2, "batch_size": 8, "repeat": 0,
+               "key": f"m/{strategy}/ws2/r0", "params": 10**6, "precision": "fp32", "steps": 3, "warmup": 1,
+               "preset": None, "threads_per_rank": 1, "launcher": "torchrun"}
+        return {"config": cfg, "status": "ok", "error": None, "metrics": metrics}
+
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (row("ddp", 0.02, 0.2),
+                                                                                   row("fsdp", 0.3, 0.1))))
+    report = build_report(tmp_path).read_text()
+    assert "| ddp | 2 | 200.0 | 20.0 | 10.0 | 20.0 | 10.0 | 1.00 | compute |" in report
+    assert "| fsdp | 2 | 100.0 | 300.0 | 10.0 | 20.0 | 10.0 | 1.00 | exposed communication |" in report
+    assert (tmp_path / "time_m.png").stat().st_size > 5000
