@@ -245,8 +245,8 @@ def run(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     work = work_dir(args.out)
     results = args.out / "results.jsonl"
-    done = {key_of(r) for r in load_rows(args.out) if r["status"] == "ok"}
     jobs = plan(args)
+    done = finished(jobs, load_rows(args.out))
     todo = [j for j in jobs if j.key not in done]
     print_estimate(args, jobs, todo, load_rows(args.out))
     write_command(args.out, "scale_accuracy")
@@ -261,6 +261,26 @@ def run(args: argparse.Namespace) -> None:
         print(f"scale_accuracy [{i}/{len(todo)}] {job.name}: {row['status']}, final {row['metric']} {final}, "
               f"{row['lr_line'] or ''} [{row['wall_seconds']:.0f} s]" + (f" ({row['error']})" if row["error"] else ""),
               flush=True)
+
+
+def finished(jobs: list[Job], rows: list[dict[str, Any]]) -> set[tuple]:
+    """The keys of ``jobs`` that ``rows`` holds an ``ok`` line of. A line of the same job trained otherwise (another
+    budget, split of the batch or evaluation interval) is refused: a resumed folder holds one experiment."""
+    from scale_ocr.errors import UserError
+
+    planned = {j.key: asdict(j) for j in jobs}
+    done = set()
+    for r in rows:
+        job = planned.get(key_of(r))
+        if job is None or r["status"] != "ok":
+            continue
+        differ = [f for f in ("samples", "world_size", "micro_batch", "grad_accum", "eval_every") if r[f] != job[f]]
+        if differ:
+            raise UserError(f"the results folder already holds {'/'.join(map(str, key_of(r)))} trained with other "
+                            f"{', '.join(differ)} ({', '.join(f'{f} {r[f]}' for f in differ)}); resume with the flags "
+                            "it was run with, or give another --out")
+        done.add(key_of(r))
+    return done
 
 
 def print_estimate(args: argparse.Namespace, jobs: list[Job], todo: list[Job], rows: list[dict[str, Any]]) -> None:
@@ -342,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
 
         out = args.out or default_out("scale-accuracy")
         jobs = plan(args)
-        done = {key_of(r) for r in load_rows(out) if r["status"] == "ok"}
+        done = finished(jobs, load_rows(out))
         print_estimate(args, jobs, [j for j in jobs if j.key not in done], load_rows(out))
         return 0
     return bench_main("scale_accuracy", args, run, build_report, check)

@@ -76,6 +76,11 @@ def test_plan_splits_batches_skips_shared_rules_and_finished_jobs(tmp_path):
         ("detection", 4, 2, 1), ("detection", 32, 2, 8)]
     done = _row(32, "none", [0.5], model=sa.CRNN)
     assert crnn[0].key == rep.key_of(done)
+    done |= {"samples": 98304, "micro_batch": 16, "grad_accum": 1, "eval_every": 256}
+    assert sa.finished(jobs, [done]) == {crnn[0].key}
+    with pytest.raises(UserError, match="other samples"):
+        sa.finished(jobs, [done | {"samples": 1024}])  # another budget in the same folder: refused
+    done["samples"] = 1024
     seconds, rates = sa.estimate(jobs, [done | {"wall_seconds": 1024 / 64}])
     assert rates[sa.CRNN] == 64.0 and seconds > 0
     with pytest.raises(UserError, match="--real-crops"):
