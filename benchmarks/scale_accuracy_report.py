@@ -259,6 +259,21 @@ def header(rows: list[dict[str, Any]], out_dir: Path, default_rule: str) -> list
             f"per rank; git {', '.join(gits)}; torch {r0['versions'].get('torch')}.", ""]
 
 
+def overview(summary: dict[str, Any]) -> list[str]:
+    """Issue 32's acceptance 1 in one table: per model and set, how far the default rule keeps accuracy."""
+    if not summary["recognition"]:
+        return []
+    lines = ["## Verdicts", "", f"| model | set | smallest batch's final EM % ({summary['default_rule']}) | default "
+             "holds up to | best rule there | default is best there |", "|---|---|---:|---:|---|---|"]
+    for s in summary["recognition"]:
+        learned = s["reference_final"] is not None and s["reference_final"] >= LEARNED
+        best = {None: "-", True: "yes", False: "no"}[s["default_is_best_there"]] if learned else "-"
+        lines.append(f"| {s['model']} | {SET_NAMES.get(s['set'], s['set'])} | {_pct(s['reference_final'])} | "
+                     f"{s['default_holds_up_to'] if learned else 'no verdict'} | "
+                     f"{s['best_rule_there'] if learned else '-'} | {best} |")
+    return [*lines, ""]
+
+
 def build_report(out_dir: Path) -> Path:
     """``report.md``, ``summary.json`` and the plots of ``out_dir``; returns the report's path."""
     from scale_ocr.config import DEFAULT_LR_SCALING
@@ -269,7 +284,7 @@ def build_report(out_dir: Path) -> Path:
         raise UserError(f"{out_dir}/results.jsonl has no results; run `python -m benchmarks.scale_accuracy` first")
     jobs = latest(rows)
     summary = summarize(rows, DEFAULT_LR_SCALING)
-    lines = header(rows, out_dir, DEFAULT_LR_SCALING) + ["## Recognition", ""]
+    lines = header(rows, out_dir, DEFAULT_LR_SCALING) + overview(summary) + ["## Recognition", ""]
     for s in summary["recognition"]:
         lines += group_lines(jobs, s, DEFAULT_LR_SCALING)
     lines += [f"![{p[:-4]}]({p})" for p in plot(jobs, summary, out_dir)] + [""]

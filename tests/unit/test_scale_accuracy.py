@@ -61,6 +61,8 @@ def test_report_and_summary_from_rows_alone(tmp_path):
     assert "| 64 | 2 x 32 x 1 | none" not in report and "| 64 | 2 x 32 x 1 | linear" not in report  # shown once
     assert "up to global batch **128**; there the best rule is linear (the default trails it)" in report
     assert [d["final_recall"] for d in summary["detection"]] == [0.3, 0.3]
+    assert "| crnn | synthetic words | 90.0 | 128 | linear | no |" in report and "| vit | synthetic words | 5.0 | no " \
+        "verdict | - | - |" in report
     assert "INCONCLUSIVE: under the default rule (sqrt) the smallest batch ends at 5.0% exact match" in report
     assert (tmp_path / "final.png").is_file() and (tmp_path / "curves.png").is_file()
 
