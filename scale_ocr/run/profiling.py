@@ -92,8 +92,8 @@ def _host_spans(events: list[Any]) -> tuple[Spans, Spans]:
     for e in events:
         if e.name.startswith(HOST_COMM):
             comm_by_thread[e.thread].append((e.time_range.start, e.time_range.end))
-    for spans in comm_by_thread.values():
-        spans.sort()
+    for thread, spans in comm_by_thread.items():
+        comm_by_thread[thread] = _merge(spans)  # disjoint, so containment is one lookup (ranges nest)
     workers = set(comm_by_thread) - _calling_threads(events)  # gloo's threads: their operators serve a collective
     compute = [(e.time_range.start, e.time_range.end) for e in events
                if e.name.startswith("aten::") and e.thread not in workers

@@ -26,12 +26,14 @@ def test_exposed_communication_on_gloo_is_what_no_compute_hides():
     """One step of 100 us: data 0-10, compute 10-70, optimizer 70-90, other 90-100. DDP's bucket all-reduce runs on
     gloo's thread from 40 to 80: backward computes until 60, so 60-70 is exposed in compute and 70-75 in the
     optimizer (its first op starts at 75); the gloo thread's own copy (aten::copy_) is not compute. The per-step
-    agreement is synchronous: c10d::allreduce_ on the calling thread 92-94 plus gloo's 94-98, exposed whole."""
+    agreement is synchronous: c10d::allreduce_ on the calling thread 92-94 (an operator nested in it serves the
+    collective) plus gloo's 94-98, exposed whole."""
     events = [ev(RANGE_PREFIX + p, a, b) for p, a, b in (("data", 0, 10), ("compute", 10, 70),
                                                            ("optimizer", 70, 90), ("other", 90, 100))]
     events += [ev("aten::convolution", 10, 40), ev("aten::mm", 40, 60), ev("aten::add_", 75, 90),
                ev("gloo:all_reduce", 40, 80, GLOO), ev("aten::copy_", 41, 79, GLOO),
-               ev("c10d::allreduce_", 92, 94), ev("aten::empty", 92.5, 93), ev("gloo:all_reduce", 94, 98, GLOO)]
+               ev("c10d::allreduce_", 92, 94), ev("record_param_comms", 92.1, 92.3), ev("aten::empty", 92.5, 93),
+               ev("gloo:all_reduce", 94, 98, GLOO)]
     got = exposed_comm(events, on_gpu=False, steps=1)
     assert got["phase_share"] == pytest.approx({"data": 0.0, "compute": 10 / 60, "optimizer": 5 / 20, "other": 0.6})
     assert got["exposed_share"] == pytest.approx((10 + 5 + 6) / 100)
