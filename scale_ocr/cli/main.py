@@ -53,7 +53,9 @@ def _models(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="scale-ocr models", description="List the registered models.")
     parser.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'vitstr_*'")
     parser.add_argument("--params", action="store_true", help="also each model's task, parameter count at its "
-                        "default input size and vocabulary (built on the meta device: no memory, no time) and the "
+                        "default input size and vocabulary (built on the meta device: no memory, no time), training "
+                        "FLOPs per sample (forward + backward, counted by torch's FLOP counter at the default input "
+                        "size; docTR's models run once on the CPU to be counted: seconds each) and the "
                         "learning rate --lr defaults to, with the global batch it is stated at (--lr-scaling "
                         "carries it to a run's)")
     args = parser.parse_args(argv)
@@ -62,6 +64,7 @@ def _models(argv: list[str]) -> int:
 
     from scale_ocr.models import doctr_zoo, list_models
     from scale_ocr.models.factory import recommended_lr, reference_batch
+    from scale_ocr.models.flops import flops_per_sample
 
     docs = [n for n in doctr_zoo.names() if fnmatch.fnmatch(n, args.pattern)]
     have_doctr = importlib.util.find_spec("doctr") is not None
@@ -76,8 +79,9 @@ def _models(argv: list[str]) -> int:
         except RuntimeError:  # a constructor that reads a tensor's value (docTR's VIPTR): built for real
             model = task.build_model()
         params = sum(p.numel() for p in model.parameters())
-        print(f"{name:<30} {task.name:<18} {params / 1e6:>9.2f}M  lr {recommended_lr(name):g} at global batch "
-              f"{reference_batch(name)}")
+        flops = flops_per_sample(task).total
+        print(f"{name:<30} {task.name:<18} {params / 1e6:>9.2f}M {flops / 1e9:>10.3f} GFLOP/sample  "
+              f"lr {recommended_lr(name):g} at global batch {reference_batch(name)}", flush=True)
     return 0
 
 

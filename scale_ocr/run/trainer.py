@@ -29,6 +29,7 @@ from scale_ocr.optim import LRSchedule
 from scale_ocr.precision import autocast_factory, emulates_gemm, gemm_factory
 from scale_ocr.run.breakdown import StepClock, memory_breakdown, time_breakdown
 from scale_ocr.run.control import EXIT_PREEMPTED, StepControl, StopSignal, WeightCheck
+from scale_ocr.run.mfu import Utilization
 from scale_ocr.run.profiling import StepProfiler
 from scale_ocr.run.safe_files import DiskFault, defer, pending, take_pending, write_atomic
 from scale_ocr.run.watchdog import Watchdog
@@ -132,6 +133,9 @@ class Trainer:
         self.profiler = (StepProfiler(run_dir, self.timing_end + 1, total_steps, self.device, strategy.is_main)
                          if cfg.profile_steps else None)
         self.clock = StepClock(self.device)  # data, compute, optimizer and other time of each step
+        self.utilization = Utilization.for_run(task, cfg.precision, strategy.dist)  # counted FLOPs / device peak
+        if strategy.is_main:
+            print(self.utilization.line(), flush=True)
         self.activations = ActivationProbe()  # bytes saved for backward by the first micro-batch
         self.state = RunState()
         self.weights = WeightCheck(strategy.weight_norm, cfg.max_weight_growth)  # measured again when fit() starts
@@ -358,6 +362,7 @@ class Trainer:
             "train/epoch": self.state.epoch,
             "memory/peak_bytes_max": all_reduce_max(mem, self.device),
             "memory/peak_bytes_mean": mem_sum / self.strategy.world_size,
+            **self.utilization.metrics(n_steps * self.global_batch / max(elapsed, 1e-9)),
         }
         if stats.loss_scale is not None:
             metrics["train/loss_scale"] = stats.loss_scale
@@ -366,7 +371,8 @@ class Trainer:
         if self.strategy.is_main and not self.interactive:
             print(f"step {self.state.step}/{self.total_steps} loss={metrics['train/loss']:.4f} "
                   f"lr={metrics['train/lr']:.2e} grad_norm={metrics['train/grad_norm']:.3f} "
-                  f"samples/s={metrics['train/samples_per_sec']:.1f}", flush=True)
+                  f"samples/s={metrics['train/samples_per_sec']:.1f} "
+                  f"{self.utilization.describe(metrics['train/samples_per_sec'])}", flush=True)
         if self.watchdog is not None:
             self.watchdog.printed()
 
@@ -439,6 +445,7 @@ class Trainer:
             **{k: ev.get(k) for k in self.task.metric_names},
             f"best_{self.task.metric_names[0]}": self.state.best[0] if self.state.best else None,
             "samples_per_sec": sps,
+            **self.utilization.summary(sps),  # mfu, flops_per_sample, peak_flops (with its source)
             "data_share": data_share,
             "peak_memory_bytes": int(peak),
             "peak_reserved_bytes": (int(all_reduce_max(torch.cuda.max_memory_reserved(self.device), self.device))

@@ -76,10 +76,11 @@ def _check_offline_run(run_dir: Path) -> str:
     assert cfg["versions"]["torch"] and cfg["launcher"] == "torchrun" and cfg["train"]["max_steps"] == 4
     steps = [h for h in run.history if "train/loss" in h]
     assert steps and {"train/lr", "train/grad_norm", "train/samples_per_sec", "train/step_time",
-                      "memory/peak_bytes_max", "memory/peak_bytes_mean"} <= set(steps[0])
+                      "memory/peak_bytes_max", "memory/peak_bytes_mean", "train/mfu"} <= set(steps[0])
     assert any("val/exact_match" in h for h in run.history)
     summary = read_metrics(run_dir)
-    for key in ("strategy", "world_size", "steps", "exact_match", "cer", "samples_per_sec", "peak_memory_bytes"):
+    for key in ("strategy", "world_size", "steps", "exact_match", "cer", "samples_per_sec", "peak_memory_bytes",
+                "mfu"):
         assert run.summary[key] == pytest.approx(summary[key]) if isinstance(summary[key], float) \
             else run.summary[key] == summary[key]
     # Secrets in the environment reach neither the run nor our files.

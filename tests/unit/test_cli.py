@@ -14,7 +14,8 @@ def test_lists(capsys):
     assert main(["models", "vitstr_*", "--params"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
     assert [r[0] for r in rows] == ["vitstr_base", "vitstr_large", "vitstr_small", "vitstr_tiny"]
-    assert rows[3][1:] == ["recognition", "5.40M", "lr", "0.001", "at", "global", "batch", "64"]
+    assert rows[3][1:] == ["recognition", "5.40M", "4.543", "GFLOP/sample", "lr", "0.001", "at", "global", "batch",
+                           "64"]  # FLOPs: forward + backward per 32x128 sample, counted (docs/mfu.md)
     assert rows[1][2] == "302.64M"
     assert main(["models", "crnn_mobilenet_v3_small", "--params"]) == 0
     assert capsys.readouterr().out.split()[-6:] == ["lr", "0.003", "at", "global", "batch", "64"]  # --lr's default

@@ -1,0 +1,262 @@
+"""Model FLOPs utilisation: the FLOP/s a run's model work amounts to, over what its devices can do.
+
+``MFU = counted FLOPs per training sample x samples/s / (peak FLOP/s of one device x devices)``, with the FLOPs
+counted once by :func:`scale_ocr.models.flops.flops_per_sample` and the peak from one of two places:
+
+- **GPUs**: :data:`GPU_PEAKS`, the vendors' datasheet figures of dense (no sparsity) tensor throughput per
+  precision. An fp32 run counts against the TF32 peak where torch lets cuDNN or matmuls use TF32 (cuDNN's
+  convolutions do by default), since that is what its kernels can reach. A GPU not in the table is measured as a
+  CPU is.
+- **CPUs** (and unknown GPUs): a matrix-multiply peak measured on the host at the run's dtype: square
+  ``torch.mm`` products on one thread, the best of a few timings (under a second), timed by the thread's own CPU
+  time, times the run's threads. Timing one core by its CPU time keeps other jobs on a shared host from lowering
+  the peak (measured here under a load of 12 on 2 cores: 2 threads by the wall clock read 28 GFLOP/s, one core by
+  CPU time about twice that); it assumes products scale with cores, which large products nearly do, so the
+  denominator errs high and MFU low. Cached in ``$XDG_CACHE_HOME/scale_ocr/peak_flops.json`` (``~/.cache``) by
+  CPU model, the instruction set torch's kernels use (``torch.backends.cpu.get_cpu_capability()``), dtype and
+  torch version. A bf16/fp16 run on a CPU with no 16-bit matrix unit computes its products in fp32
+  (:mod:`scale_ocr.precision`), so its peak is fp32's.
+
+The peak is what a matrix product reaches, not the chip's theoretical figure: a CPU's MFU says how far the
+model's kernels (depthwise convolutions, LSTM steps, small products) are from the best dense product on the
+same cores. Delete the cache file to measure again. Every rank is counted as one device (``dp``'s one process over several GPUs is counted as one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scale_ocr.dist.distributed import DistInfo, all_reduce_sum
+from scale_ocr.models.flops import FlopCount, flops_per_sample
+
+# Dense peak FLOP/s per device, (fp32, tf32, bf16/fp16), from each vendor's datasheet; sparsity figures halved.
+# Matched by substring of torch.cuda.get_device_name(), first match wins (so "H100 PCIe" before "H100").
+GPU_PEAKS: tuple[tuple[str, str, tuple[float, float | None, float | None]], ...] = (
+    # https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM; NVL: 60 / 417 / 835)
+    ("H200 NVL", "H200 NVL", (60e12, 417e12, 835e12)),
+    ("H200", "H200 SXM", (67e12, 494.5e12, 989.5e12)),
+    # https://www.nvidia.com/en-us/data-center/h100/ (datasheet: SXM 67 / 989 sparse / 1,979 sparse)
+    ("H100 PCIe", "H100 PCIe", (51e12, 378e12, 756e12)),
+    ("H100 NVL", "H100 NVL", (60e12, 417e12, 835e12)),
+    ("H100", "H100 SXM", (67e12, 494.5e12, 989.5e12)),
+    # https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
+    ("A100", "A100", (19.5e12, 156e12, 312e12)),
+    # https://www.nvidia.com/en-us/data-center/l40s/
+    ("L40S", "L40S", (91.6e12, 183e12, 362e12)),
+    # https://www.nvidia.com/en-us/data-center/l4/
+    ("L4", "L4", (30.3e12, 60e12, 121e12)),
+    # https://www.nvidia.com/en-us/data-center/products/a10-gpu/ (A10G, AWS's variant, is measured instead)
+    ("A10G", "", (0.0, None, None)),
+    ("A10", "A10", (31.2e12, 62.5e12, 125e12)),
+    # https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf
+    # (SXM2; fp16 tensor cores, no bf16 or tf32)
+    ("V100", "V100 SXM2", (15.7e12, None, 125e12)),
+    # https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html (matrix fp32 163.4)
+    ("MI300X", "MI300X", (163.4e12, 653.7e12, 1307.4e12)),
+    # https://www.amd.com/en/products/accelerators/instinct/mi200/mi250x.html
+    ("MI250X", "MI250X", (95.7e12, None, 383e12)),
+)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+CACHE_NAME = "peak_flops.json"
+
+
+@dataclass(frozen=True)
+class Peak:
+    """One device's peak FLOP/s for a precision, and where the figure comes from (MFU's denominator)."""
+
+    flops: float
+    source: str
+
+
+def gpu_peak(name: str, precision: str, tf32: bool) -> Peak | None:
+    """The table's peak of the GPU called ``name`` at ``precision`` (fp32 counts as TF32 when ``tf32``); None when
+    the table does not know it (or its figure for that precision)."""
+    for match, label, (fp32, tf32_peak, half) in GPU_PEAKS:
+        if match in name:
+            kind, flops = ("bf16/fp16", half) if precision != "fp32" else \
+                ("tf32", tf32_peak) if tf32 and tf32_peak else ("fp32", fp32)
+            return Peak(flops, f"table: {label} {kind} dense") if flops else None
+    return None
+
+
+def measure_mm_peak(device: torch.device, dtype: torch.dtype, seconds: float = 0.4) -> float:
+    """The best FLOP/s of square ``torch.mm`` products on ``device`` at ``dtype`` over about ``seconds``: on a CPU,
+    of one core (one thread, timed by that thread's CPU time, so other jobs sharing the host do not lower it)."""
+    n = 1024 if device.type == "cpu" else 8192
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+    threads = torch.get_num_threads()
+    cpu = device.type == "cpu"
+    clock = time.thread_time if cpu else time.perf_counter
+    if cpu:
+        torch.set_num_threads(1)  # the product then runs in this thread, whose CPU time is the cost
+    try:
+        torch.mm(a, b)  # first call: kernel selection, page faults
+        best, end = 0.0, time.perf_counter() + seconds
+        while time.perf_counter() < end or best == 0.0:
+            if not cpu:
+                torch.cuda.synchronize(device)
+            t0 = clock()
+            for _ in range(4):
+                torch.mm(a, b)
+            if not cpu:
+                torch.cuda.synchronize(device)
+            best = max(best, 4 * 2 * n**3 / max(clock() - t0, 1e-9))
+    finally:
+        torch.set_num_threads(threads)
+    return best
+
+
+def cache_path() -> Path:
+    """Where measured peaks are kept: ``$XDG_CACHE_HOME/scale_ocr`` (default ``~/.cache/scale_ocr``)."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "scale_ocr" / CACHE_NAME
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    """The cached peaks; an unreadable or damaged file is an empty cache (measured again), never an error."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_cache(path: Path, data: dict[str, Any]) -> None:
+    """Atomically (temp file, rename); a cache that cannot be written is only measured again next time."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def measured_peak(device: torch.device, precision: str) -> Peak:
+    """The measured matrix-multiply peak of ``device`` at ``precision`` (a CPU: one core's, cached, times this
+    process's threads)."""
+    from scale_ocr.precision import emulates_gemm
+
+    dtype = torch.float32 if emulates_gemm(precision, device) else DTYPES[precision]
+    dtype_name = str(dtype).removeprefix("torch.")
+    threads = torch.get_num_threads() if device.type == "cpu" else 1
+    if device.type == "cpu":
+        isa = torch.backends.cpu.get_cpu_capability()
+        where, what = f"{_cpu_model()}|{isa}", f"{isa}, {threads} x 1 thread"
+    else:
+        where = what = torch.cuda.get_device_name(device)
+    key = f"{where}|{dtype_name}|torch {torch.__version__}"
+    path = cache_path()
+    cache = _read_cache(path)
+    flops = cache.get(key)
+    if isinstance(flops, bool) or not isinstance(flops, (int, float)) or not 0 < flops < float("inf"):
+        flops = measure_mm_peak(device, dtype)
+        _write_cache(path, {**cache, key: flops})
+    return Peak(float(flops) * threads, f"measured mm peak, {what}, {dtype_name}")
+
+
+def device_peak(device: torch.device, precision: str) -> Peak:
+    """MFU's denominator for one device of this run: the GPU table where it knows the part, else measured."""
+    if device.type == "cuda":
+        tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32
+        peak = gpu_peak(torch.cuda.get_device_name(device), precision, tf32)
+        if peak is not None:
+            return peak
+    return measured_peak(device, precision)
+
+
+class Utilization:
+    """A run's MFU: its counted FLOPs per sample against ``devices`` x one device's peak.
+
+    Args:
+        flops: the model's training FLOPs per sample.
+        peak: one device's peak FLOP/s and its source.
+        devices: devices the job trains on (its ranks).
+    """
+
+    def __init__(self, flops: FlopCount, peak: Peak, devices: int) -> None:
+        self.flops, self.peak, self.devices = flops, peak, devices
+
+    @classmethod
+    def for_run(cls, task, precision: str, dist: DistInfo) -> Utilization:
+        """Count the run's model and measure the peak on rank 0 alone; the other ranks wait in the all-reduce that
+        hands them the figures (so they neither repeat the count nor share the cores with the measurement)."""
+        flops = _count(task, precision) if dist.is_main else FlopCount(0, 0, "")
+        peak = device_peak(dist.device, precision) if dist.is_main else Peak(0.0, "")
+        forward, backward, value = all_reduce_sum([flops.forward, flops.backward, peak.flops], dist.device)
+        how, source = (flops.how, peak.source) if dist.is_main else ("rank 0's", "rank 0's")
+        return cls(FlopCount(int(forward), int(backward), how), Peak(value, source), dist.world_size)
+
+    @property
+    def peak_total(self) -> float:
+        """Peak FLOP/s of the whole job."""
+        return self.peak.flops * self.devices
+
+    def mfu(self, samples_per_sec: float) -> float | None:
+        """Model FLOP/s at ``samples_per_sec`` over the job's peak (None without a rate or a count)."""
+        if not samples_per_sec > 0 or not self.peak_total > 0 or not self.flops.total > 0:
+            return None
+        return self.flops.total * samples_per_sec / self.peak_total
+
+    def metrics(self, samples_per_sec: float) -> dict[str, float | None]:
+        """The per-log-line fields (metrics.jsonl, W&B): MFU and the FLOP/s on both sides of it."""
+        achieved = self.flops.total * samples_per_sec if samples_per_sec > 0 and self.flops.total > 0 else None
+        return {"train/mfu": self.mfu(samples_per_sec), "train/model_flops_per_sec": achieved,
+                "train/peak_flops_per_sec": self.peak_total}
+
+    def describe(self, samples_per_sec: float) -> str:
+        """``mfu=3.1% of 2x310 GFLOP/s``: the log line's part (the source is in metrics.json and the first line)."""
+        mfu = self.mfu(samples_per_sec)
+        return f"mfu={mfu:.2%} of {self.devices}x{_flops_text(self.peak.flops)}" if mfu is not None else "mfu=n/a"
+
+    def summary(self, samples_per_sec: float) -> dict[str, Any]:
+        """metrics.json's fields: MFU over the timed steps, the FLOPs per sample and the peak with its source."""
+        return {"mfu": self.mfu(samples_per_sec),
+                "flops_per_sample": {"forward": self.flops.forward, "backward": self.flops.backward,
+                                     "total": self.flops.total, "counted": self.flops.how},
+                "peak_flops": {"per_device": self.peak.flops, "devices": self.devices, "source": self.peak.source}}
+
+    def line(self) -> str:
+        """The run's first line about it: what MFU is computed from."""
+        counted = (f"{_flops_text(self.flops.total, 'FLOP')} per training sample "
+                   f"({_flops_text(self.flops.forward, 'FLOP')} forward, counted)" if self.flops.total else
+                   "FLOPs not counted")
+        return f"scale-ocr: MFU against {self.devices} x {_flops_text(self.peak.flops)} ({self.peak.source}); {counted}"
+
+
+def _count(task, precision: str) -> FlopCount:
+    """The run's count, or none with one warning line: a model torch cannot run to count (an operator with no meta
+    kernel and a forward that fails on the CPU) trains as it would, without MFU."""
+    try:
+        return flops_per_sample(task, precision=precision)
+    except Exception as exc:  # noqa: BLE001 - counting is a measurement; it never stops the run it measures
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+        print(f"scale-ocr: warning: could not count {task.arch}'s FLOPs ({reason}); the run trains without MFU "
+              "(mfu null in metrics.json)", file=sys.stderr, flush=True)
+        return FlopCount(0, 0, "not counted")
+
+
+def _flops_text(value: float, unit: str = "FLOP/s") -> str:
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if value >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
