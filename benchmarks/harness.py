@@ -184,6 +184,7 @@ def measure(run_dir: Path, warmup: int, timed: int) -> dict[str, Any]:
         "comm_share": summary.get("comm_share"),  # profiled steps: share of time with a collective in flight
         "time_breakdown": summary.get("time_breakdown"),  # seconds per timed step by part (docs/time-breakdown.md)
         "memory_breakdown": summary.get("memory_breakdown"),  # the largest rank's peak, split (docs/memory.md)
+        "peak_flops": summary.get("peak_flops"),  # MFU's denominator, with its source (docs/mfu.md)
     }
 
 

@@ -59,6 +59,7 @@ def aggregate(results: list[dict[str, Any]]) -> dict[str, dict[tuple[str, int], 
             "reserved": _median(rows, "peak_reserved_bytes"), "state": state,
             "predicted": first["metrics"].get("predicted"), "ratio": _median(rows, "measured_over_predicted"),
             "tflops": _median(rows, "achieved_tflops"), "mfu": _median(rows, "mfu"),
+            "peak_flops": first["metrics"].get("peak_flops") if ok else None,  # MFU's denominator and its source
             "comm": _median(rows, "comm_share"), "time": _time(rows),
         }
     return table
@@ -235,6 +236,9 @@ def model_section(model: str, cells, out_dir: Path) -> list[str]:
             f"{_fmt(c['peak'] / dp['peak'] if dp and c['peak'] else None, '.2f')} | {_fmt(c['comm'], '.0%')} | "
             f"{_fmt(c['tflops'], '.3f')} | "
             f"{_fmt(c['mfu'], '.1%')} |")
+    sources = sorted({c["peak_flops"]["source"] for c in cells.values() if c.get("peak_flops")})
+    lines += ["", f"MFU: counted FLOPs per sample x samples/s over the ranks' peak ({'; '.join(sources)}; "
+              "docs/mfu.md)."] if sources else []
     top = max((ws for _, ws in cells), default=1)
     ddp = cells.get(("ddp", top))
     lines += ["", f"Model state per rank at world size {top} (DataParallel: its one process), counted from the "

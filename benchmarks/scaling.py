@@ -140,20 +140,11 @@ def command(cfg: Config, suite: Suite, data_args: list[str], run_dir: Path, grou
     return step_command(cfg, suite.job_steps, data_args, extra, run_dir, group, wandb_mode, suite.profile_steps)
 
 
-# Dense bf16 / fp32 peak FLOP/s per device for MFU (datasheet figures, no sparsity).
-PEAK_FLOPS = {"H200": (989e12, 67e12), "H100": (989e12, 67e12), "A100": (312e12, 19.5e12),
-              "L40S": (362e12, 91.6e12), "A10": (125e12, 31.2e12)}
+def flops_per_sample(task) -> float:
+    """Training FLOPs of one sample (forward + backward), counted as every run counts them (docs/mfu.md)."""
+    from scale_ocr.models.flops import flops_per_sample as counted
 
-
-def flops_per_sample(model, inputs) -> float:
-    """Training FLOPs of one sample (forward + backward) of a 2-sample dummy batch, by torch's FLOP counter."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        out = model(*inputs)
-        out["loss"].backward()
-    model.zero_grad(set_to_none=True)
-    return counter.get_total_flops() / 2
+    return float(counted(task).total)
 
 
 def predicted(strategy: str, world_size: int, precision: str, model, size) -> dict[str, float]:
@@ -184,7 +175,7 @@ class Models:
         built = {m: tasks[m].build_model() for m in suite.models}
         return cls(tasks, built, sizes={m: model_size(built[m]) for m in suite.models},
                    data_args={m: tasks[m].benchmark_data(work, words, log) for m in suite.models},
-                   flops={m: flops_per_sample(built[m], tasks[m].dummy_inputs(2)) for m in suite.models})
+                   flops={m: flops_per_sample(tasks[m]) for m in suite.models})
 
 
 def job_metrics(cfg: Config, suite: Suite, models: Models, run_dir: Path, status: str, error: str | None,
@@ -202,12 +193,13 @@ def job_metrics(cfg: Config, suite: Suite, models: Models, run_dir: Path, status
     metrics["measured_over_predicted"] = measured / pred["model_state"] if measured else None
     metrics["flops_per_sample"] = models.flops[cfg.model]
     if "samples_per_sec" in metrics:
-        peak = next((v for k, v in PEAK_FLOPS.items() if hw["gpus"] and k in hw["gpus"][0]), None)
+        # The benchmark's rate (median of the timed steps) over the peak the run measured or looked up.
         achieved = models.flops[cfg.model] * metrics["samples_per_sec"]
         metrics["achieved_tflops"] = achieved / 1e12
-        per_device = (peak[0] if cfg.precision != "fp32" else peak[1]) if peak else None
-        devices = len(hw["gpus"]) if cfg.launcher == "python" else cfg.world_size
-        metrics["mfu"] = achieved / (per_device * devices) if per_device else None
+        peak = metrics.get("peak_flops") or {}
+        devices = len(hw["gpus"]) if cfg.launcher == "python" and hw["gpus"] else peak.get("devices") or 0  # dp
+        total = (peak.get("per_device") or 0.0) * devices
+        metrics["mfu"] = achieved / total if total else None
     return status, error, metrics
 
 
