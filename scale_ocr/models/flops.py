@@ -22,14 +22,20 @@ Three of torch's rules are completed here, each checked against a hand count (te
 Models are counted on the meta device (no memory, well under a second for scale_ocr's models); a model whose
 forward reads values (docTR's, which build their targets from numbers) is counted on the CPU for real. The bare
 architecture is counted: activation checkpointing's recomputation is not model FLOPs (PaLM's MFU convention).
-Counts are cached per (model, input size, precision) for the process.
+Counts are cached per (model, input size, precision) for the process, and on disk (``$XDG_CACHE_HOME/scale_ocr/
+flops.json``, ``~/.cache``) under a fingerprint of the model: its identity, precision, torch version, the built
+model's description and the source files of its modules and of this counter, so a changed model is counted again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
+import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,6 +44,8 @@ from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_back
 
 aten = torch.ops.aten
 COUNT_BATCH = 2  # samples counted at once (BatchNorm refuses one sample of a 1x1 feature map); counts are per sample
+CACHE_NAME = "flops.json"
+CACHE_ENTRIES = 256  # the newest counts kept on disk
 
 
 @dataclass(frozen=True)
@@ -205,6 +213,64 @@ def _count(task, precision: str) -> FlopCount:
 _COUNTED: dict[str, FlopCount] = {}  # by model identity (architecture, input size, sizes, vocabulary) and precision
 
 
+def cache_path(name: str) -> Path:
+    """A cache file of scale_ocr's: ``$XDG_CACHE_HOME/scale_ocr/NAME`` (default ``~/.cache/scale_ocr/NAME``)."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "scale_ocr" / name
+
+
+def read_cache(path: Path) -> dict[str, Any]:
+    """A JSON cache; an unreadable or damaged file is an empty cache (measured again), never an error."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_cache(path: Path, data: dict[str, Any]) -> None:
+    """Atomically (temp file, rename); a cache that cannot be written is only measured again next time."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _fingerprint(task, precision: str) -> str | None:
+    """What the count depends on, hashed (see the module doc); None when the model cannot be built on meta."""
+    try:
+        with torch.device("meta"):
+            model = task.create_model()
+    except (RuntimeError, NotImplementedError, ValueError, TypeError):
+        return None
+    digest = hashlib.sha256(json.dumps([task.identity(), precision, torch.__version__], sort_keys=True,
+                                       default=str).encode())
+    digest.update(repr(model).encode())
+    sources = {inspect.getsourcefile(type(m)) for m in model.modules()} | {__file__}
+    for source in sorted(s for s in sources if s):
+        digest.update(Path(source).read_bytes())
+    return digest.hexdigest()
+
+
+def _cached_count(task, precision: str) -> FlopCount:
+    """The disk cache's count of this model, else a new count, written back."""
+    key, path = _fingerprint(task, precision), cache_path(CACHE_NAME)
+    cache = read_cache(path) if key else {}
+    hit = cache.get(key) if key else None
+    try:
+        return FlopCount(int(hit["forward"]), int(hit["backward"]), str(hit["how"]))
+    except (TypeError, KeyError, ValueError):
+        pass  # not cached, or an entry of another shape: counted again
+    count = _count(task, precision)
+    if key:
+        kept = dict(list(cache.items())[-(CACHE_ENTRIES - 1):]) if CACHE_ENTRIES > 1 else {}
+        write_cache(path, {**kept, key: asdict(count)})
+    return count
+
+
 def flops_per_sample(model: Any, input_size: Sequence[int] | None = None, precision: str = "fp32",
                      **size: Any) -> FlopCount:
     """Forward and backward FLOPs of one training sample of a registered or docTR model.
@@ -236,5 +302,5 @@ def flops_per_sample(model: Any, input_size: Sequence[int] | None = None, precis
         task = create_task(dataclasses.replace(task.cfg, input_size=tuple(input_size)))
     key = json.dumps([task.identity(), precision], sort_keys=True, default=str)
     if key not in _COUNTED:
-        _COUNTED[key] = _count(task, precision)
+        _COUNTED[key] = _cached_count(task, precision)
     return _COUNTED[key]

@@ -24,8 +24,6 @@ same cores. Delete the cache file to measure again. Every rank is counted as one
 
 from __future__ import annotations
 
-import json
-import os
 import platform
 import sys
 import time
@@ -36,7 +34,7 @@ from typing import Any
 import torch
 
 from scale_ocr.dist.distributed import DistInfo, all_reduce_sum
-from scale_ocr.models.flops import FlopCount, flops_per_sample
+from scale_ocr.models.flops import FlopCount, cache_path, flops_per_sample, read_cache, write_cache
 
 # Dense peak FLOP/s per device, (fp32, tf32, bf16/fp16), from each vendor's datasheet; sparsity figures halved.
 # Matched by substring of torch.cuda.get_device_name(), first match wins (so "H100 PCIe" before "H100").
@@ -115,12 +113,6 @@ def measure_mm_peak(device: torch.device, dtype: torch.dtype, seconds: float = 0
     return best
 
 
-def cache_path() -> Path:
-    """Where measured peaks are kept: ``$XDG_CACHE_HOME/scale_ocr`` (default ``~/.cache/scale_ocr``)."""
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "scale_ocr" / CACHE_NAME
-
-
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
@@ -129,26 +121,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def _read_cache(path: Path) -> dict[str, Any]:
-    """The cached peaks; an unreadable or damaged file is an empty cache (measured again), never an error."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _write_cache(path: Path, data: dict[str, Any]) -> None:
-    """Atomically (temp file, rename); a cache that cannot be written is only measured again next time."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
 
 
 def measured_peak(device: torch.device, precision: str) -> Peak:
@@ -165,12 +137,12 @@ def measured_peak(device: torch.device, precision: str) -> Peak:
     else:
         where = what = torch.cuda.get_device_name(device)
     key = f"{where}|{dtype_name}|torch {torch.__version__}"
-    path = cache_path()
-    cache = _read_cache(path)
+    path = cache_path(CACHE_NAME)
+    cache = read_cache(path)
     flops = cache.get(key)
     if isinstance(flops, bool) or not isinstance(flops, (int, float)) or not 0 < flops < float("inf"):
         flops = measure_mm_peak(device, dtype)
-        _write_cache(path, {**cache, key: flops})
+        write_cache(path, {**cache, key: flops})
     return Peak(float(flops) * threads, f"measured mm peak, {what}, {dtype_name}")
 
 

@@ -37,14 +37,14 @@ def test_a_tiny_run_reports_mfu_with_its_measured_peak(tmp_path, monkeypatch, ca
     assert steps and all(0 < r["train/mfu"] < 1 and r["train/peak_flops_per_sec"] == peak["per_device"] for r in steps)
     assert "scale-ocr: MFU against 1 x " in out and peak["source"] in out
     assert sum(" mfu=" in line for line in out.splitlines() if line.startswith("step ")) == len(steps)
-    assert list(json.loads(mfu.cache_path().read_text()).values())  # measured once, kept
+    assert list(json.loads(mfu.cache_path(mfu.CACHE_NAME).read_text()).values())  # measured once, kept
 
 
 def test_peak_cache_and_gpu_table(tmp_path, monkeypatch):
     """A damaged cache is measured again and rewritten whole; a cached peak is read without measuring; the GPU
     table picks the part, the precision and TF32, and leaves what it does not know to a measurement."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    path = mfu.cache_path()
+    path = mfu.cache_path(mfu.CACHE_NAME)
     path.parent.mkdir(parents=True)
     path.write_text('{"half a file')
     monkeypatch.setattr(mfu, "measure_mm_peak", lambda device, dtype: 5e10)
