@@ -24,7 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,7 +44,6 @@ from benchmarks.harness import (
     run_main,
     versions,
     work_dir,
-    write_command,
 )
 from benchmarks.scale_accuracy_report import RULES, SETS, build_report, key_of, load_rows
 
@@ -249,7 +250,8 @@ def run(args: argparse.Namespace) -> None:
     done = finished(jobs, load_rows(args.out))
     todo = [j for j in jobs if j.key not in done]
     print_estimate(args, jobs, todo, load_rows(args.out))
-    write_command(args.out, "scale_accuracy")
+    # The command as typed, quoted so it runs again as it is (an empty list, `--det-batches ""`, included).
+    (args.out / "command.txt").write_text(shlex.join(["python", "-m", "benchmarks.scale_accuracy", *sys.argv[1:]]) + "\n")
     hw = hardware()
     context = {"threads": max(1, (hw["cores"] or 1) // args.world_size),
                "stamp": {"versions": versions(), "hardware": hw}}
