@@ -83,6 +83,8 @@ def _check_offline_run(run_dir: Path) -> str:
                 "mfu"):
         assert run.summary[key] == pytest.approx(summary[key]) if isinstance(summary[key], float) \
             else run.summary[key] == summary[key]
+    for key in ("time_breakdown", "memory_breakdown"):  # nested: where the step time and the peak memory went
+        assert run.summary[key] == summary[key] and summary[key], key
     # Secrets in the environment reach neither the run nor our files.
     for f in [*runs[0].glob("*.wandb"), run_dir / "config.json", run_dir / "metrics.jsonl"]:
         assert SECRET.encode() not in f.read_bytes(), f
