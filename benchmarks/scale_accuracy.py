@@ -48,9 +48,12 @@ from benchmarks.harness import (
 from benchmarks.scale_accuracy_report import RULES, SETS, build_report, key_of, load_rows
 
 CRNN, VIT, DET = "crnn_mobilenet_v3_small", "vitstr_tiny", "db_mobilenet_v3_large"
-# Samples (words or pages) per second of one job on the 2-core VM (2 ranks x 1 thread, evaluation included),
-# used for the time estimate until the folder's own finished jobs measure them.
-RATES = {CRNN: 80.0, VIT: 40.0, "vitstr_small": 12.0, DET: 3.0}
+# Samples (words or pages) per second of one job on the 2-core VM (2 ranks x 1 thread, loading and evaluation
+# included), for the estimate until the folder's own finished jobs measure them. CRNN: the convergence record
+# (98,304 words in 1195 s); the others from it by their training step's cost per sample against the CRNN's, measured
+# interleaved in one 1-thread process (vitstr_tiny x7.0, vitstr_small x22, db_mobilenet_v3_large at 512x512 x138;
+# a vitstr_tiny job at batch 64 logged 11 words/s, as predicted).
+RATES = {CRNN: 80.0, VIT: 11.0, "vitstr_small": 3.5, DET: 0.6}
 PRESETS: dict[str, dict[str, Any]] = {
     # A minute or two: does every piece run end to end (one model, one set, two batches, one rule, detection).
     "smoke": {"models": [CRNN], "sets": ["synthetic"], "batches": [32, 64], "rules": ["sqrt"], "samples": 1024,
@@ -286,11 +289,15 @@ def finished(jobs: list[Job], rows: list[dict[str, Any]]) -> set[tuple]:
 
 
 def print_estimate(args: argparse.Namespace, jobs: list[Job], todo: list[Job], rows: list[dict[str, Any]]) -> None:
+    """The plan's size and how long its remaining jobs take, in all and per model."""
     seconds, rates = estimate(todo, rows)
-    used = ", ".join(f"{m} {rates[m]:.1f}/s" for m in dict.fromkeys(j.model for j in jobs))
+    parts = []
+    for m in dict.fromkeys(j.model for j in jobs):
+        mine = [j for j in todo if j.model == m]
+        parts.append(f"{m}: {len(mine)} jobs, {estimate(mine, rows)[0] / 3600:.1f} h at {rates[m]:.1f} samples/s")
     print(f"scale_accuracy: preset {args.preset}: {len(jobs)} jobs, {len(jobs) - len(todo)} done, {len(todo)} to run: "
-          f"about {seconds / 3600:.1f} h ({seconds / 60:.0f} min) of this host's cores at {used} (samples per second "
-          "of one job; measured by this folder's finished jobs where it has them)", flush=True)
+          f"about {seconds / 3600:.1f} h ({seconds / 60:.0f} min) of this host's cores ({'; '.join(parts)}; a rate per "
+          "job, measured by this folder's finished jobs where it has them)", flush=True)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
