@@ -96,13 +96,14 @@ def _host_cluster(args: argparse.Namespace, task, work) -> tuple[Any, float, str
     if args.link not in (None, "host"):
         raise UserError(f"--device host runs over gloo on this machine; drop --link {args.link} (or give a GPU --device)")
     threads = max(1, (os.cpu_count() or 1) // min(args.world_size, os.cpu_count() or 1))
+    ranks = min(args.world_size, 8)  # a job's local ranks share the host: they step at once
     flops = host_probe.compute_rate(task, args.batch_size, args.precision, threads, work.flops_forward
-                                    + work.flops_backward)
+                                    + work.flops_backward, ranks=ranks)
     bandwidth, latency = host_probe.gloo_link(2)
     memory = host_probe.memory_bandwidth(threads=threads)
     cluster = tm.with_host(tm.Cluster(tm.DEVICES["h100"], tm.LINKS["nvlink4"], tm.LINKS["nvlink4"], args.per_node),
                            flops, memory, bandwidth, latency)
-    why = (f"measured here: {flops / 1e9:.1f} GFLOP/s at {threads} thread(s) per rank, memory {memory / 1e9:.1f} GB/s, "
+    why = (f"measured here: {flops / 1e9:.1f} GFLOP/s per rank at {threads} thread(s), {ranks} rank(s) at once, memory {memory / 1e9:.1f} GB/s, "
            f"gloo all-reduce {bandwidth / 1e9:.2f} GB/s + {latency * 1e6:.0f} us per call")
     return cluster, 1.0, why
 
