@@ -136,7 +136,7 @@ def estimate(jobs: list[Job], rows: list[dict[str, Any]]) -> tuple[float, dict[s
     """Seconds the jobs take on this host, at each model's rate measured by the folder's finished jobs (else
     :data:`RATES`), and the rates used."""
     rates = dict(RATES)
-    for model in {j.model for j in jobs}:
+    for model in {j.model for j in jobs} | {r["model"] for r in rows}:
         done = [r for r in rows if r["model"] == model and r["status"] == "ok" and r["wall_seconds"] > 0]
         if done:
             rates[model] = sum(r["samples"] for r in done) / sum(r["wall_seconds"] for r in done)
