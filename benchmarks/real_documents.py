@@ -1,0 +1,216 @@
+"""Real documents, end to end: a set made by ``scale-ocr make-dataset`` from real PDFs, a detector and a recognizer
+trained on it, and page OCR on held-out pages at their own scale.
+
+    python -m benchmarks.real_documents --out benchmarks/results/real-documents-HOST-DATE
+    python -m benchmarks.real_documents --pdfs A.pdf B.pdf --det-steps 300 ...   # other documents, a shorter run
+    python -m benchmarks.real_documents --report DIR                           # rebuild report.md
+
+The PDFs (default: every PDF under .venv/real-pdfs, which ``make install`` fetches from Debian's camlidl-doc and
+freefem-doc packages: two LaTeX manuals scale_ocr never trained on) become one dataset, split by document
+(``--val-count`` whole documents held out, drawn by ``--seed``), so no page and no document is on both sides.
+Four stages run in order, each one command whose line, wall time and result go to ``results.jsonl`` (an
+interrupted run resumes at the first stage without a line):
+
+* ``dataset``: ``scale-ocr make-dataset`` at ``--dpi``;
+* ``detector``: db_mobilenet_v3_large trained from scratch on random ``--det-input`` crops of the training
+  pages at their native scale (``--page-scale native``), no validation during training;
+* ``recognizer``: crnn_mobilenet_v3_small trained from scratch on the training documents' word crops, validated
+  on the held-out documents' crops (its exact match is the recognizer's number);
+* ``pages``: ``scale-ocr evaluate-pages --det-size auto`` with both models' LAST checkpoints (nothing is chosen
+  on held-out data) on the held-out pages, read whole at their own scale: detection recall / precision at IoU
+  0.5 and end-to-end word recall / precision (a word counts when a box matches it and its text is equal).
+
+The report checks issue 31's targets: detection recall and precision >= 0.8, page word recall >= 0.6.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import (
+    BIN,
+    REPO,
+    TRAIN,
+    append_line,
+    bench_main,
+    command_line,
+    hardware,
+    launch_command,
+    load,
+    parser,
+    run_main,
+    versions,
+    work_dir,
+    write_command,
+    write_outputs,
+)
+
+MODULE = "real_documents"
+REAL_PDFS = REPO / ".venv" / "real-pdfs"
+DETECTOR, RECOGNIZER = "db_mobilenet_v3_large", "crnn_mobilenet_v3_small"
+STAGES = ("dataset", "detector", "recognizer", "pages")
+TARGETS = {"recall": 0.8, "precision": 0.8, "word_recall": 0.6}  # issue 31, acceptance 4
+
+
+def _pdfs(args: argparse.Namespace) -> list[Path]:
+    from scale_ocr.errors import UserError
+
+    found = [Path(p) for p in args.pdfs] if args.pdfs else sorted(REAL_PDFS.glob("*.pdf"))
+    if not found:
+        raise UserError(f"no PDFs: none under {REAL_PDFS} (`make real-pdfs` fetches them) and no --pdfs given")
+    missing = [str(p) for p in found if not p.is_file()]
+    if missing:
+        raise UserError(f"--pdfs: {', '.join(missing)} not found")
+    return found
+
+
+def _run(cmd: list[str], log: Path, timeout: int) -> tuple[int, float, str]:
+    """Run ``cmd`` in the repository, its output kept in ``log``: ``(exit code, wall seconds, stdout)``."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    t0 = time.time()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+                              start_new_session=True)
+        rc, out, err = proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc, out, err = 124, str(exc.stdout or ""), f"no result within {timeout} s"
+    log.write_text(f"$ {shlex.join(cmd)}\n{out}\n--- stderr ---\n{err}\n", encoding="utf-8")
+    return rc, time.time() - t0, out
+
+
+def _commands(args: argparse.Namespace, work: Path) -> dict[str, list[str]]:
+    """Each stage's command line."""
+    data, det, reco = work / "set", work / "det", work / "reco"
+    cli = str(BIN / "scale-ocr")
+    common = ["--resume", "none", "--log-every", "25", "--wandb-mode", "offline"]
+    return {
+        "dataset": [cli, "make-dataset", *map(str, _pdfs(args)), str(data), "--dpi", str(args.dpi),
+                    "--split-by", "document", "--val-count", str(args.val_count), "--seed", str(args.seed)],
+        "detector": launch_command("torchrun", args.world_size, TRAIN, [
+            DETECTOR, "--train-path", str(data / "detection" / "train"), "--page-scale", "native",
+            "--input-size", args.det_input, "-b", str(args.det_batch), "--max-steps", str(args.det_steps),
+            "--epochs", "100000", "--no-eval", "--output-dir", str(det), *common]),
+        "recognizer": launch_command("torchrun", args.world_size, TRAIN, [
+            RECOGNIZER, "--train-path", str(data / "recognition" / "train"),
+            "--val-path", str(data / "recognition" / "val"), "-b", str(args.reco_batch),
+            "--epochs", str(args.reco_epochs), "--output-dir", str(reco), *common]),
+        "pages": [cli, "evaluate-pages", "--det", str(det / "last_model.pt"), "--reco", str(reco / "last_model.pt"),
+                  "--det-size", "auto", "--json", str(data / "detection" / "val")],
+    }
+
+
+def _result(stage: str, work: Path, stdout: str) -> dict[str, Any]:
+    """What a finished stage measured, from the files it wrote (or, for ``pages``, its JSON)."""
+    if stage == "dataset":
+        summary = json.loads((work / "set" / "summary.json").read_text())
+        splits = {name: {"documents": [Path(d).name for d in split["documents"]], "pages": len(split["pages"])}
+                  for name, split in summary["splits"].items()}
+        return {"splits": splits, "words": summary["words"], "dpi": summary["options"]["dpi"]}
+    if stage in ("detector", "recognizer"):
+        run = work / ("det" if stage == "detector" else "reco")
+        metrics = json.loads((run / "metrics.json").read_text())
+        keep = ("steps", "epochs", "global_batch", "samples_per_sec", "train_loss", "exact_match", "cer",
+                "best_exact_match", "wall_seconds")
+        config = json.loads((run / "config.json").read_text())
+        return {**{k: metrics[k] for k in keep if k in metrics}, "lr_plan": config.get("lr_plan")}
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run the stages not yet in ``args.out/results.jsonl``, in order; stop at the first that fails."""
+    from scale_ocr.errors import UserError
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = args.out / "results.jsonl"
+    done = {line["stage"] for line in load(args.out, f"benchmarks.{MODULE}")} if results.is_file() else set()
+    if not done:
+        write_command(args.out, MODULE)
+    work = work_dir(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    for stage, cmd in _commands(args, work).items():
+        if stage in done:
+            print(f"{MODULE}: {stage} already measured, kept")
+            continue
+        print(f"{MODULE}: {stage}: {shlex.join(cmd)}", flush=True)
+        rc, wall, stdout = _run(cmd, work / f"{stage}.log", args.timeout)
+        if rc != 0:
+            raise UserError(f"{stage} failed (exit {rc}); its output is in {work / f'{stage}.log'}")
+        line = {"stage": stage, "command": shlex.join(cmd).replace(str(REPO) + "/", ""), "wall_seconds": wall,
+                "result": _result(stage, work, stdout), "hardware": hardware(), "versions": versions()}
+        append_line(results, line)
+        print(f"{MODULE}: {stage} done in {wall:.0f} s", flush=True)
+
+
+def _verdicts(pages: dict[str, Any]) -> list[str]:
+    return [f"{key.replace('_', ' ')} {pages[key]:.3f} (target >= {target}): "
+            f"{'PASS' if pages[key] >= target else 'FAIL'}" for key, target in TARGETS.items()]
+
+
+def write_report(out_dir: Path) -> Path:
+    lines = {line["stage"]: line for line in load(out_dir, f"benchmarks.{MODULE}")}
+    first = next(iter(lines.values()))
+    hw, ver = first["hardware"], first["versions"]
+    md = ["# Real documents: make-dataset, detector, recognizer and page OCR on held-out pages", "",
+          f"Command: `{command_line(out_dir)}`  ", f"Hardware: {hw['cpu']}, {hw['cores']} cores, "
+          f"GPUs: {', '.join(hw['gpus']) or 'none'}  ",
+          f"Versions: torch {ver.get('torch')}, scale-ocr {ver.get('scale-ocr')} at git {ver.get('git')}", ""]
+    summary: dict[str, Any] = {"stages": {s: lines[s]["result"] for s in STAGES if s in lines}}
+    if "dataset" in lines:
+        ds = lines["dataset"]["result"]
+        md += ["## The set", "", "| split | documents | pages |", "|---|---|---|"]
+        md += [f"| {name} | {', '.join(split['documents'])} | {split['pages']} |"
+               for name, split in ds["splits"].items()]
+        md += ["", f"Rendered at {ds['dpi']} dpi; words: {json.dumps(ds['words'])}", ""]
+    md += ["## Stages", "", "| stage | wall time | result | command |", "|---|---|---|---|"]
+    for stage in STAGES:
+        if stage not in lines:
+            md.append(f"| {stage} | not run | | |")
+            continue
+        line, r = lines[stage], lines[stage]["result"]
+        if stage == "detector":
+            what = f"{r['steps']} steps, global batch {r.get('global_batch')}, {r['samples_per_sec']:.1f} samples/s"
+        elif stage == "recognizer":
+            what = (f"{r['epochs']} epochs ({r['steps']} steps), held-out crops: exact match "
+                    f"{r['exact_match']:.3f} (last), CER {r['cer']:.3f}")
+        elif stage == "pages":
+            what = (f"detection recall {r['recall']:.3f}, precision {r['precision']:.3f}; word recall "
+                    f"{r['word_recall']:.3f}, precision {r['word_precision']:.3f}")
+        else:
+            what = ", ".join(f"{k} {v['pages']} pages" for k, v in r["splits"].items())
+        md.append(f"| {stage} | {line['wall_seconds']:.0f} s | {what} | `{line['command']}` |")
+    if "pages" in lines:
+        verdicts = _verdicts(lines["pages"]["result"])
+        summary["verdicts"] = verdicts
+        md += ["", "## Targets (issue 31)", "", *[f"- {v}" for v in verdicts]]
+    return write_outputs(out_dir, summary, md)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(MODULE, __doc__)
+    p.add_argument("--pdfs", nargs="+", default=None, help=f"the documents (default: {REAL_PDFS}/*.pdf)")
+    p.add_argument("--dpi", type=int, default=150)
+    p.add_argument("--val-count", type=int, default=1, help="documents held out (default 1)")
+    p.add_argument("--seed", type=int, default=4, help="the split's draw (default 4: freefem trains, camlidl is "
+                   "held out)")
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--det-input", default="256x256", help="the detector's training crops, HxW (default 256x256)")
+    p.add_argument("--det-batch", type=int, default=4, help="detector crops per rank and step (default 4)")
+    p.add_argument("--det-steps", type=int, default=900)
+    p.add_argument("--reco-batch", type=int, default=32, help="recognizer crops per rank and step (default 32)")
+    p.add_argument("--reco-epochs", type=int, default=8)
+    p.add_argument("--timeout", type=int, default=4 * 3600, help="seconds each stage may take")
+    args = p.parse_args(argv)
+    return bench_main(MODULE, args, run, write_report)
+
+
+if __name__ == "__main__":
+    run_main(main)
