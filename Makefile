@@ -81,7 +81,7 @@ demo: $(STAMP)
 	$(VENV)/bin/torchrun --nproc_per_node $(NPROC) scale_ocr/train.py --strategy ddp \
 		--train-samples 20480 --val-samples 512 --epochs 3 -b 32 --sched constant --lr 1e-3 --log-every 50 \
 		--resume none --output-dir runs/demo
-	@cat runs/demo/metrics.json
+	@$(VENV)/bin/scale-ocr summary runs/demo
 
 # Fast suite; FULL=1 (what CI runs) adds the multi-process and learning tests marked slow.
 test: $(STAMP)
