@@ -93,12 +93,19 @@ def _limit_memory(gb: float | None):
     return apply
 
 
+def job_env() -> dict[str, str]:
+    """This process's environment for a benchmark's job: the checkout on PYTHONPATH, and no rank variables
+    inherited from a launcher, so the job's own launcher sets them."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    return env
+
+
 def run_job(cmd: list[str], threads: int, timeout: int, memory_limit_gb: float | None) -> tuple[str, str | None, float]:
     """Run one benchmark job (its own session, ``threads`` per rank, each process capped on CPU):
     ``(status, error, seconds)``, status ok / oom / failed / timeout."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(var, None)
+    env = dict(job_env(), OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     t0 = time.time()
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import subprocess
 import time
@@ -42,6 +41,7 @@ from benchmarks.harness import (
     bench_main,
     command_line,
     hardware,
+    job_env,
     launch_command,
     load,
     parser,
@@ -73,9 +73,7 @@ def _pdfs(args: argparse.Namespace) -> list[Path]:
 
 def _run(cmd: list[str], log: Path, timeout: int) -> tuple[int, float, str]:
     """Run ``cmd`` in the repository, its output kept in ``log``: ``(exit code, wall seconds, stdout)``."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(var, None)
+    env = job_env()
     t0 = time.time()
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
