@@ -23,6 +23,12 @@ KINDS = ("params", "grads", "optimizer", "other")
 #: The time breakdown's parts (metrics.json's time_breakdown, docs/time-breakdown.md), in stacking order.
 PARTS = {"compute": "compute", "exposed_comm": "exposed communication", "data": "data wait",
          "optimizer": "optimizer", "other": "other"}
+#: The peak-memory breakdown's parts (metrics.json's memory_breakdown, docs/memory.md "At the peak"), in stacking
+#: order: on CPU the peak RSS splits into the runtime, model state, engine buffers, activations and heap; on GPU the
+#: peak reserved into model state, engine buffers, activations, temporaries and the allocator's cache.
+MEMORY_PARTS = {"runtime": "runtime", "model_state": "model state", "engine_buffers": "engine buffers",
+                "activations": "activations", "heap": "heap (freed, temporaries)", "temporaries": "temporaries",
+                "allocator": "allocator cache"}
 
 
 def _median(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -37,6 +43,17 @@ def _time(rows: list[dict[str, Any]]) -> dict[str, float | None] | None:
         return None
     return {k: statistics.median(vals) if (vals := [b[k] for b in found if b.get(k) is not None]) else None
             for k in (*PARTS, "sum_seconds")}
+
+
+def _memory(rows: list[dict[str, Any]]) -> dict[str, float | None] | None:
+    """Median bytes of each part of the peak-memory breakdown over the repeats that have one."""
+    found = [r["metrics"]["memory_breakdown"] for r in rows
+             if r["status"] == "ok" and r["metrics"].get("memory_breakdown")]
+    if not found:
+        return None
+    keys = [k for k in (*MEMORY_PARTS, "peak_rss", "peak_reserved") if any(k in b for b in found)]
+    return {k: statistics.median(vals) if (vals := [b[k] for b in found if b.get(k) is not None]) else None
+            for k in keys}
 
 
 def aggregate(results: list[dict[str, Any]]) -> dict[str, dict[tuple[str, int], dict[str, Any]]]:
@@ -60,7 +77,7 @@ def aggregate(results: list[dict[str, Any]]) -> dict[str, dict[tuple[str, int], 
             "predicted": first["metrics"].get("predicted"), "ratio": _median(rows, "measured_over_predicted"),
             "tflops": _median(rows, "achieved_tflops"), "mfu": _median(rows, "mfu"),
             "peak_flops": first["metrics"].get("peak_flops") if ok else None,  # MFU's denominator and its source
-            "comm": _median(rows, "comm_share"), "time": _time(rows),
+            "comm": _median(rows, "comm_share"), "time": _time(rows), "memory": _memory(rows),
         }
     return table
 
@@ -196,6 +213,40 @@ def time_section(model: str, cells, out_dir: Path) -> list[str]:
     return [*lines, "", f"![{png[:-4]}]({png})", ""]
 
 
+def memory_section(model: str, cells, out_dir: Path, top: int) -> list[str]:
+    """The peak memory of each strategy at the largest world size split like the time breakdown, as a table and
+    a stacked bar; nothing when no job recorded a breakdown."""
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in _order(cells) if (k[0] == "dp" or k[1] == top) and cells[k]["memory"]]
+    if not keys:
+        return []
+    parts = [p for p in MEMORY_PARTS if any(cells[k]["memory"].get(p) is not None for k in keys)]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    bottom = [0.0] * len(keys)
+    for part in parts:
+        vals = [max(cells[k]["memory"].get(part) or 0.0, 0.0) / MIB for k in keys]  # a negative heap: not drawn
+        ax.bar(range(len(keys)), vals, bottom=bottom, label=MEMORY_PARTS[part])
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set_xticks(range(len(keys)), [s for s, _ in keys], rotation=30, ha="right", fontsize=8)
+    ax.set(ylabel="MiB at the peak, largest rank", title=f"{model}: peak memory per rank (world size {top})")
+    ax.set_ylim(0, 1.3 * max(bottom, default=1))
+    ax.legend(fontsize=7, ncol=3, loc="upper center")
+    png = _save(fig, out_dir, f"memory_breakdown_{model}.png")
+    lines = [f"Peak memory of the largest rank at world size {top}, split (MiB; docs/memory.md, \"At the peak\"): "
+             "runtime is what the process held before any model, heap what the peak held beyond the parts "
+             "counted (freed memory kept by the allocator, temporaries, loader buffers):", "",
+             "| strategy | " + " | ".join(MEMORY_PARTS[p] for p in parts) + " | peak | largest part |",
+             "| --- | " + "---: | " * len(parts) + "---: | --- |"]
+    for key in keys:
+        m = cells[key]["memory"]
+        peak = m.get("peak_reserved") or m.get("peak_rss")
+        largest = max((p for p in parts if p != "runtime" and m.get(p) is not None), key=lambda p: m[p])
+        lines.append(f"| {key[0]} | " + " | ".join(_fmt(m.get(p), ".0f", 1 / MIB) for p in parts)
+                     + f" | {_fmt(peak, '.0f', 1 / MIB)} | {MEMORY_PARTS[largest]} |")
+    return [*lines, "", f"![{png[:-4]}]({png})", ""]
+
+
 def plot(model: str, cells, out_dir: Path) -> list[str]:
     """The three PNGs for one model (the ratio plot only with a DataParallel baseline); returns their file names."""
     import matplotlib
@@ -258,7 +309,8 @@ def model_section(model: str, cells, out_dir: Path) -> list[str]:
             f"{_fmt(st['model_state'] / ddp['state']['model_state'] if ddp and ddp['state'] else None, '.0%')} | "
             f"{_fmt(pr['ideal'], '.1f', 1 / MIB)} |")
     lines += [""] + [f"![{p[:-4]}]({p})" for p in pngs[1:]] + [""]
-    return lines + time_section(model, cells, out_dir)
+    top_ws = max((ws for s, ws in cells if s != "dp"), default=1)
+    return lines + time_section(model, cells, out_dir) + memory_section(model, cells, out_dir, top_ws)
 
 
 def _gits(results: list[dict]) -> str:

@@ -134,19 +134,24 @@ def test_rank_0_says_it_once_when_a_job_starts_oversubscribed(monkeypatch, capsy
 
 
 def test_the_scaling_report_stacks_each_strategys_step_and_names_its_limit(tmp_path: Path):
-    """benchmarks.report from a results.jsonl whose jobs recorded a time breakdown (no jobs launched)."""
+    """benchmarks.report from a results.jsonl whose jobs recorded a time and a memory breakdown (no jobs
+    launched): a stacked bar of each, a table, and the part that limits each strategy."""
     import json
 
     from benchmarks.report import build_report
 
     def row(strategy, comm, compute):
         parts = {"data": 0.01, "compute": compute, "exposed_comm": comm, "optimizer": 0.02, "other": 0.01}
+        mib = {"runtime": 500, "model_state": 100 if strategy == "ddp" else 50, "engine_buffers": 0,
+               "activations": 200, "heap": 300 if strategy == "ddp" else -20}
+        memory = {"rank": 0, "peak_rss": sum(mib.values()) * 2**20, "at_step": 0,
+                  **{k: v * 2**20 for k, v in mib.items()}}
         metrics = {"hardware": {"host": "h", "cpu": "cpu", "cores": 2, "memory_bytes": 2**34, "gpus": []},
                    "versions": {"torch": "2", "deepspeed": "0", "fairscale": "0", "python": "3", "scale-ocr": "0",
                                 "git": "abc"},
                    "samples_per_sec": 100, "samples_per_sec_p25": 90, "samples_per_sec_p75": 110,
                    "step_time_p50": sum(parts.values()), "step_time_p95": 0.3, "peak_memory_bytes": 2**30,
-                   "time_breakdown": {**parts, "sum_seconds": sum(parts.values())}}
+                   "time_breakdown": {**parts, "sum_seconds": sum(parts.values())}, "memory_breakdown": memory}
         cfg = {"model": "m", "strategy": strategy, "world_size": 2, "batch_size": 8, "repeat": 0,
                "key": f"m/{strategy}/ws2/r0", "params": 10**6, "precision": "fp32", "steps": 3, "warmup": 1,
                "preset": None, "threads_per_rank": 1, "launcher": "torchrun"}
@@ -158,3 +163,6 @@ def test_the_scaling_report_stacks_each_strategys_step_and_names_its_limit(tmp_p
     assert "| ddp | 2 | 200.0 | 20.0 | 10.0 | 20.0 | 10.0 | 1.00 | compute |" in report
     assert "| fsdp | 2 | 100.0 | 300.0 | 10.0 | 20.0 | 10.0 | 1.00 | exposed communication |" in report
     assert (tmp_path / "time_m.png").stat().st_size > 5000
+    assert "| ddp | 500 | 100 | 0 | 200 | 300 | 1100 | heap (freed, temporaries) |" in report
+    assert "| fsdp | 500 | 50 | 0 | 200 | -20 | 730 | activations |" in report  # a negative heap is shown, not drawn
+    assert (tmp_path / "memory_breakdown_m.png").stat().st_size > 5000
