@@ -38,6 +38,7 @@ from benchmarks.harness import (
     step_command,
     versions,
     work_dir,
+    write_command,
 )
 from benchmarks.report import build_report, log_to_wandb
 
@@ -191,10 +192,13 @@ def job_metrics(cfg: Config, suite: Suite, models: Models, run_dir: Path, status
     metrics["predicted"] = {k: pred[k] for k in ("params", "grads", "optimizer", "other", "model_state", "ideal")}
     measured = (metrics.get("state_bytes") or {}).get("model_state")
     metrics["measured_over_predicted"] = measured / pred["model_state"] if measured else None
-    metrics["flops_per_sample"] = models.flops[cfg.model]
+    # The run's own count, at the input size and precision its flags gave it (a model's --input-size in
+    # model_args changes it: db at 256x256 is a quarter of its 512x512 count); the suite's count otherwise.
+    flops = metrics.pop("run_flops_per_sample", None) or models.flops[cfg.model]
+    metrics["flops_per_sample"] = flops
     if "samples_per_sec" in metrics:
         # The benchmark's rate (median of the timed steps) over the peak the run measured or looked up.
-        achieved = models.flops[cfg.model] * metrics["samples_per_sec"]
+        achieved = flops * metrics["samples_per_sec"]
         metrics["achieved_tflops"] = achieved / 1e12
         peak = metrics.get("peak_flops") or {}
         devices = len(hw["gpus"]) if cfg.launcher == "python" and hw["gpus"] else peak.get("devices") or 0  # dp
@@ -303,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("--steps and --repeats must be at least 1, --warmup and world sizes non-negative/positive")
     out = args.out or default_out(args.preset)
     run_suite(suite, out, args.preset, args.wandb_mode, args.resume)
+    write_command(out, "scaling")
     print(f"bench: report {build_report(out)}")
     if args.wandb_mode != "disabled":
         log_to_wandb(out, args.wandb_mode)
