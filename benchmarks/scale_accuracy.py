@@ -50,10 +50,10 @@ from benchmarks.scale_accuracy_report import RULES, SETS, build_report, key_of, 
 CRNN, VIT, DET = "crnn_mobilenet_v3_small", "vitstr_tiny", "db_mobilenet_v3_large"
 # Samples (words or pages) per second of one job on the 2-core VM (2 ranks x 1 thread, loading and evaluation
 # included), for the estimate until the folder's own finished jobs measure them. CRNN: the convergence record
-# (98,304 words in 1195 s); the others from it by their training step's cost per sample against the CRNN's, measured
-# interleaved in one 1-thread process (vitstr_tiny x7.0, vitstr_small x22, db_mobilenet_v3_large at 512x512 x138;
-# a vitstr_tiny job at batch 64 logged 11 words/s, as predicted).
-RATES = {CRNN: 80.0, VIT: 11.0, "vitstr_small": 3.5, DET: 0.6}
+# convergence-vm-20261203 on a quiet host (98,304 synthetic words in 417 s; 1195 s on a loaded one the day
+# before); the others from it by their training step's cost per sample against the CRNN's, measured interleaved in
+# one 1-thread process (vitstr_tiny x7.0, vitstr_small x22, db_mobilenet_v3_large at 512x512 x138).
+RATES = {CRNN: 236.0, VIT: 34.0, "vitstr_small": 10.7, DET: 1.7}
 OTHER_RATE = 10.0  # a model measured neither here nor by the folder: a guess, corrected by its first finished job
 PRESETS: dict[str, dict[str, Any]] = {
     # A minute or two: does every piece run end to end (one model, one set, two batches, one rule, detection).
