@@ -192,8 +192,8 @@ def measure(run_dir: Path, warmup: int, timed: int) -> dict[str, Any]:
         "time_breakdown": summary.get("time_breakdown"),  # seconds per timed step by part (docs/time-breakdown.md)
         "memory_breakdown": summary.get("memory_breakdown"),  # the largest rank's peak, split (docs/memory.md)
         "peak_flops": summary.get("peak_flops"),  # MFU's denominator, with its source (docs/mfu.md)
-        # The run's own count of a training sample's FLOPs, at its input size and precision (docs/mfu.md)
-        "run_flops_per_sample": (summary.get("flops_per_sample") or {}).get("total"),
+        # A training sample's FLOPs as the run counted them, at its input size and precision (docs/mfu.md)
+        "flops_per_sample": (summary.get("flops_per_sample") or {}).get("total"),
     }
 
 

@@ -141,13 +141,6 @@ def command(cfg: Config, suite: Suite, data_args: list[str], run_dir: Path, grou
     return step_command(cfg, suite.job_steps, data_args, extra, run_dir, group, wandb_mode, suite.profile_steps)
 
 
-def flops_per_sample(task) -> float:
-    """Training FLOPs of one sample (forward + backward), counted as every run counts them (docs/mfu.md)."""
-    from scale_ocr.models.flops import flops_per_sample as counted
-
-    return float(counted(task).total)
-
-
 def predicted(strategy: str, world_size: int, precision: str, model, size) -> dict[str, float]:
     """The memory model's figures for this job (the engine adapts to the model as at set-up)."""
     from scale_ocr.strategies.estimate import estimate
@@ -158,13 +151,13 @@ def predicted(strategy: str, world_size: int, precision: str, model, size) -> di
 
 @dataclass
 class Models:
-    """What the suite knows of each model before any job: its task, a built copy, size, data flags and FLOPs."""
+    """What the suite knows of each model before any job: its task, a built copy, size and data flags (its FLOPs are
+    each run's own count, at the input size and precision the job's flags gave it)."""
 
     tasks: dict[str, Any]
     built: dict[str, Any]
     sizes: dict[str, Any]
     data_args: dict[str, list[str]]
-    flops: dict[str, float]
 
     @classmethod
     def prepare(cls, suite: Suite, work: Path, words: int, log) -> Models:
@@ -175,8 +168,7 @@ class Models:
         tasks = {m: create_task(ModelConfig(arch=m)) for m in suite.models}
         built = {m: tasks[m].build_model() for m in suite.models}
         return cls(tasks, built, sizes={m: model_size(built[m]) for m in suite.models},
-                   data_args={m: tasks[m].benchmark_data(work, words, log) for m in suite.models},
-                   flops={m: flops_per_sample(tasks[m]) for m in suite.models})
+                   data_args={m: tasks[m].benchmark_data(work, words, log) for m in suite.models})
 
 
 def job_metrics(cfg: Config, suite: Suite, models: Models, run_dir: Path, status: str, error: str | None,
@@ -192,11 +184,8 @@ def job_metrics(cfg: Config, suite: Suite, models: Models, run_dir: Path, status
     metrics["predicted"] = {k: pred[k] for k in ("params", "grads", "optimizer", "other", "model_state", "ideal")}
     measured = (metrics.get("state_bytes") or {}).get("model_state")
     metrics["measured_over_predicted"] = measured / pred["model_state"] if measured else None
-    # The run's own count, at the input size and precision its flags gave it (a model's --input-size in
-    # model_args changes it: db at 256x256 is a quarter of its 512x512 count); the suite's count otherwise.
-    flops = metrics.pop("run_flops_per_sample", None) or models.flops[cfg.model]
-    metrics["flops_per_sample"] = flops
-    if "samples_per_sec" in metrics:
+    flops = metrics.get("flops_per_sample")  # the run's own count (measure): db at 256x256 is a quarter of 512x512's
+    if flops and "samples_per_sec" in metrics:
         # The benchmark's rate (median of the timed steps) over the peak the run measured or looked up.
         achieved = flops * metrics["samples_per_sec"]
         metrics["achieved_tflops"] = achieved / 1e12
