@@ -4,6 +4,7 @@ devices. The model is :mod:`scale_ocr.strategies.time_model`; this module is its
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from typing import Any
 
@@ -26,6 +27,9 @@ def add_time_args(p: argparse.ArgumentParser) -> None:
                    "(default nvlink4 on GPUs), or host: a gloo all-reduce between two local processes, measured")
     g.add_argument("--inter-link", default="ib400", help="the link between nodes (ib400, ib200, eth100, eth25, ...)")
     g.add_argument("--per-node", type=int, default=8, help="devices per node (default 8)")
+    g.add_argument("--no-engine-probe", action="store_true", help="with --device host, skip the short one-rank "
+                   "training run of each strategy that measures its own step (hooks, casts, copies: what FLOPs miss; "
+                   "5-20 s each) and predict from the model's FLOPs alone")
     g.add_argument("--flops-per-sample", type=float, default=None,
                    help="with --params: a training sample's FLOPs, forward and backward (--model counts them)")
 
@@ -37,27 +41,33 @@ def wants_time(args: argparse.Namespace) -> bool:
 def _workload(args: argparse.Namespace, task, size) -> Any:
     from scale_ocr.strategies.time_model import Workload
 
-    units = modules = 0
+    units = modules = persistent = persistent_numel = 0
     if task is not None:
         from scale_ocr.models.flops import flops_per_sample
 
         count = flops_per_sample(task, precision=args.precision)
         fwd, bwd = count.forward, count.backward
-        units, modules = _granularity(task)
+        units, modules, persistent, persistent_numel = _granularity(task)
     elif args.flops_per_sample:
         fwd, bwd = args.flops_per_sample / 3, args.flops_per_sample * 2 / 3  # the backward is about twice the forward
     else:
         raise UserError("--time with --params needs --flops-per-sample (or give --model, whose FLOPs are counted)")
     return Workload(fwd, bwd, args.batch_size, size.params, size.largest_layer, args.precision,
-                    args.activation_checkpointing, units, modules)
+                    args.activation_checkpointing, units, modules, persistent, persistent_numel)
 
 
-PERSISTENT = 10_000  # the zero3 presets' stage3_param_persistence_threshold: smaller weights are never gathered
+# The zero3 presets' stage-3 settings (ds_configs/zero3*.json), in elements: weights up to PERSISTENT are kept whole
+# (and gathered one by one after each step), fetches are coalesced up to PREFETCH, and gathered weights that the
+# backward reuses within REUSE are kept from the forward.
+PERSISTENT, PREFETCH, REUSE = 10_000, 5_000_000, 5_000_000
 
 
-def _granularity(task) -> tuple[int, int]:
-    """FSDP's sharding units (plus the root) and the modules whose weights ZeRO-3 partitions, of ``task``'s model
-    built on the meta device."""
+def _granularity(task) -> tuple[int, int, int, int]:
+    """FSDP's sharding units (plus the root), ZeRO-3's all-gathers a step, and the weights it keeps whole (count,
+    elements), of ``task``'s model built on the meta device. ZeRO-3's gathers, as the scaling record's traces
+    count them: a model whose partitioned weights fit in REUSE is gathered once a step, in PREFETCH-sized calls
+    (crnn_mobilenet_v3_small, db_mobilenet_v3_large: 1); a larger one module by module in the forward and in
+    PREFETCH-sized calls in the backward (vitstr_small: 56 modelled, 43 counted)."""
     import torch
 
     from scale_ocr.models.registry import capable
@@ -66,11 +76,16 @@ def _granularity(task) -> tuple[int, int]:
         model = task.build_model()
     units = model.sharding_units() if capable(model, "sharding_units") else list(model.children())
     modules = [m for m in model.modules() if any(p.numel() > PERSISTENT for p in m.parameters(recurse=False))]
-    return len(units) + 1, len(modules)
+    small = [p.numel() for p in model.parameters() if p.numel() <= PERSISTENT]
+    partitioned = sum(p.numel() for p in model.parameters()) - sum(small)
+    bucketed = math.ceil(partitioned / PREFETCH)
+    gathers = bucketed if partitioned <= REUSE else len(modules) + bucketed
+    return len(units) + 1, max(1, gathers), len(small), sum(small)
 
 
-def _cluster(args: argparse.Namespace, task, work) -> tuple[Any, float, str]:
-    """The cluster, the MFU that applies, and a line on where the figures come from."""
+def _cluster(args: argparse.Namespace, task, work, names: list[str]) -> tuple[Any, float, str, dict[str, Any]]:
+    """The cluster, the MFU that applies, a line on where the figures come from, and (on this host) each engine's
+    measured one-rank step."""
     from scale_ocr.strategies import time_model as tm
 
     if args.per_node < 1:
@@ -81,13 +96,16 @@ def _cluster(args: argparse.Namespace, task, work) -> tuple[Any, float, str]:
         intra = tm.link(args.link or "nvlink4")
         cluster = tm.Cluster(tm.device(args.device), intra, tm.link(args.inter_link), args.per_node)
         mfu = args.mfu or 0.4
-        return cluster, mfu, f"MFU {mfu:g} assumed"
-    return _host_cluster(args, task, work)
+        return cluster, mfu, f"MFU {mfu:g} assumed", {}
+    return _host_cluster(args, task, work, names)
 
 
-def _host_cluster(args: argparse.Namespace, task, work) -> tuple[Any, float, str]:
-    """This CPU host, measured: the model's FLOP/s at a rank's threads at ``--world-size``, memory bandwidth, and
-    gloo's all-reduce between two local processes (``--link host``, the default here)."""
+def _host_cluster(args: argparse.Namespace, task, work, names: list[str]) -> tuple[Any, float, str, dict[str, Any]]:
+    """This CPU host, measured: the model's FLOP/s at a rank's threads on one rank and at ``--world-size``, memory
+    bandwidth, gloo between two local processes (``--link host``, the default here), and each engine's own step
+    on one rank (unless ``--no-engine-probe``)."""
+    from dataclasses import replace
+
     from scale_ocr.strategies import host_probe
     from scale_ocr.strategies import time_model as tm
 
@@ -97,15 +115,21 @@ def _host_cluster(args: argparse.Namespace, task, work) -> tuple[Any, float, str
         raise UserError(f"--device host runs over gloo on this machine; drop --link {args.link} (or give a GPU --device)")
     threads = max(1, (os.cpu_count() or 1) // min(args.world_size, os.cpu_count() or 1))
     ranks = min(args.world_size, 8)  # a job's local ranks share the host: they step at once
-    flops = host_probe.compute_rate(task, args.batch_size, args.precision, threads, work.flops_forward
-                                    + work.flops_backward, ranks=ranks)
-    bandwidth, latency = host_probe.gloo_link(2)
+    per_sample = work.flops_forward + work.flops_backward
+    flops = host_probe.compute_rate(task, args.batch_size, args.precision, threads, per_sample, ranks=ranks)
+    alone = flops if ranks == 1 else host_probe.compute_rate(task, args.batch_size, args.precision, threads, per_sample)
+    bandwidth, latency, busy = host_probe.gloo_link(2)
     memory = host_probe.memory_bandwidth(threads=threads)
     cluster = tm.with_host(tm.Cluster(tm.DEVICES["h100"], tm.LINKS["nvlink4"], tm.LINKS["nvlink4"], args.per_node),
-                           flops, memory, bandwidth, latency)
-    why = (f"measured here: {flops / 1e9:.1f} GFLOP/s per rank at {threads} thread(s), {ranks} rank(s) at once, memory {memory / 1e9:.1f} GB/s, "
-           f"gloo all-reduce {bandwidth / 1e9:.2f} GB/s + {latency * 1e6:.0f} us per call")
-    return cluster, 1.0, why
+                           flops, memory, bandwidth, latency, busy)
+    engines = {} if args.no_engine_probe else {
+        name: replace(host_probe.engine_cost(name, task.cfg, args.batch_size, args.precision, threads), scale=alone / flops)
+        for name in names}
+    why = (f"measured here: {flops / 1e9:.1f} GFLOP/s per rank at {threads} thread(s), {ranks} rank(s) at once "
+           f"({alone / flops:.2f}x one rank's time), memory {memory / 1e9:.1f} GB/s, gloo {bandwidth / 1e9:.2f} GB/s + "
+           f"{latency * 1e3:.2f} ms per call ({busy * 1e3:.2f} ms between a layer's compute); "
+           + ("each engine's own step measured on one rank" if engines else "engines' host work not measured"))
+    return cluster, 1.0, why, engines
 
 
 def time_document(args: argparse.Namespace, task, size, names: list[str]) -> dict[str, Any]:
@@ -114,7 +138,7 @@ def time_document(args: argparse.Namespace, task, size, names: list[str]) -> dic
     from scale_ocr.strategies.time_model import predict_step
 
     work = _workload(args, task, size)
-    cluster, mfu, source = _cluster(args, task, work)
+    cluster, mfu, source, engines = _cluster(args, task, work, names)
 
     def layout(name: str, world: int):
         strategy, ranks = build_strategy(name, world, args.precision, args.ds_config, min(args.per_node, world))
@@ -123,10 +147,12 @@ def time_document(args: argparse.Namespace, task, size, names: list[str]) -> dic
     rows = {}
     for name in names:
         lay, ranks = layout(name, args.world_size)
-        rows[name] = predict_step(lay, work, ranks, cluster, mfu).as_dict()
+        rows[name] = predict_step(lay, work, ranks, cluster, mfu, engines.get(name)).as_dict()
         rows[name]["samples_per_s"] = work.batch * ranks / rows[name]["step_s"]
     doc: dict[str, Any] = {"cluster": cluster.describe(), "source": source, "mfu": mfu, "batch_per_device": work.batch,
                            "flops_per_sample": work.flops_forward + work.flops_backward, "strategies": rows}
+    if engines:
+        doc["engines_one_rank"] = {name: vars(e) for name, e in engines.items()}
     if args.scaling:
         curve: dict[str, dict[int, float]] = {}
         for name in names:
@@ -137,7 +163,7 @@ def time_document(args: argparse.Namespace, task, size, names: list[str]) -> dic
                 except UserError:  # e.g. zero3_hpz on one rank per node
                     continue
                 if ranks == n:
-                    points[n] = predict_step(lay, work, n, cluster, mfu).total
+                    points[n] = predict_step(lay, work, n, cluster, mfu, engines.get(name)).total
             curve[name] = points
         doc["scaling"] = curve
     return doc
@@ -146,11 +172,12 @@ def time_document(args: argparse.Namespace, task, size, names: list[str]) -> dic
 def format_time(doc: dict[str, Any]) -> str:
     lines = [f"Predicted step time per rank, {doc['batch_per_device']} samples per device, "
              f"{doc['flops_per_sample'] / 1e9:.3g} GFLOP per sample (counted): {doc['cluster']}; {doc['source']}",
-             f"{'strategy':<14}{'compute':>9}{'comm MB':>9}{'comm':>8}{'exposed':>9}{'optim':>8}{'step':>9}"
+             f"{'strategy':<14}{'compute':>9}{'comm MB':>9}{'comm':>8}{'exposed':>9}{'optim':>8}{'other':>8}{'step':>9}"
              f"{'samples/s':>11}   (times in ms)"]
     for name, r in doc["strategies"].items():
         lines.append(f"{name:<14}{r['compute_s'] * 1e3:>9.3g}{r['comm_bytes'] / 1e6:>9.1f}{r['comm_s'] * 1e3:>8.3g}"
-                     f"{r['exposed_comm_s'] * 1e3:>9.3g}{r['optimizer_s'] * 1e3:>8.3g}{r['step_s'] * 1e3:>9.3g}"
+                     f"{r['exposed_comm_s'] * 1e3:>9.3g}{r['optimizer_s'] * 1e3:>8.3g}{r['other_s'] * 1e3:>8.3g}"
+                     f"{r['step_s'] * 1e3:>9.3g}"
                      f"{r['samples_per_s']:>11.0f}")
     if "scaling" in doc:
         lines.append("Predicted scaling (a prediction, not a measurement): step ms, and in brackets the efficiency "

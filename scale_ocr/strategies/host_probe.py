@@ -4,8 +4,10 @@
   count a rank will have (counted FLOPs / seconds: what peak x MFU stands for on a GPU); with ``ranks`` > 1, in
   that many processes at once, as a job's ranks share the host's cores and memory bandwidth.
 * :func:`memory_bandwidth`: a large tensor copy, bytes read and written per second (Adam's step is bound by it).
-* :func:`gloo_link`: bus bandwidth and latency of a gloo all-reduce between local processes, fitted over three
-  message sizes (what DDP and the ZeRO engines use between CPU ranks).
+* :func:`gloo_link`: bus bandwidth of a gloo all-reduce between local processes, fitted over three message sizes
+  (what DDP and the ZeRO engines use between CPU ranks), and the cost of one small call between ranks that compute.
+* :func:`engine_cost`: each engine's own step on one rank, from a short training run: the host-side work (hooks,
+  casts, copies, the optimizer's flat buffers) that FLOPs do not count.
 
 Each figure is the median of a few timed calls after a warm-up: the host as it is, neighbours included, as the
 training steps the prediction is compared with see it.
@@ -121,21 +123,88 @@ def _all_reduce_worker(rank: int, world: int, init: str, out: str) -> None:
         t = torch.ones(numel)
         dist.barrier()
         rows.append(f"{numel} {_best(lambda t=t: dist.all_reduce(t), 3)}")
-    small = torch.ones(256)  # 1 KiB: a call's fixed cost, which engines that gather per layer pay many times
-    dist.barrier()
-    rows.append(f"{_best(lambda: dist.all_reduce(small), 21)}")
+    rows += [f"{_busy_call_seconds(world, slice_s)}" for slice_s in SLICES]
     if rank == 0:
         Path(out).write_text(" ".join(rows))
     dist.destroy_process_group()
 
 
-def gloo_link(world: int = 2) -> tuple[float, float]:
-    """(bus bandwidth in bytes/s, latency per call in s) of gloo all-reduces between ``world`` local processes: the
-    bandwidth from a least-squares line through (bytes moved per rank, seconds) at three sizes, the latency from a
-    1 KiB all-reduce (the line's intercept is too uncertain for engines whose cost is many small calls)."""
-    *values, latency = _spawn(_all_reduce_worker, world)
+SLICES = (0.3e-3, 3e-3)  # seconds of compute between calls: an engine's bookkeeping, and a layer's forward or backward
+
+
+def _busy_call_seconds(world: int, slice_s: float) -> float:
+    """Seconds a small all-gather adds between ``slice_s`` slices of compute, as engines call it: each rank
+    computes, then waits for the other to arrive and for gloo's thread to get a core the compute is using (on a
+    2-core host 0.7-0.9 ms a call between 0.3 ms slices, 1.3-1.5 ms between 3 ms slices; 0.2-0.3 ms between idle
+    ranks)."""
+    import torch.distributed as dist
+
+    a, small = torch.randn(192, 192), torch.ones(256)  # 1 KiB
+    out = torch.empty(256 * world)
+    reps = torch.tensor([max(1, round(slice_s / _best(lambda: a @ a, 5)))])
+    dist.all_reduce(reps, op=dist.ReduceOp.MAX)  # the same slices on every rank
+    calls = max(20, round(0.15 / slice_s))
+
+    def run(comm: bool) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            for _ in range(int(reps)):
+                a @ a
+            if comm:
+                dist.all_gather_into_tensor(out, small)
+        dist.barrier()
+        return time.perf_counter() - t0
+
+    run(True)
+    extra = sorted(run(True) - run(False) for _ in range(5))
+    return max(0.0, extra[2] / calls)  # the median of five
+
+
+def gloo_link(world: int = 2) -> tuple[float, float, float]:
+    """(bus bandwidth in bytes/s, seconds per call, seconds per call between a layer's compute) of gloo collectives
+    between ``world`` local processes: the bandwidth from a least-squares line through (bytes moved per rank,
+    seconds) of all-reduces at three sizes, the costs of a small all-gather between short and long slices of
+    compute (:func:`_busy_call_seconds`; the line's intercept is too uncertain, and idle ranks answer 3-5x faster
+    than ranks that compute, as ranks in a job do)."""
+    *values, latency, busy = _spawn(_all_reduce_worker, world)
     pairs = [(2 * (world - 1) / world * values[i] * 4, values[i + 1]) for i in range(0, len(values), 2)]
     mx = sum(x for x, _ in pairs) / len(pairs)
     my = sum(y for _, y in pairs) / len(pairs)
     slope = sum((x - mx) * (y - my) for x, y in pairs) / sum((x - mx) ** 2 for x, _ in pairs)
-    return 1.0 / slope, latency
+    return 1.0 / slope, latency, max(busy, latency)
+
+
+def engine_cost(strategy: str, model_cfg, batch: int, precision: str, threads: int, steps: int = 10):
+    """:class:`~scale_ocr.strategies.time_model.EngineCost` of ``strategy`` on this host: a short training run of the
+    model on one rank (no communication), ``threads`` threads, synthetic samples, read back from its metrics.json
+    time breakdown (``steps`` optimizer steps, the first quarter untimed). About 5-20 s each."""
+    import json
+    import subprocess
+    import sys
+
+    from scale_ocr.config import MODEL_SIZE_FIELDS
+    from scale_ocr.errors import UserError
+    from scale_ocr.strategies.time_model import EngineCost
+
+    script = Path(__file__).resolve().parents[1] / "train.py"
+    size = [] if model_cfg.input_size is None else ["--input-size", "x".join(map(str, model_cfg.input_size))]
+    for field in MODEL_SIZE_FIELDS:
+        if getattr(model_cfg, field, None) is not None:
+            size += [f"--{field.replace('_', '-')}", str(getattr(model_cfg, field))]
+    with tempfile.TemporaryDirectory(prefix="scale-ocr-engine-") as tmp:
+        cmd = [sys.executable, str(script), model_cfg.arch, "--strategy", strategy, "--precision", precision,
+               "-b", str(batch), "--max-steps", str(steps), "--epochs", "1000", "--train-samples", str(4 * batch),
+               "--val-samples", str(batch), "--no-eval", "--log-every", "1000", "--sched", "constant", "--workers",
+               "0", "--resume", "none", "--output-dir", tmp + "/run", "--wandb-mode", "disabled", *size]
+        launcher = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        env = {**{k: v for k, v in os.environ.items() if k not in launcher}, "OMP_NUM_THREADS": str(threads)}
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        metrics = Path(tmp, "run", "metrics.json")
+        if done.returncode != 0 or not metrics.is_file():
+            lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
+            why = next((ln for ln in lines if ln.startswith("scale-ocr: error:")), lines[-1] if lines else "")
+            raise UserError(f"measuring {strategy}'s own step here failed (exit {done.returncode}: {why.strip()[:200]}); "
+                            "leave it out of --strategies, or predict for a --device from the table")
+        parts = json.loads(metrics.read_text())["time_breakdown"]
+    return EngineCost(parts["compute"], parts["optimizer"], parts["other"] + parts["data"], threads)

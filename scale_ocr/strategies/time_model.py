@@ -23,6 +23,12 @@ batch (weak scaling, as data parallelism grows):
   not hide. On CPU hosts (gloo) nothing hides: the collectives run on the cores the compute needs (measured:
   ZeRO-3 trained 4.9% faster with overlap_comm off, benchmarks/results/engine-knobs-vm-20261202).
 
+On a measured CPU host (:func:`with_host`, ``--device host``) two things a FLOP and byte count misses are measured
+instead (:mod:`scale_ocr.strategies.host_probe`): each engine's own step on one rank (:class:`EngineCost`: its
+hooks, casts and copies, its optimizer step, shared out as the engine shards the optimizer state), and what a
+call costs when ranks compute between calls (``Link.busy``: they wait for the slower rank and for a core), with
+gloo's calls counted one by one where NCCL coalesces them (``Cluster.coalesces``).
+
 Links are per rank ("bus") bandwidths: within a node the intra-node link, beyond it the inter-node link (one NIC
 per device, as DGX/HGX nodes have). The figures in :data:`DEVICES` and :data:`LINKS` are vendors' datasheet
 peaks; achieved bandwidths are lower (NCCL's all-reduce bus bandwidth is typically 75-90% of them), which the
@@ -67,13 +73,16 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
 @dataclass(frozen=True)
 class Link:
     """A per-rank link: bandwidth in bytes/s each way, latency per hop in seconds, and the share of the
-    bandwidth collectives achieve on it."""
+    bandwidth collectives achieve on it; ``busy``: what a call costs beyond its latency when the ranks compute
+    between calls (a CPU host's ranks wait for the slower one and for a core; 0 where a device computes and the
+    host only queues work)."""
 
     name: str
     bandwidth: float
     latency: float
     efficiency: float
     source: str
+    busy: float = 0.0
 
     @property
     def achieved(self) -> float:
@@ -115,6 +124,7 @@ class Cluster:
     inter: Link
     per_node: int
     overlap: bool = True
+    coalesces: bool = True  # NCCL launches a list of small collectives as one; gloo runs them one by one
 
     def link_for(self, ranks: int) -> Link:
         """The slowest link a collective over ``ranks`` consecutive ranks crosses."""
@@ -130,8 +140,10 @@ class Cluster:
 class Workload:
     """One rank's work per optimizer step: FLOPs of a training sample, samples, parameters and the largest
     layer (the unit engines gather and reduce at once), the precision, activation checkpointing, and how many
-    sharding units (FSDP's) and partitioned modules (ZeRO-3's) the model has, which set how many collectives
-    those engines issue (0: estimated from the sizes)."""
+    sharding units (FSDP's) the model has and how many all-gathers ZeRO-3 issues a step (``modules``), which set
+    how many collectives those engines issue (0: estimated from the sizes), and how many weights are too small for ZeRO-3 to
+    partition (``persistent``, of ``persistent_numel`` elements in all: DeepSpeed all-gathers each of them after
+    every optimizer step, one call each)."""
 
     flops_forward: float
     flops_backward: float
@@ -142,11 +154,15 @@ class Workload:
     checkpointing: bool = False
     units: int = 0
     modules: int = 0
+    persistent: int = 0
+    persistent_numel: int = 0
 
-    def count(self, per: str) -> int:
-        """Collectives of one kind per pass: one per sharding unit or partitioned module."""
+    def count(self, per: str, passes: int = 1) -> int:
+        """Collectives of one kind per step: one per sharding unit and pass, or ZeRO-3's gathers (``modules``)."""
         guess = max(1, round(self.params / max(self.largest_layer, 1)))
-        return max(1, (self.units if per == "unit" else self.modules) or guess)
+        if per == "unit":
+            return passes * max(1, self.units or guess)
+        return max(1, self.modules or passes * guess)
 
 
 BUCKET = 25 * 2**20  # bytes per bucketed collective: DDP's bucket_cap_mb; DeepSpeed's presets' buckets are near it
@@ -163,21 +179,42 @@ class StepTime:
     optimizer: float
     comm_bytes: float
     extra: dict[str, Any] = field(default_factory=dict)
+    other: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.compute + self.exposed + self.optimizer
+        return self.compute + self.exposed + self.optimizer + self.other
 
     def as_dict(self) -> dict[str, Any]:
         return {"compute_s": self.compute, "comm_s": self.comm, "exposed_comm_s": self.exposed,
-                "optimizer_s": self.optimizer, "step_s": self.total, "comm_bytes": self.comm_bytes, **self.extra}
+                "optimizer_s": self.optimizer, "other_s": self.other, "step_s": self.total,
+                "comm_bytes": self.comm_bytes, **self.extra}
 
 
-def _collective(volume: float, ranks: int, lnk: Link, calls: int = 1) -> float:
-    """Seconds to move ``volume`` bytes per rank in ``calls`` collectives over ``ranks`` ranks."""
+@dataclass(frozen=True)
+class EngineCost:
+    """One engine's own step on one rank of this host, measured by a short training run (no communication at world
+    size 1): ``compute`` is the forward and backward with the engine's hooks, casts and copies, ``optimizer`` its
+    step, ``other`` the loop's remainder; ``threads`` the run's. Engines' host-side work costs the same whatever
+    the bytes, so on small models it, not the FLOPs, sets the step: a FLOP count at the model's rate misses it."""
+
+    compute: float
+    optimizer: float
+    other: float
+    threads: int
+    scale: float = 1.0  # how much slower the model computes with a job's ranks sharing the host (probed)
+
+
+#: Phases whose calls follow one another with no compute between them (one launch where the backend coalesces).
+BACK_TO_BACK = frozenset({"all-gather small params after the step"})
+
+
+def _collective(volume: float, ranks: int, lnk: Link, calls: int = 1, busy: bool = True) -> float:
+    """Seconds to move ``volume`` bytes per rank in ``calls`` collectives over ``ranks`` ranks (``busy``: between
+    slices of compute)."""
     if ranks <= 1 or volume <= 0:
         return 0.0
-    return volume / lnk.achieved + calls * 2 * math.log2(ranks) * lnk.latency
+    return volume / lnk.achieved + calls * (2 * math.log2(ranks) * lnk.latency + (lnk.busy if busy else 0.0))
 
 
 def comm_volumes(layout: StateLayout, n: int, world: int,
@@ -189,7 +226,7 @@ def comm_volumes(layout: StateLayout, n: int, world: int,
 
     def calls(volume: float, per: str = "", passes: int = 1) -> int:
         if per and work is not None:
-            return passes * work.count(per)
+            return work.count(per, passes)
         return max(1, math.ceil(volume / BUCKET))
 
     if layout.ideal_stage == 0:  # DDP: the gradients, all-reduced
@@ -202,6 +239,11 @@ def comm_volumes(layout: StateLayout, n: int, world: int,
     scatter, gathered = f * grad_comm * n, f * gathers * gather * n
     phases = [("reduce-scatter grads", scatter, group, calls(scatter, "unit" if layout.gathers_per == "unit" else "")),
               (f"all-gather params x{gathers}", gathered, group, calls(gathered, layout.gathers_per, gathers))]
+    if layout.gathers_per == "module" and work is not None and work.persistent:
+        # DeepSpeed ZeRO-3 after each step: every weight under its persistence threshold, gathered one by one
+        # (counted in the scaling record's traces: crnn_mobilenet_v3_small 128 a step, db_mobilenet_v3_large 168).
+        phases.append(("all-gather small params after the step", f * gather * work.persistent_numel, group,
+                       work.persistent))
     if group < world:  # HSDP: the shard's gradients all-reduced across the replica groups
         replicas = world // group
         volume = 2 * (replicas - 1) / replicas * 4 * n / group
@@ -216,13 +258,20 @@ def optimizer_bytes(layout: StateLayout, n: int, world: int) -> float:
     return updated * (34 if layout.mixed else 28)
 
 
-def predict_step(layout: StateLayout, work: Workload, world: int, cluster: Cluster, mfu: float) -> StepTime:
-    """One step's predicted time on one rank of ``world`` under ``layout``'s engine."""
+def predict_step(layout: StateLayout, work: Workload, world: int, cluster: Cluster, mfu: float,
+                 engine: EngineCost | None = None) -> StepTime:
+    """One step's predicted time on one rank of ``world`` under ``layout``'s engine; with ``engine`` (measured on
+    one rank here) its compute, optimizer and remainder come from that run instead of FLOPs and bytes."""
     rate = cluster.device.peak(work.precision) * mfu
     fwd = work.flops_forward * work.batch / rate
     bwd = (work.flops_backward + (work.flops_forward if work.checkpointing else 0)) * work.batch / rate
-    phases = comm_volumes(layout, work.params, world, work)
-    comm = sum(_collective(volume, ranks, cluster.link_for(ranks), calls) for _, volume, ranks, calls in phases)
+    if engine is not None:  # the engine's own forward and backward, split as the FLOPs split
+        measured = engine.compute * engine.scale
+        fwd, bwd = fwd / (fwd + bwd) * measured, bwd / (fwd + bwd) * measured
+    phases = [(name, volume, ranks, 1 if cluster.coalesces and name in BACK_TO_BACK else calls)
+              for name, volume, ranks, calls in comm_volumes(layout, work.params, world, work)]
+    comm = sum(_collective(volume, ranks, cluster.link_for(ranks), calls, name not in BACK_TO_BACK)
+               for name, volume, ranks, calls in phases)
     volume = sum(v for _, v, _, _ in phases)
     exposed = comm
     if cluster.overlap and phases:
@@ -237,15 +286,20 @@ def predict_step(layout: StateLayout, work: Workload, world: int, cluster: Clust
             t_gather = _collective(gather, ranks, cluster.link_for(ranks), calls)
             exposed = max(comm - t_gather - bwd, 0.0) + t_gather + min(tail, comm)
     opt = optimizer_bytes(layout, work.params, world) / cluster.device.memory_bandwidth
+    if engine is not None:  # memory-bound: the measured step, for the share of the parameters this rank updates
+        opt = engine.optimizer * optimizer_bytes(layout, work.params, world) / optimizer_bytes(layout, work.params, 1)
     return StepTime(fwd + bwd, comm, exposed, opt, volume,
                     {"phases": {name: {"bytes": v, "calls": c} for name, v, _, c in phases},
-                     "link": cluster.link_for(world).name})
+                     "link": cluster.link_for(world).name}, engine.other if engine else 0.0)
 
 
-def with_host(cluster: Cluster, flops: float, memory_bandwidth: float, bandwidth: float, latency: float) -> Cluster:
+def with_host(cluster: Cluster, flops: float, memory_bandwidth: float, bandwidth: float, latency: float,
+              busy: float | None = None) -> Cluster:
     """``cluster`` on a measured host: its achieved FLOP/s (``mfu`` 1 then applies), memory bandwidth and
-    link (a gloo all-reduce between local processes), and no overlap."""
+    link (gloo between local processes: bandwidth, seconds per call, and per call between slices of a layer's
+    compute), and no overlap."""
     host = Device("host", {p: flops for p in ("fp32", "bf16", "fp16")}, memory_bandwidth, "measured on this host")
     # A call over 2 ranks pays 2 log2(2) = 2 hops in _collective: the measured per-call latency is split over them.
-    measured = Link("host", bandwidth, latency / 2, 1.0, "a gloo all-reduce between two local processes, measured")
-    return replace(cluster, device=host, intra=measured, inter=measured, overlap=False)
+    measured = Link("host", bandwidth, latency / 2, 1.0, "gloo between two local processes, measured",
+                    max(0.0, (busy or latency) - latency))
+    return replace(cluster, device=host, intra=measured, inter=measured, overlap=False, coalesces=False)

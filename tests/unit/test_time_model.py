@@ -86,3 +86,46 @@ def test_time_flags_are_refused_in_one_line(flags, says, capsys):
     assert len(err) == 1 and says in err[0], err
     assert main(["estimate-memory", "--params", "1e6", "--world-size", "2", "--time", "--device", "h100"]) == 2
     assert "--time with --params needs --flops-per-sample" in capsys.readouterr().err
+
+
+def test_a_measured_engine_step_replaces_the_flop_estimate_and_small_calls_cost_what_the_host_says():
+    """On a CPU host the engines' own one-rank step (hooks, casts, copies) stands for compute, its optimizer step is
+    shared as the optimizer state is, and every call pays the host's measured cost; ZeRO-3's per-weight gathers
+    of its persistent weights after the step are counted one by one (128 for the CRNN, as its trace shows)."""
+    from scale_ocr.cli.estimate_time import _granularity
+    from scale_ocr.config import ModelConfig
+    from scale_ocr.tasks import create_task
+
+    units, gathers, persistent, small = _granularity(create_task(ModelConfig(arch="crnn_mobilenet_v3_small")))
+    assert (units, gathers, persistent) == (16, 1, 128) and 0 < small < 10_000 * persistent
+    work = tm.Workload(1e8, 2e8, 8, 2_000_000, 300_000, "bf16", units=units, modules=gathers, persistent=persistent,
+                       persistent_numel=small)
+    host = tm.with_host(tm.Cluster(tm.DEVICES["h100"], tm.LINKS["nvlink4"], tm.LINKS["nvlink4"], 8),
+                        30e9, 13e9, 1.2e9, latency=0.8e-3, busy=1.3e-3)
+    engine = tm.EngineCost(compute=0.100, optimizer=0.020, other=0.005, threads=1, scale=1.1)
+    ddp = tm.predict_step(_layout("ddp", 2)[0], work, 2, host, 1.0, engine)
+    zero2 = tm.predict_step(_layout("zero2", 2)[0], work, 2, host, 1.0, engine)
+    assert ddp.compute == pytest.approx(0.110) and ddp.other == 0.005
+    assert ddp.optimizer == pytest.approx(0.020) and zero2.optimizer == pytest.approx(0.010)  # half the params
+    assert ddp.total == pytest.approx(ddp.compute + ddp.exposed + ddp.optimizer + ddp.other)
+    fsdp = tm.predict_step(_layout("fsdp", 2)[0], work, 2, host, 1.0, engine)
+    calls = sum(p["calls"] for p in fsdp.extra["phases"].values())
+    assert calls == 3 * units and fsdp.comm == pytest.approx(fsdp.comm_bytes / 1.2e9 + calls * 1.3e-3)
+    zero3 = tm.predict_step(_layout("zero3", 2)[0], work, 2, host, 1.0, engine)
+    after = zero3.extra["phases"]["all-gather small params after the step"]
+    assert after == {"bytes": pytest.approx(0.5 * 2 * small), "calls": 128}
+    # Back to back, with no compute between them, those calls pay the short-call cost, not the between-layers one.
+    others = sum(p["calls"] for name, p in zero3.extra["phases"].items() if name not in tm.BACK_TO_BACK)
+    assert zero3.comm == pytest.approx(zero3.comm_bytes / 1.2e9 + others * 1.3e-3 + 128 * 0.8e-3)
+    # Without a measured engine nothing of the host's work is assumed.
+    assert tm.predict_step(_layout("ddp", 2)[0], work, 2, host, 1.0).other == 0.0
+
+
+def test_an_engine_that_cannot_be_measured_here_is_one_line():
+    from scale_ocr.config import ModelConfig
+    from scale_ocr.errors import UserError
+    from scale_ocr.strategies.host_probe import engine_cost
+
+    with pytest.raises(UserError, match=r"measuring no_such_engine's own step here failed \(exit 2: .*leave it out of "
+                                        r"--strategies"):
+        engine_cost("no_such_engine", ModelConfig(arch="crnn_mobilenet_v3_small"), 2, "fp32", 1, steps=2)
