@@ -122,13 +122,20 @@ def _host_cluster(args: argparse.Namespace, task, work, names: list[str]) -> tup
     memory = host_probe.memory_bandwidth(threads=threads)
     cluster = tm.with_host(tm.Cluster(tm.DEVICES["h100"], tm.LINKS["nvlink4"], tm.LINKS["nvlink4"], args.per_node),
                            flops, memory, bandwidth, latency, busy)
-    engines = {} if args.no_engine_probe else {
-        name: replace(host_probe.engine_cost(name, task.cfg, args.batch_size, args.precision, threads), scale=alone / flops)
-        for name in names}
+    engines, unmeasured = {}, {}
+    for name in [] if args.no_engine_probe else names:
+        try:
+            cost = host_probe.engine_cost(name, task.cfg, args.batch_size, args.precision, threads)
+        except UserError as exc:  # predicted from its FLOPs alone, and said so
+            unmeasured[name] = str(exc)
+            continue
+        engines[name] = replace(cost, scale=alone / flops)
     why = (f"measured here: {flops / 1e9:.1f} GFLOP/s per rank at {threads} thread(s), {ranks} rank(s) at once "
            f"({alone / flops:.2f}x one rank's time), memory {memory / 1e9:.1f} GB/s, gloo {bandwidth / 1e9:.2f} GB/s + "
            f"{latency * 1e3:.2f} ms per call ({busy * 1e3:.2f} ms between a layer's compute); "
-           + ("each engine's own step measured on one rank" if engines else "engines' host work not measured"))
+           + (f"each engine's own step measured on one rank ({', '.join(engines)})" if engines
+              else "engines' host work not measured (--no-engine-probe)" if args.no_engine_probe else "")
+           + "".join(f"; {reason} - {name} is predicted from its FLOPs alone" for name, reason in unmeasured.items()))
     return cluster, 1.0, why, engines
 
 

@@ -204,7 +204,7 @@ def engine_cost(strategy: str, model_cfg, batch: int, precision: str, threads: i
         if done.returncode != 0 or not metrics.is_file():
             lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
             why = next((ln for ln in lines if ln.startswith("scale-ocr: error:")), lines[-1] if lines else "")
-            raise UserError(f"measuring {strategy}'s own step here failed (exit {done.returncode}: {why.strip()[:200]}); "
-                            "leave it out of --strategies, or predict for a --device from the table")
+            raise UserError(f"measuring {strategy}'s own step on one rank failed (exit {done.returncode}: "
+                            f"{why.strip()[:200]})")
         parts = json.loads(metrics.read_text())["time_breakdown"]
     return EngineCost(parts["compute"], parts["optimizer"], parts["other"] + parts["data"], threads)

@@ -121,11 +121,32 @@ def test_a_measured_engine_step_replaces_the_flop_estimate_and_small_calls_cost_
     assert tm.predict_step(_layout("ddp", 2)[0], work, 2, host, 1.0).other == 0.0
 
 
-def test_an_engine_that_cannot_be_measured_here_is_one_line():
+def test_an_engine_that_cannot_be_measured_here_says_why():
     from scale_ocr.config import ModelConfig
     from scale_ocr.errors import UserError
     from scale_ocr.strategies.host_probe import engine_cost
 
-    with pytest.raises(UserError, match=r"measuring no_such_engine's own step here failed \(exit 2: .*leave it out of "
-                                        r"--strategies"):
+    with pytest.raises(UserError, match=r"measuring no_such_engine's own step on one rank failed \(exit 2: .*no_such"):
         engine_cost("no_such_engine", ModelConfig(arch="crnn_mobilenet_v3_small"), 2, "fp32", 1, steps=2)
+
+
+def test_a_strategy_whose_engine_run_fails_is_predicted_from_flops_and_the_output_says_so(monkeypatch):
+    """The host's probes stand in with fixed figures here (the real ones run in test_bench's time_check test)."""
+    from scale_ocr.errors import UserError
+    from scale_ocr.strategies import host_probe
+
+    def engine(name, *args, **kw):
+        if name == "zero2":
+            raise UserError("measuring zero2's own step on one rank failed (exit 1: boom)")
+        return tm.EngineCost(compute=0.5, optimizer=0.01, other=0.002, threads=1)
+
+    monkeypatch.setattr(host_probe, "compute_rate", lambda *a, **kw: 30e9)
+    monkeypatch.setattr(host_probe, "gloo_link", lambda world=2: (1.2e9, 0.8e-3, 1.3e-3))
+    monkeypatch.setattr(host_probe, "memory_bandwidth", lambda **kw: 13e9)
+    monkeypatch.setattr(host_probe, "engine_cost", engine)
+    doc = _json("--model", "crnn_mobilenet_v3_small", "--world-size", "2", "--time", "--device", "host",
+                "--strategies", "ddp,zero2", "--batch-size", "8")["time"]
+    assert set(doc["engines_one_rank"]) == {"ddp"}
+    assert "exit 1: boom) - zero2 is predicted from its FLOPs alone" in doc["source"]
+    assert doc["strategies"]["ddp"]["compute_s"] == pytest.approx(0.5)
+    assert doc["strategies"]["zero2"]["other_s"] == 0.0 and doc["strategies"]["zero2"]["compute_s"] < 0.5
