@@ -44,14 +44,16 @@ def targets(record: list[dict[str, Any]], strategies: list[str]) -> dict[str, di
     out: dict[str, dict[str, Any]] = {}
     ok = [ln for ln in record if ln["status"] == "ok" and ln["config"]["strategy"] in strategies
           and ln["metrics"].get("step_time_p50")]
-    for model in sorted({ln["config"]["model"] for ln in ok}):
-        mine = [ln for ln in ok if ln["config"]["model"] == model and ln["config"]["world_size"] > 1]
-        sizes = sorted({ln["config"]["world_size"] for ln in mine
-                        if {m["config"]["strategy"] for m in mine if m["config"]["world_size"] == ln["config"]["world_size"]}
-                        >= set(strategies)})
+    by_size: dict[str, dict[int, dict[str, dict[str, Any]]]] = {}  # model -> world size -> strategy -> line
+    for ln in ok:
+        cfg = ln["config"]
+        if cfg["world_size"] > 1:
+            by_size.setdefault(cfg["model"], {}).setdefault(cfg["world_size"], {})[cfg["strategy"]] = ln
+    for model in sorted(by_size):
+        sizes = sorted(ws for ws, lines in by_size[model].items() if set(strategies) <= set(lines))
         if not sizes:
             continue
-        lines = {ln["config"]["strategy"]: ln for ln in mine if ln["config"]["world_size"] == sizes[-1]}
+        lines = by_size[model][sizes[-1]]
         cfg = next(iter(lines.values()))["config"]
         cmd = shlex.split(cfg["command"])
         size = cmd[cmd.index("--input-size") + 1] if "--input-size" in cmd else None
@@ -90,9 +92,11 @@ def run(args: argparse.Namespace) -> None:
     ver, hw = versions(), hardware()
     for model, target in plan.items():
         doc = estimate(model, target, strategies)
+        ratios = []
         for name in strategies:
             measured = target["lines"][name]["metrics"]
             predicted = doc["strategies"][name]
+            ratios.append(f"{name} {predicted['step_s'] / measured['step_time_p50']:.2f}")
             append_line(args.out / "results.jsonl", {
                 "model": model, "strategy": name, "world_size": target["world_size"],
                 "precision": target["precision"], "batch_per_rank": target["batch"], "record": str(args.record),
@@ -101,9 +105,7 @@ def run(args: argparse.Namespace) -> None:
                 "measured": {"step_time_p50": measured["step_time_p50"],
                              "time_breakdown": measured.get("time_breakdown")},
                 "ratio": predicted["step_s"] / measured["step_time_p50"], "versions": ver, "hardware": hw})
-        print(f"time_check: {model}: " + ", ".join(
-            f"{n} {doc['strategies'][n]['step_s'] / target['lines'][n]['metrics']['step_time_p50']:.2f}"
-            for n in strategies), flush=True)
+        print(f"time_check: {model}: " + ", ".join(ratios), flush=True)
 
 
 def _parts_row(line: dict[str, Any]) -> str:

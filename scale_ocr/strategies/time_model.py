@@ -205,8 +205,10 @@ class EngineCost:
     scale: float = 1.0  # how much slower the model computes with a job's ranks sharing the host (probed)
 
 
+#: ZeRO-3's gathers of its persistent weights after each step (see :func:`comm_volumes`).
+SMALL_PARAMS = "all-gather small params after the step"
 #: Phases whose calls follow one another with no compute between them (one launch where the backend coalesces).
-BACK_TO_BACK = frozenset({"all-gather small params after the step"})
+BACK_TO_BACK = frozenset({SMALL_PARAMS})
 
 
 def _collective(volume: float, ranks: int, lnk: Link, calls: int = 1, busy: bool = True) -> float:
@@ -242,8 +244,7 @@ def comm_volumes(layout: StateLayout, n: int, world: int,
     if layout.gathers_per == "module" and work is not None and work.persistent:
         # DeepSpeed ZeRO-3 after each step: every weight under its persistence threshold, gathered one by one
         # (counted in the scaling record's traces: crnn_mobilenet_v3_small 128 a step, db_mobilenet_v3_large 168).
-        phases.append(("all-gather small params after the step", f * gather * work.persistent_numel, group,
-                       work.persistent))
+        phases.append((SMALL_PARAMS, f * gather * work.persistent_numel, group, work.persistent))
     if group < world:  # HSDP: the shard's gradients all-reduced across the replica groups
         replicas = world // group
         volume = 2 * (replicas - 1) / replicas * 4 * n / group
