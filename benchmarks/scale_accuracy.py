@@ -270,14 +270,20 @@ def run(args: argparse.Namespace) -> None:
 
 
 def finished(jobs: list[Job], rows: list[dict[str, Any]]) -> set[tuple]:
-    """The keys of ``jobs`` that ``rows`` holds an ``ok`` line of. A line of the same job trained otherwise (another
-    budget, split of the batch or evaluation interval) is refused: a resumed folder holds one experiment."""
+    """The keys of ``jobs`` that ``rows`` holds an ``ok`` line of. At a model's reference batch every rule gives the
+    same rate, so a line there ran under any rule stands for the planned job (a default rule changed between two
+    sessions of one record does not train it again). A line of the same job trained otherwise (another budget, split
+    of the batch or evaluation interval) is refused: a resumed folder holds one experiment."""
     from scale_ocr.errors import UserError
 
     planned = {j.key: asdict(j) for j in jobs}
+    shared = {k[:4]: k for k, j in planned.items() if j["global_batch"] == j["reference_batch"]}
     done = set()
     for r in rows:
-        job = planned.get(key_of(r))
+        key = key_of(r)
+        if key not in planned and r["global_batch"] == r["reference_batch"]:
+            key = shared.get(key[:4], key)
+        job = planned.get(key)
         if job is None or r["status"] != "ok":
             continue
         differ = [f for f in ("samples", "world_size", "micro_batch", "grad_accum", "eval_every") if r[f] != job[f]]
@@ -285,7 +291,7 @@ def finished(jobs: list[Job], rows: list[dict[str, Any]]) -> set[tuple]:
             raise UserError(f"the results folder already holds {'/'.join(map(str, key_of(r)))} trained with other "
                             f"{', '.join(differ)} ({', '.join(f'{f} {r[f]}' for f in differ)}); resume with the flags "
                             "it was run with, or give another --out")
-        done.add(key_of(r))
+        done.add(key)
     return done
 
 

@@ -89,6 +89,11 @@ def holds_up_to(finals: dict[int, float | None], tolerance: float = TOLERANCE) -
     return largest, ref
 
 
+def reference_of(jobs: dict[tuple, dict[str, Any]], group: tuple[str, str, str]) -> int:
+    """The model's reference batch, where every rule gives the same rate."""
+    return next(int(r["reference_batch"]) for k, r in jobs.items() if k[:3] == group)
+
+
 def groups(jobs: dict[tuple, dict[str, Any]], kind: str) -> list[tuple[str, str, str]]:
     return list(dict.fromkeys(k[:3] for k in jobs if k[0] == kind))
 
@@ -110,9 +115,11 @@ def summarize(rows: list[dict[str, Any]], default_rule: str) -> dict[str, Any]:
                                            for r, c in cells.items()}}
         reach, ref = holds_up_to({g: per_batch[g]["final"].get(default_rule) for g in batches})
         best_there = per_batch[reach]["best_rule"] if reach is not None else None
+        above = [per_batch[g]["best_rule"] for g in batches if g > reference_of(jobs, group)]
         out["recognition"].append({
             "model": group[1], "set": group[2], "batches": per_batch, "reference_final": ref,
             "default_holds_up_to": reach, "best_rule_there": best_there,
+            "wins_above_reference": {r: above.count(r) for r in RULES if r in above},
             "default_is_best_there": None if best_there is None else
             final(cell(jobs, group, reach, default_rule)) >= per_batch[reach]["final"][best_there]})
     for group in groups(jobs, "detection"):
@@ -247,7 +254,8 @@ def header(rows: list[dict[str, Any]], out_dir: Path, default_rule: str) -> list
             f"Command: `{command_line(out_dir)}` (preset {r0.get('preset')}); rebuild: "
             f"`python -m benchmarks.scale_accuracy --report {shown}`", "",
             f"- `scale_ocr/train.py` with its defaults (DDP, AdamW, the task's schedule) but for the global batch and "
-            f"`--lr-scaling`; {budget}. The global "
+            f"`--lr-scaling`; {budget}. The budget is in samples (Goyal et al.'s setting: the same epochs at every "
+            "batch), so a batch k times larger takes k times fewer optimizer steps. The global "
             "batch is ranks x micro-batch x accumulation: accumulation stands in for ranks this host does not have "
             "(each rank's BatchNorm sees its micro-batch, as it would on more ranks).",
             f"- The default rule is **{default_rule}** (`scale_ocr.config.DEFAULT_LR_SCALING`). At a model's "
@@ -264,14 +272,18 @@ def overview(summary: dict[str, Any]) -> list[str]:
     if not summary["recognition"]:
         return []
     lines = ["## Verdicts", "", f"| model | set | smallest batch's final EM % ({summary['default_rule']}) | default "
-             "holds up to | best rule there | default is best there |", "|---|---|---:|---:|---|---|"]
+             "holds up to | best rule there | default is best there | best rule above the reference batch |",
+             "|---|---|---:|---:|---|---|---|"]
     for s in summary["recognition"]:
         learned = s["reference_final"] is not None and s["reference_final"] >= LEARNED
         best = {None: "-", True: "yes", False: "no"}[s["default_is_best_there"]] if learned else "-"
+        wins = s["wins_above_reference"]
+        above = ", ".join(f"{r} at {n} of {sum(wins.values())}" for r, n in sorted(wins.items(), key=lambda w: -w[1]))
         lines.append(f"| {s['model']} | {SET_NAMES.get(s['set'], s['set'])} | {_pct(s['reference_final'])} | "
                      f"{s['default_holds_up_to'] if learned else 'no verdict'} | "
-                     f"{s['best_rule_there'] if learned else '-'} | {best} |")
-    return [*lines, ""]
+                     f"{s['best_rule_there'] if learned else '-'} | {best} | {above or '-'} |")
+    return [*lines, "", "\"Best rule above the reference batch\": how many of the batches above the model's reference "
+            "batch (where the rules part) each rule ends best at: the evidence a default rule rests on.", ""]
 
 
 def build_report(out_dir: Path) -> Path:

@@ -61,7 +61,8 @@ def test_report_and_summary_from_rows_alone(tmp_path):
     assert "| 64 | 2 x 32 x 1 | none" not in report and "| 64 | 2 x 32 x 1 | linear" not in report  # shown once
     assert "up to global batch **128**; there the best rule is linear (the default trails it)" in report
     assert [d["final_recall"] for d in summary["detection"]] == [0.3, 0.3]
-    assert "| crnn | synthetic words | 90.0 | 128 | linear | no |" in report and "| vit | synthetic words | 5.0 | no " \
+    assert s["wins_above_reference"] == {"linear": 1, "sqrt": 1}  # 128: linear; 256: sqrt alone finished
+    assert "| crnn | synthetic words | 90.0 | 128 | linear | no | linear at 1 of 2, sqrt at 1 of 2 |" in report and "| vit | synthetic words | 5.0 | no " \
         "verdict | - | - |" in report
     assert "INCONCLUSIVE: under the default rule (sqrt) the smallest batch ends at 5.0% exact match" in report
     assert (tmp_path / "final.png").is_file() and (tmp_path / "curves.png").is_file()
@@ -80,6 +81,8 @@ def test_plan_splits_batches_skips_shared_rules_and_finished_jobs(tmp_path):
     assert crnn[0].key == rep.key_of(done)
     done |= {"samples": 98304, "micro_batch": 16, "grad_accum": 1, "eval_every": 256}
     assert sa.finished(jobs, [done]) == {crnn[0].key}
+    shared = _row(64, "none", [0.5], model=sa.CRNN) | {"samples": 98304, "micro_batch": 32, "eval_every": 128}
+    assert sa.finished(jobs, [shared]) == {crnn[3].key}  # the reference batch, run under another rule: done
     with pytest.raises(UserError, match="other samples"):
         sa.finished(jobs, [done | {"samples": 1024}])  # another budget in the same folder: refused
     done["samples"] = 1024
