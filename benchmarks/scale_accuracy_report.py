@@ -115,7 +115,8 @@ def summarize(rows: list[dict[str, Any]], default_rule: str) -> dict[str, Any]:
                                            for r, c in cells.items()}}
         reach, ref = holds_up_to({g: per_batch[g]["final"].get(default_rule) for g in batches})
         best_there = per_batch[reach]["best_rule"] if reach is not None else None
-        above = [per_batch[g]["best_rule"] for g in batches if g > reference_of(jobs, group)]
+        reference = reference_of(jobs, group)
+        above = [per_batch[g]["best_rule"] for g in batches if g > reference]
         out["recognition"].append({
             "model": group[1], "set": group[2], "batches": per_batch, "reference_final": ref,
             "default_holds_up_to": reach, "best_rule_there": best_there,
