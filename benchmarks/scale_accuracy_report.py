@@ -63,14 +63,15 @@ def cell(jobs: dict[tuple, dict[str, Any]], group: tuple[str, str, str], batch: 
 def best_rule(cells: dict[str, dict[str, Any] | None], default_rule: str) -> str | None:
     """The rule with the highest final exact match at one batch; a tie goes to the rule that reached the highest
     threshold in fewer samples, then to the default rule, then to the first in :data:`RULES`. None when no rule
-    finished."""
+    finished, or none ended at :data:`LEARNED` or above (rules that all learned nothing have no winner)."""
     def rank(rule: str) -> tuple[float, float, bool, int]:
         row = cells[rule]
         reached = [s for s in (samples_to(row["curve"], t) for t in reversed(THRESHOLDS)) if s is not None]
         return final(row), -(reached[0] if reached else float("inf")), rule == default_rule, -RULES.index(rule)
 
     finished = [r for r in cells if final(cells[r]) is not None]
-    return max(finished, key=rank) if finished else None
+    best = max(finished, key=rank) if finished else None
+    return best if best is not None and final(cells[best]) >= LEARNED else None
 
 
 def holds_up_to(finals: dict[int, float | None], tolerance: float = TOLERANCE) -> tuple[int | None, float | None]:
@@ -246,9 +247,13 @@ def _draw_curves(ax, jobs, s: dict[str, Any], default_rule: str) -> None:
 def header(rows: list[dict[str, Any]], out_dir: Path, default_rule: str) -> list[str]:
     r0 = rows[0]
     gits = sorted({r["versions"].get("git") or "?" for r in rows})
-    rec = [r for r in rows if r["kind"] == "recognition"]
-    budget = (f"{rec[0]['samples']:,} training samples per job, validation exact match every "
-              f"{rec[0]['eval_every'] * rec[0]['global_batch']:,} samples and at each epoch's end" if rec else "")
+    jobs = latest(rows)
+    rec = [r for r in jobs.values() if r["kind"] == "recognition"]
+    per_set = {SET_NAMES.get(r["set"], r["set"]): r["samples"] for r in rec}
+    budget = (f"training samples per job: {', '.join(f'{n:,} on {name}' for name, n in per_set.items())}; validation "
+              f"exact match every {rec[0]['eval_every'] * rec[0]['global_batch']:,} samples and at each epoch's end"
+              if rec else "")
+    replaced = len(rows) - len(jobs)
     where = out_dir.resolve()
     shown = where.relative_to(REPO) if where.is_relative_to(REPO) else where
     return ["# Scale accuracy: the same recipe at growing global batches", "",
@@ -262,10 +267,13 @@ def header(rows: list[dict[str, Any]], out_dir: Path, default_rule: str) -> list
             f"- The default rule is **{default_rule}** (`scale_ocr.config.DEFAULT_LR_SCALING`). At a model's "
             "reference batch every rule gives the same rate: that batch is trained once.",
             f"- Samples to 50/80/90%: training samples seen at the first measurement at or above it. Best rule: "
-            f"highest final exact match. \"Holds up to\": the largest batch, going up from the smallest, whose final "
+            f"highest final exact match (none where every rule ends under {LEARNED * 100:.0f}%). \"Holds up to\": the largest batch, going up from the smallest, whose final "
             f"exact match under the default rule is at most {TOLERANCE * 100:.0f} point below the smallest batch's.",
             f"- {r0['hardware'].get('cpu')}, {r0['hardware'].get('cores')} cores, {r0['threads_per_rank']} thread(s) "
-            f"per rank; git {', '.join(gits)}; torch {r0['versions'].get('torch')}.", ""]
+            f"per rank; git {', '.join(gits)}; torch {r0['versions'].get('torch')}.",
+            *([f"- `results.jsonl` holds {replaced} line(s) a later line of the same job replaces (a failed try run "
+               "again, or a job trained again under a changed budget with `--supersede`); the report reads each "
+               "job's last line."] if replaced else []), ""]
 
 
 def overview(summary: dict[str, Any]) -> list[str]:
@@ -283,8 +291,9 @@ def overview(summary: dict[str, Any]) -> list[str]:
         lines.append(f"| {s['model']} | {SET_NAMES.get(s['set'], s['set'])} | {_pct(s['reference_final'])} | "
                      f"{s['default_holds_up_to'] if learned else 'no verdict'} | "
                      f"{s['best_rule_there'] if learned else '-'} | {best} | {above or '-'} |")
-    return [*lines, "", "\"Best rule above the reference batch\": how many of the batches above the model's reference "
-            "batch (where the rules part) each rule ends best at: the evidence a default rule rests on.", ""]
+    return [*lines, "", "\"Best rule above the reference batch\": of the batches above the model's reference batch (where "
+            f"the rules part) at which some rule ends at {LEARNED * 100:.0f}% or above, how many each rule ends best "
+            "at: the evidence a default rule rests on.", ""]
 
 
 def build_report(out_dir: Path) -> Path:

@@ -34,6 +34,8 @@ def test_samples_to_a_threshold_and_the_best_rule():
     assert rep.best_rule(cells, "sqrt") == "sqrt"  # a full tie: the default
     cells["sqrt"] = _row(128, "sqrt", [], status="failed")
     assert rep.best_rule(cells, "sqrt") == "linear"
+    low = {r: _row(512, r, [0.0, v]) for r, v in (("none", 0.0), ("linear", 0.014), ("sqrt", 0.0))}
+    assert rep.best_rule(low, "sqrt") is None  # every rule under LEARNED: no winner
 
 
 def test_the_default_holds_up_to_the_last_batch_before_it_drops_a_point():
@@ -65,6 +67,8 @@ def test_report_and_summary_from_rows_alone(tmp_path):
     assert "| crnn | synthetic words | 90.0 | 128 | linear | no | linear at 1 of 2, sqrt at 1 of 2 |" in report and "| vit | synthetic words | 5.0 | no " \
         "verdict | - | - |" in report
     assert "INCONCLUSIVE: under the default rule (sqrt) the smallest batch ends at 5.0% exact match" in report
+    assert "training samples per job: 1,024 on synthetic words;" in report
+    assert "`results.jsonl` holds 1 line(s) a later line of the same job replaces" in report  # 256's failed try
     assert (tmp_path / "final.png").is_file() and (tmp_path / "curves.png").is_file()
 
 
@@ -75,6 +79,9 @@ def test_plan_splits_batches_skips_shared_rules_and_finished_jobs(tmp_path):
     crnn = [j for j in jobs if j.model == sa.CRNN and j.set == "synthetic"]
     assert len(crnn) == 13 and [j.rule for j in crnn if j.global_batch == 64] == ["sqrt"]
     assert {j.steps for j in crnn if j.global_batch == 512} == {192}
+    assert {j.samples for j in jobs if j.set == "real"} == {196608}  # the real-looking set's own budget
+    assert {j.samples for j in sa.plan(sa.parse(["--preset", "record", "--samples", "4096"])) if j.kind ==
+            "recognition"} == {4096}  # --samples: every set's
     assert [(j.kind, j.global_batch, j.micro_batch, j.grad_accum) for j in jobs[-2:]] == [
         ("detection", 4, 2, 1), ("detection", 32, 2, 8)]
     done = _row(32, "none", [0.5], model=sa.CRNN)
@@ -83,8 +90,10 @@ def test_plan_splits_batches_skips_shared_rules_and_finished_jobs(tmp_path):
     assert sa.finished(jobs, [done]) == {crnn[0].key}
     shared = _row(64, "none", [0.5], model=sa.CRNN) | {"samples": 98304, "micro_batch": 32, "eval_every": 128}
     assert sa.finished(jobs, [shared]) == {crnn[3].key}  # the reference batch, run under another rule: done
-    with pytest.raises(UserError, match="other samples"):
+    with pytest.raises(UserError, match="other samples.*--supersede"):
         sa.finished(jobs, [done | {"samples": 1024}])  # another budget in the same folder: refused
+    assert sa.finished(jobs, [done, done | {"samples": 1024}], supersede=True) == set()  # its last line: again
+    assert sa.finished(jobs, [done | {"samples": 1024}, done], supersede=True) == {crnn[0].key}
     done["samples"] = 1024
     seconds, rates = sa.estimate(jobs, [done | {"wall_seconds": 1024 / 64}])
     assert rates[sa.CRNN] == 64.0 and seconds > 0
