@@ -144,7 +144,9 @@ def _samples(n: int | None) -> str:
 def group_lines(jobs: dict[tuple, dict[str, Any]], s: dict[str, Any], default_rule: str) -> list[str]:
     """One recognizer on one set: a table row per batch and rule, then the verdict."""
     group = ("recognition", s["model"], s["set"])
+    budgets = sorted({r["samples"] for k, r in jobs.items() if k[:3] == group})
     lines = [f"### {s['model']} on {SET_NAMES.get(s['set'], s['set'])}", "",
+             f"{' or '.join(f'{n:,}' for n in budgets)} training samples per job.", "",
              "| global batch | ranks x micro x accum | rule | peak lr | 50% | 80% | 90% | final EM % | best rule | "
              "wall |", "|---:|---|---|---:|---:|---:|---:|---:|---|---:|"]
     for g, b in s["batches"].items():

@@ -67,7 +67,8 @@ def test_report_and_summary_from_rows_alone(tmp_path):
     assert "| crnn | synthetic words | 90.0 | 128 | linear | no | linear at 1 of 2, sqrt at 1 of 2 |" in report and "| vit | synthetic words | 5.0 | no " \
         "verdict | - | - |" in report
     assert "INCONCLUSIVE: under the default rule (sqrt) the smallest batch ends at 5.0% exact match" in report
-    assert "training samples per job: 1,024 on synthetic words;" in report
+    assert "training samples per job: 1,024 on synthetic words;" in report  # the header: each set's budget
+    assert "1,024 training samples per job." in report  # and each group's
     assert "`results.jsonl` holds 1 line(s) a later line of the same job replaces" in report  # 256's failed try
     assert (tmp_path / "final.png").is_file() and (tmp_path / "curves.png").is_file()
 
