@@ -247,13 +247,18 @@ def memory_section(model: str, cells, out_dir: Path, top: int) -> list[str]:
     return [*lines, "", f"![{png[:-4]}]({png})", ""]
 
 
+def largest_world(cells, with_dp: bool = False) -> int:
+    """The largest world size among the cells; DataParallel's (its one process) only ``with_dp``."""
+    return max((ws for s, ws in cells if with_dp or s != "dp"), default=1)
+
+
 def plot(model: str, cells, out_dir: Path) -> list[str]:
     """The three PNGs for one model (the ratio plot only with a DataParallel baseline); returns their file names."""
     import matplotlib
 
     matplotlib.use("Agg")
     dp = _baseline(cells)
-    top = max((ws for s, ws in cells if s != "dp"), default=1)
+    top = largest_world(cells)
     names = [plot_throughput(model, cells, out_dir), plot_memory(model, cells, out_dir, top)]
     if dp and dp["sps"]:
         names.append(plot_ratio_to_dp(model, cells, out_dir, top, dp))
@@ -290,7 +295,7 @@ def model_section(model: str, cells, out_dir: Path) -> list[str]:
     sources = sorted({c["peak_flops"]["source"] for c in cells.values() if c.get("peak_flops")})
     lines += ["", f"MFU: counted FLOPs per sample x samples/s over the ranks' peak ({'; '.join(sources)}; "
               "docs/mfu.md)."] if sources else []
-    top = max((ws for _, ws in cells), default=1)
+    top = largest_world(cells, with_dp=True)
     ddp = cells.get(("ddp", top))
     lines += ["", f"Model state per rank at world size {top} (DataParallel: its one process), counted from the "
               "tensors at the optimizer step, against the memory model (`scale-ocr estimate-memory`):", "",
@@ -309,8 +314,7 @@ def model_section(model: str, cells, out_dir: Path) -> list[str]:
             f"{_fmt(st['model_state'] / ddp['state']['model_state'] if ddp and ddp['state'] else None, '.0%')} | "
             f"{_fmt(pr['ideal'], '.1f', 1 / MIB)} |")
     lines += [""] + [f"![{p[:-4]}]({p})" for p in pngs[1:]] + [""]
-    top_ws = max((ws for s, ws in cells if s != "dp"), default=1)
-    return lines + time_section(model, cells, out_dir) + memory_section(model, cells, out_dir, top_ws)
+    return lines + time_section(model, cells, out_dir) + memory_section(model, cells, out_dir, largest_world(cells))
 
 
 def _gits(results: list[dict]) -> str:
