@@ -246,10 +246,10 @@ def _draw_curves(ax, jobs, s: dict[str, Any], default_rule: str) -> None:
     ax.set(xlabel=f"training samples ({default_rule} rule)", ylabel="validation exact match", ylim=(0, 1))
 
 
-def header(rows: list[dict[str, Any]], out_dir: Path, default_rule: str) -> list[str]:
+def header(rows: list[dict[str, Any]], jobs: dict[tuple, dict[str, Any]], out_dir: Path, default_rule: str) -> list[str]:
+    """The report's head; ``jobs`` is :func:`latest` of ``rows`` (each job's last line)."""
     r0 = rows[0]
     gits = sorted({r["versions"].get("git") or "?" for r in rows})
-    jobs = latest(rows)
     rec = [r for r in jobs.values() if r["kind"] == "recognition"]
     per_set = {SET_NAMES.get(r["set"], r["set"]): r["samples"] for r in rec}
     budget = (f"training samples per job: {', '.join(f'{n:,} on {name}' for name, n in per_set.items())}; validation "
@@ -308,7 +308,7 @@ def build_report(out_dir: Path) -> Path:
         raise UserError(f"{out_dir}/results.jsonl has no results; run `python -m benchmarks.scale_accuracy` first")
     jobs = latest(rows)
     summary = summarize(rows, DEFAULT_LR_SCALING)
-    lines = header(rows, out_dir, DEFAULT_LR_SCALING) + overview(summary) + ["## Recognition", ""]
+    lines = header(rows, jobs, out_dir, DEFAULT_LR_SCALING) + overview(summary) + ["## Recognition", ""]
     for s in summary["recognition"]:
         lines += group_lines(jobs, s, DEFAULT_LR_SCALING)
     lines += [f"![{p[:-4]}]({p})" for p in plot(jobs, summary, out_dir)] + [""]
