@@ -14,7 +14,10 @@ budget, one the smallest batch learns the set in), and measures validation exact
 samples. At a model's reference batch every rule gives the same rate, so
 that batch is trained once. Detection (db_mobilenet_v3_large on synthetic pages) trains at two global batches
 under the default rule, recall measured the same way. Each finished job is one line of ``results.jsonl``: an
-interrupted benchmark, run again with the same flags, starts with the first job that has no ``ok`` line.
+interrupted benchmark, run again with the same flags, starts with the first job that has no ``ok`` line. Jobs run
+group by group, the cheapest group first, and ``--max-minutes`` starts no job that would end past the limit (a
+record longer than one session or one scheduler allocation runs in parts; ``plan.json`` lists every planned job,
+and the report says which have no result yet).
 The report (:mod:`benchmarks.scale_accuracy_report`) gives samples-to-50/80/90 %, the final exact match, the best
 rule per batch and the largest global batch at which the default rule stays within 1 point of the smallest
 batch's final exact match.
@@ -114,26 +117,32 @@ def split_batch(global_batch: int, world_size: int, max_micro: int) -> tuple[int
 
 
 def plan(args: argparse.Namespace) -> list[Job]:
-    """Every job of the run, in order: recognition model by model, set by set, batch by batch, rule by rule; then
-    detection. At a model's reference batch the rules coincide, and only the default rule's job runs."""
+    """Every job of the run, in order: group by group (a recognizer on a word set, then detection as one group), the
+    cheapest group first at :data:`RATES`, so that a record run in parts completes whole groups early; within a
+    group batch by batch, rule by rule. At a model's reference batch the rules coincide: only the default rule's job
+    runs there."""
     from scale_ocr.config import DEFAULT_LR_SCALING
     from scale_ocr.models.factory import reference_batch
 
-    jobs = []
+    groups = []
     for model in args.models:
         ref = reference_batch(model)
         for name in args.sets:
+            jobs = []
             for g in args.batches:
                 rules = [r for r in args.rules if g != ref or r == DEFAULT_LR_SCALING] or args.rules[:1]
                 micro, accum = split_batch(g, args.world_size, args.micro_batch)
                 jobs += [Job("recognition", model, name, g, rule, args.world_size, micro, accum, budget(args, name),
                              max(1, args.eval_samples // g), ref) for rule in rules]
+            groups.append(jobs)
     ref = reference_batch(DET)
+    detection = []
     for g in args.det_batches:
         micro, accum = split_batch(g, args.world_size, args.det_micro_batch)
-        jobs.append(Job("detection", DET, "synthetic-pages", g, DEFAULT_LR_SCALING, args.world_size, micro, accum,
-                        args.det_samples, max(1, args.det_eval_samples // g), ref))
-    return jobs
+        detection.append(Job("detection", DET, "synthetic-pages", g, DEFAULT_LR_SCALING, args.world_size, micro,
+                             accum, args.det_samples, max(1, args.det_eval_samples // g), ref))
+    groups.append(detection)
+    return [job for group in sorted(groups, key=lambda jobs: estimate(jobs, [])[0]) for job in group]
 
 
 def budget(args: argparse.Namespace, name: str) -> int:
@@ -268,7 +277,11 @@ def run(args: argparse.Namespace) -> None:
     hw = hardware()
     context = {"threads": max(1, (hw["cores"] or 1) // args.world_size),
                "stamp": {"versions": versions(), "hardware": hw}}
+    write_plan(args.out, jobs)
+    started = time.time()
     for i, job in enumerate(todo, 1):
+        if not fits(args, job, len(todo) - i + 1, load_rows(args.out), time.time() - started, first=i == 1):
+            break
         data, sizes = job_data(args, job, work)
         row = run_one(args, job, data, sizes, work, context)
         append_line(results, row)
@@ -276,6 +289,32 @@ def run(args: argparse.Namespace) -> None:
         print(f"scale_accuracy [{i}/{len(todo)}] {job.name}: {row['status']}, final {row['metric']} {final}, "
               f"{row['lr_line'] or ''} [{row['wall_seconds']:.0f} s]" + (f" ({row['error']})" if row["error"] else ""),
               flush=True)
+
+
+def write_plan(out: Path, jobs: list[Job]) -> None:
+    """``plan.json``: every job the command plans, for the report to say which have no result yet."""
+    keys = ("kind", "model", "set", "global_batch", "rule", "samples")
+    (out / "plan.json").write_text(json.dumps([{k: asdict(j)[k] for k in keys} | {"name": j.name} for j in jobs],
+                                              indent=1) + "\n", encoding="utf-8")
+
+
+def fits(args: argparse.Namespace, job: Job, left: int, rows: list[dict[str, Any]], spent: float, first: bool) -> bool:
+    """Whether ``job`` ends within ``--max-minutes`` of the run's start (at its model's rate, measured by the
+    folder's finished jobs where it has them, plus 10%); if not, one line says where the run stops and how it goes
+    on. A limit too short for the run's first job is a user error: the run would do nothing."""
+    from scale_ocr.errors import UserError
+
+    if args.max_minutes is None:
+        return True
+    need, remain = estimate([job], rows)[0] * 1.1 / 60, args.max_minutes - spent / 60
+    if need <= remain:
+        return True
+    if first:
+        raise UserError(f"--max-minutes {args.max_minutes}: the first job to run, {job.name}, needs about "
+                        f"{need:.0f} min on this host; give it at least {math.ceil(need)}")
+    print(f"scale_accuracy: stopped before {job.name} with {left} job(s) to run: it needs about {need:.0f} min, "
+          f"{remain:.0f} of --max-minutes {args.max_minutes} remain; the same command resumes there", flush=True)
+    return False
 
 
 def finished(jobs: list[Job], rows: list[dict[str, Any]], supersede: bool = False) -> set[tuple]:
@@ -346,6 +385,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--wandb-mode", default="disabled", choices=("offline", "disabled"))
     p.add_argument("--timeout", type=int, default=4 * 3600, help="seconds per training job")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="start no job that would end past this many minutes from the start (a session's or a "
+                        "scheduler's time limit); the same command resumes with the next")
     return fill(p, p.parse_args(argv))
 
 
@@ -388,6 +430,8 @@ def check(args: argparse.Namespace) -> None:
                  "det_micro_batch"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)}: use at least 1")
+    if args.max_minutes is not None and args.max_minutes <= 0:
+        raise UserError(f"--max-minutes {args.max_minutes}: give the minutes this run may take, more than 0")
     budgets = [(args.batches, budget(args, name), "--samples") for name in args.sets]
     for batches, samples, flag in (*budgets, (args.det_batches, args.det_samples, "--det-samples")):
         for g in batches:

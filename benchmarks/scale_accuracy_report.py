@@ -38,6 +38,15 @@ def latest(rows: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
     return {key_of(r): r for r in rows}
 
 
+def pending(out_dir: Path, jobs: dict[tuple, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The jobs ``plan.json`` (the run's whole plan) lists that have no ``ok`` line at their budget yet: a record
+    run in parts. None for a folder without a plan."""
+    path = out_dir / "plan.json"
+    planned = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+    rows = [(p, cell(jobs, (p["kind"], p["model"], p["set"]), p["global_batch"], p["rule"])) for p in planned]
+    return [p for p, row in rows if row is None or row["status"] != "ok" or row["samples"] != p["samples"]]
+
+
 def samples_to(curve: list[dict[str, float]], threshold: float) -> int | None:
     """Training samples seen at the first measurement at or above ``threshold``; None if never reached."""
     return next((int(p["samples"]) for p in curve if p["value"] >= threshold), None)
@@ -99,12 +108,13 @@ def groups(jobs: dict[tuple, dict[str, Any]], kind: str) -> list[tuple[str, str,
     return list(dict.fromkeys(k[:3] for k in jobs if k[0] == kind))
 
 
-def summarize(rows: list[dict[str, Any]], default_rule: str) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], default_rule: str, to_run: list[dict[str, Any]] = ()) -> dict[str, Any]:
     """Per recognizer and set: each batch's finals per rule and best rule, the default rule's reach and whether it
-    is the best rule there; per detection batch: the final recall."""
+    is the best rule there, and how many of its planned jobs (``to_run``, :func:`pending`) have no result yet; per
+    detection batch: the final recall."""
     jobs = latest(rows)
     out: dict[str, Any] = {"default_rule": default_rule, "tolerance_points": TOLERANCE * 100, "recognition": [],
-                           "detection": []}
+                           "detection": [], "to_run": [p["name"] for p in to_run]}
     for group in groups(jobs, "recognition"):
         batches = sorted({k[3] for k in jobs if k[:3] == group})
         per_batch = {}
@@ -120,6 +130,7 @@ def summarize(rows: list[dict[str, Any]], default_rule: str) -> dict[str, Any]:
         above = [per_batch[g]["best_rule"] for g in batches if g > reference]
         out["recognition"].append({
             "model": group[1], "set": group[2], "batches": per_batch, "reference_final": ref,
+            "to_run": sum((p["kind"], p["model"], p["set"]) == group for p in to_run),
             "default_holds_up_to": reach, "best_rule_there": best_there,
             "wins_above_reference": {r: above.count(r) for r in RULES if r in above},
             "default_is_best_there": None if best_there is None else
@@ -164,7 +175,9 @@ def group_lines(jobs: dict[tuple, dict[str, Any]], s: dict[str, Any], default_ru
                          f"{lr} | " + " | ".join(to) + f" | {status} | {b['best_rule'] or '-'} | "
                          f"{row['wall_seconds']:.0f} s |")
     reach = s["default_holds_up_to"]
-    if reach is None:
+    if s["to_run"]:
+        verdict = f"- In progress: {s['to_run']} of this group's planned jobs have no result yet; no verdict until then."
+    elif reach is None:
         verdict = f"- The default rule ({default_rule}) has no finished run at the smallest batch: no verdict."
     elif s["reference_final"] < LEARNED:
         verdict = (f"- INCONCLUSIVE: under the default rule ({default_rule}) the smallest batch ends at "
@@ -246,8 +259,10 @@ def _draw_curves(ax, jobs, s: dict[str, Any], default_rule: str) -> None:
     ax.set(xlabel=f"training samples ({default_rule} rule)", ylabel="validation exact match", ylim=(0, 1))
 
 
-def header(rows: list[dict[str, Any]], jobs: dict[tuple, dict[str, Any]], out_dir: Path, default_rule: str) -> list[str]:
-    """The report's head; ``jobs`` is :func:`latest` of ``rows`` (each job's last line)."""
+def header(rows: list[dict[str, Any]], jobs: dict[tuple, dict[str, Any]], out_dir: Path, default_rule: str,
+           to_run: list[dict[str, Any]]) -> list[str]:
+    """The report's head; ``jobs`` is :func:`latest` of ``rows`` (each job's last line), ``to_run`` the planned
+    jobs without a result (:func:`pending`)."""
     r0 = rows[0]
     gits = sorted({r["versions"].get("git") or "?" for r in rows})
     rec = [r for r in jobs.values() if r["kind"] == "recognition"]
@@ -258,7 +273,10 @@ def header(rows: list[dict[str, Any]], jobs: dict[tuple, dict[str, Any]], out_di
     replaced = len(rows) - len(jobs)
     where = out_dir.resolve()
     shown = where.relative_to(REPO) if where.is_relative_to(REPO) else where
-    return ["# Scale accuracy: the same recipe at growing global batches", "",
+    progress = [f"**In progress: {len(to_run)} planned job(s) have no result yet** ({', '.join(p['name'] for p in to_run[:3])}"
+                f"{', ...' if len(to_run) > 3 else ''}): the command above, run again, trains them (`--max-minutes` "
+                "bounds a part); a model-and-set group with a job to run has no verdict yet.", ""] if to_run else []
+    return ["# Scale accuracy: the same recipe at growing global batches", "", *progress,
             f"Command: `{command_line(out_dir)}` (preset {r0.get('preset')}); rebuild: "
             f"`python -m benchmarks.scale_accuracy --report {shown}`", "",
             f"- `scale_ocr/train.py` with its defaults (DDP, AdamW, the task's schedule) but for the global batch and "
@@ -286,12 +304,13 @@ def overview(summary: dict[str, Any]) -> list[str]:
              "holds up to | best rule there | default is best there | best rule above the reference batch |",
              "|---|---|---:|---:|---|---|---|"]
     for s in summary["recognition"]:
-        learned = s["reference_final"] is not None and s["reference_final"] >= LEARNED
+        learned = s["reference_final"] is not None and s["reference_final"] >= LEARNED and not s["to_run"]
         best = {None: "-", True: "yes", False: "no"}[s["default_is_best_there"]] if learned else "-"
+        verdictless = f"in progress ({s['to_run']} to run)" if s["to_run"] else "no verdict"
         wins = s["wins_above_reference"]
         above = ", ".join(f"{r} at {n} of {sum(wins.values())}" for r, n in sorted(wins.items(), key=lambda w: -w[1]))
         lines.append(f"| {s['model']} | {SET_NAMES.get(s['set'], s['set'])} | {_pct(s['reference_final'])} | "
-                     f"{s['default_holds_up_to'] if learned else 'no verdict'} | "
+                     f"{s['default_holds_up_to'] if learned else verdictless} | "
                      f"{s['best_rule_there'] if learned else '-'} | {best} | {above or '-'} |")
     return [*lines, "", "\"Best rule above the reference batch\": of the batches above the model's reference batch (where "
             f"the rules part) at which some rule ends at {LEARNED * 100:.0f}% or above, how many each rule ends best "
@@ -307,8 +326,9 @@ def build_report(out_dir: Path) -> Path:
     if not rows:
         raise UserError(f"{out_dir}/results.jsonl has no results; run `python -m benchmarks.scale_accuracy` first")
     jobs = latest(rows)
-    summary = summarize(rows, DEFAULT_LR_SCALING)
-    lines = header(rows, jobs, out_dir, DEFAULT_LR_SCALING) + overview(summary) + ["## Recognition", ""]
+    to_run = pending(out_dir, jobs)
+    summary = summarize(rows, DEFAULT_LR_SCALING, to_run)
+    lines = header(rows, jobs, out_dir, DEFAULT_LR_SCALING, to_run) + overview(summary) + ["## Recognition", ""]
     for s in summary["recognition"]:
         lines += group_lines(jobs, s, DEFAULT_LR_SCALING)
     lines += [f"![{p[:-4]}]({p})" for p in plot(jobs, summary, out_dir)] + [""]

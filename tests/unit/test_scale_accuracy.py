@@ -83,8 +83,10 @@ def test_plan_splits_batches_skips_shared_rules_and_finished_jobs(tmp_path):
     assert {j.samples for j in jobs if j.set == "real"} == {196608}  # the real-looking set's own budget
     assert {j.samples for j in sa.plan(sa.parse(["--preset", "record", "--samples", "4096"])) if j.kind ==
             "recognition"} == {4096}  # --samples: every set's
-    assert [(j.kind, j.global_batch, j.micro_batch, j.grad_accum) for j in jobs[-2:]] == [
-        ("detection", 4, 2, 1), ("detection", 32, 2, 8)]
+    assert [(j.kind, j.global_batch, j.micro_batch, j.grad_accum) for j in jobs[:2]] == [
+        ("detection", 4, 2, 1), ("detection", 32, 2, 8)]  # the cheapest group first
+    assert [(j.model, j.set) for j in jobs[2::13]] == [(sa.CRNN, "synthetic"), (sa.CRNN, "real"), (sa.VIT, "synthetic"),
+                                                      (sa.VIT, "real")]
     done = _row(32, "none", [0.5], model=sa.CRNN)
     assert crnn[0].key == rep.key_of(done)
     done |= {"samples": 98304, "micro_batch": 16, "grad_accum": 1, "eval_every": 256}
@@ -119,3 +121,25 @@ def test_convergence_compares_the_recipes_after_the_same_steps_in_points():
     assert "real-looking, global batch 64, after 128 optimizer steps each: defaults 58.0% vs bare 60.0%, -2.0 points: " \
            "PASS" in lines[1]
     assert "defaults 50.0% vs bare 53.0%, -3.0 points: FAIL" in lines[2]
+
+
+def test_a_record_in_parts_stops_before_a_job_past_max_minutes_and_reports_what_is_left(tmp_path, capsys):
+    args = sa.parse(["--preset", "record", "--out", str(tmp_path), "--max-minutes", "30"])
+    crnn = next(j for j in sa.plan(args) if j.model == sa.CRNN)  # 98,304 samples at 236/s: about 7 min
+    assert sa.fits(args, crnn, 5, [], spent=0.0, first=True)
+    assert not sa.fits(args, crnn, 5, [], spent=25 * 60.0, first=False)
+    assert "stopped before crnn_mobilenet_v3_small-synthetic-g32-none with 5 job(s) to run" in capsys.readouterr().out
+    with pytest.raises(UserError, match="--max-minutes 30.0: the first job to run, .* needs about 8 min"):
+        sa.fits(args, crnn, 5, [], spent=25 * 60.0, first=True)  # a limit that runs nothing: one line, exit 2
+    slow = [_row(32, "none", [0.5]) | {"model": sa.CRNN, "samples": 1000, "wall_seconds": 100.0}]  # 10 samples/s
+    assert not sa.fits(args, crnn, 5, slow, spent=0.0, first=False)  # the folder's own rate says 180 min
+    rows = [_row(32, "sqrt", [0.5, 0.9]), _row(64, "sqrt", [0.5, 0.9])]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "command.txt").write_text("python -m benchmarks.scale_accuracy --preset test\n")
+    planned = [{"kind": "recognition", "model": "crnn", "set": "synthetic", "global_batch": g, "rule": "sqrt",
+                "samples": 1024, "name": f"crnn-g{g}"} for g in (32, 64, 128)]
+    (tmp_path / "plan.json").write_text(json.dumps(planned))
+    report = rep.build_report(tmp_path).read_text()
+    assert "**In progress: 1 planned job(s) have no result yet** (crnn-g128)" in report
+    assert "| crnn | synthetic words | 90.0 | in progress (1 to run) | - | - |" in report
+    assert json.loads((tmp_path / "summary.json").read_text())["to_run"] == ["crnn-g128"]
