@@ -226,7 +226,8 @@ def plot(jobs: dict[tuple, dict[str, Any]], summary: dict[str, Any], out_dir: Pa
             draw(ax, jobs, s, summary["default_rule"])
             ax.set_title(f"{s['model']}\n{SET_NAMES.get(s['set'], s['set'])}", fontsize=9)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
+            if ax.get_legend_handles_labels()[0]:  # a group in progress may have no line to draw yet
+                ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out_dir / name, dpi=110, metadata=PLOT_META)
         plt.close(fig)
@@ -265,6 +266,8 @@ def header(rows: list[dict[str, Any]], jobs: dict[tuple, dict[str, Any]], out_di
     jobs without a result (:func:`pending`)."""
     r0 = rows[0]
     gits = sorted({r["versions"].get("git") or "?" for r in rows})
+    hosts = sorted({f"{r['hardware'].get('cpu')}, {r['hardware'].get('cores')} cores" for r in jobs.values()})
+    where_ran = " (the parts ran on more than one host: each line of `results.jsonl` names its own)" if len(hosts) > 1 else ""
     rec = [r for r in jobs.values() if r["kind"] == "recognition"]
     per_set = {SET_NAMES.get(r["set"], r["set"]): r["samples"] for r in rec}
     budget = (f"training samples per job: {', '.join(f'{n:,} on {name}' for name, n in per_set.items())}; validation "
@@ -276,9 +279,9 @@ def header(rows: list[dict[str, Any]], jobs: dict[tuple, dict[str, Any]], out_di
     progress = [f"**In progress: {len(to_run)} planned job(s) have no result yet** ({', '.join(p['name'] for p in to_run[:3])}"
                 f"{', ...' if len(to_run) > 3 else ''}): the command above, run again, trains them (`--max-minutes` "
                 "bounds a part); a model-and-set group with a job to run has no verdict yet.", ""] if to_run else []
-    return ["# Scale accuracy: the same recipe at growing global batches", "", *progress,
+    return ["# Scale accuracy: the same recipe at growing global batches", "",
             f"Command: `{command_line(out_dir)}` (preset {r0.get('preset')}); rebuild: "
-            f"`python -m benchmarks.scale_accuracy --report {shown}`", "",
+            f"`python -m benchmarks.scale_accuracy --report {shown}`", "", *progress,
             f"- `scale_ocr/train.py` with its defaults (DDP, AdamW, the task's schedule) but for the global batch and "
             f"`--lr-scaling`; {budget}. The budget is in samples (Goyal et al.'s setting: the same epochs at every "
             "batch), so a batch k times larger takes k times fewer optimizer steps. The global "
@@ -289,8 +292,8 @@ def header(rows: list[dict[str, Any]], jobs: dict[tuple, dict[str, Any]], out_di
             f"- Samples to 50/80/90%: training samples seen at the first measurement at or above it. Best rule: "
             f"highest final exact match (none where every rule ends under {LEARNED * 100:.0f}%). \"Holds up to\": the largest batch, going up from the smallest, whose final "
             f"exact match under the default rule is at most {TOLERANCE * 100:.0f} point below the smallest batch's.",
-            f"- {r0['hardware'].get('cpu')}, {r0['hardware'].get('cores')} cores, {r0['threads_per_rank']} thread(s) "
-            f"per rank; git {', '.join(gits)}; torch {r0['versions'].get('torch')}.",
+            f"- {' / '.join(hosts)}{where_ran}, {r0['threads_per_rank']} thread(s) per rank; git {', '.join(gits)}; "
+            f"torch {r0['versions'].get('torch')}.",
             *([f"- `results.jsonl` holds {replaced} line(s) a later line of the same job replaces (a failed try run "
                "again, or a job trained again under a changed budget with `--supersede`); the report reads each "
                "job's last line."] if replaced else []), ""]
