@@ -269,9 +269,10 @@ def run(args: argparse.Namespace) -> None:
     work = work_dir(args.out)
     results = args.out / "results.jsonl"
     jobs = plan(args)
-    done = finished(jobs, load_rows(args.out), args.supersede)
+    rows = load_rows(args.out)  # read once; each job's line joins it as it ends (the rates --max-minutes uses)
+    done = finished(jobs, rows, args.supersede)
     todo = [j for j in jobs if j.key not in done]
-    print_estimate(args, jobs, todo, load_rows(args.out))
+    print_estimate(args, jobs, todo, rows)
     # The command as typed, quoted so it runs again as it is (an empty list, `--det-batches ""`, included).
     (args.out / "command.txt").write_text(shlex.join(["python", "-m", "benchmarks.scale_accuracy", *sys.argv[1:]]) + "\n")
     hw = hardware()
@@ -280,11 +281,12 @@ def run(args: argparse.Namespace) -> None:
     write_plan(args.out, jobs)
     started = time.time()
     for i, job in enumerate(todo, 1):
-        if not fits(args, job, len(todo) - i + 1, load_rows(args.out), time.time() - started, first=i == 1):
+        if not fits(args, job, len(todo) - i + 1, rows, time.time() - started, first=i == 1):
             break
         data, sizes = job_data(args, job, work)
         row = run_one(args, job, data, sizes, work, context)
         append_line(results, row)
+        rows.append(row)
         final = f"{row['curve'][-1]['value']:.3f}" if row["curve"] else "-"
         print(f"scale_accuracy [{i}/{len(todo)}] {job.name}: {row['status']}, final {row['metric']} {final}, "
               f"{row['lr_line'] or ''} [{row['wall_seconds']:.0f} s]" + (f" ({row['error']})" if row["error"] else ""),
@@ -448,8 +450,9 @@ def main(argv: list[str] | None = None) -> int:
 
         out = args.out or default_out("scale-accuracy")
         jobs = plan(args)
-        done = finished(jobs, load_rows(out), args.supersede)
-        print_estimate(args, jobs, [j for j in jobs if j.key not in done], load_rows(out))
+        rows = load_rows(out)
+        done = finished(jobs, rows, args.supersede)
+        print_estimate(args, jobs, [j for j in jobs if j.key not in done], rows)
         return 0
     return bench_main("scale_accuracy", args, run, build_report, check)
 

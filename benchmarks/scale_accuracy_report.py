@@ -40,7 +40,7 @@ def latest(rows: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
 
 def pending(out_dir: Path, jobs: dict[tuple, dict[str, Any]]) -> list[dict[str, Any]]:
     """The jobs ``plan.json`` (the run's whole plan) lists that have no ``ok`` line at their budget yet: a record
-    run in parts. None for a folder without a plan."""
+    run in parts. Empty for a folder without a plan."""
     path = out_dir / "plan.json"
     planned = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
     rows = [(p, cell(jobs, (p["kind"], p["model"], p["set"]), p["global_batch"], p["rule"])) for p in planned]
@@ -108,11 +108,10 @@ def groups(jobs: dict[tuple, dict[str, Any]], kind: str) -> list[tuple[str, str,
     return list(dict.fromkeys(k[:3] for k in jobs if k[0] == kind))
 
 
-def summarize(rows: list[dict[str, Any]], default_rule: str, to_run: list[dict[str, Any]] = ()) -> dict[str, Any]:
-    """Per recognizer and set: each batch's finals per rule and best rule, the default rule's reach and whether it
+def summarize(jobs: dict[tuple, dict[str, Any]], default_rule: str, to_run: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    """``jobs`` (:func:`latest`: each job's last line) per recognizer and set: each batch's finals per rule and best rule, the default rule's reach and whether it
     is the best rule there, and how many of its planned jobs (``to_run``, :func:`pending`) have no result yet; per
     detection batch: the final recall."""
-    jobs = latest(rows)
     out: dict[str, Any] = {"default_rule": default_rule, "tolerance_points": TOLERANCE * 100, "recognition": [],
                            "detection": [], "to_run": [p["name"] for p in to_run]}
     for group in groups(jobs, "recognition"):
@@ -330,7 +329,7 @@ def build_report(out_dir: Path) -> Path:
         raise UserError(f"{out_dir}/results.jsonl has no results; run `python -m benchmarks.scale_accuracy` first")
     jobs = latest(rows)
     to_run = pending(out_dir, jobs)
-    summary = summarize(rows, DEFAULT_LR_SCALING, to_run)
+    summary = summarize(jobs, DEFAULT_LR_SCALING, to_run)
     lines = header(rows, jobs, out_dir, DEFAULT_LR_SCALING, to_run) + overview(summary) + ["## Recognition", ""]
     for s in summary["recognition"]:
         lines += group_lines(jobs, s, DEFAULT_LR_SCALING)
