@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 EXIT_FAULT = 1  # the job failed for a reason that is not the user's mistake
@@ -29,6 +31,33 @@ class UserError(Exception):
 
     exit_code = EXIT_USER_ERROR
     prefix = "error"
+    by_this_rank = False  # printed by the rank that raised it, not by rank 0 alone (see found_by_every_rank)
+
+
+# How long a rank other than 0 waits, after a mistake found before the ranks meet, for the launcher to end it.
+RANK_ZERO_GRACE_S = 15.0
+
+
+@contextlib.contextmanager
+def found_by_every_rank(launcher_ends_the_rest: bool, grace_s: float = RANK_ZERO_GRACE_S) -> Iterator[None]:
+    """Around the checks each rank makes on its own before the ranks meet (the flags, the launch, the device).
+
+    Every rank finds the same mistake and only rank 0 prints it, but the ranks do not wait for each other. Where
+    the launcher ends the other ranks as soon as one exits (``launcher_ends_the_rest``: torchrun, deepspeed,
+    mpirun), it may end rank 0 before it printed, and the job would end with no line. So there a rank other than 0
+    waits ``grace_s`` before it exits: rank 0 prints, exits, and the launcher ends this rank meanwhile. A rank
+    still here after the wait (a mistake only it made) prints its own line, naming itself. Where the launcher
+    leaves every rank to exit by itself (srun), rank 0 always prints, and the others exit at once.
+    """
+    try:
+        yield
+    except UserError as exc:
+        rank = os.environ.get("RANK", "0")
+        if launcher_ends_the_rest and rank != "0":
+            time.sleep(grace_s)
+            exc.args = (f"rank {rank}: {str(exc).strip()}",)
+            exc.by_this_rank = True
+        raise
 
 
 class RunStopped(UserError):
@@ -145,7 +174,7 @@ def report_user_errors(main: F) -> F:
         try:
             return main(*args, **kwargs)
         except UserError as exc:
-            if os.environ.get("RANK", "0") == "0":  # the whole message on one line, whatever a call site put in it
+            if exc.by_this_rank or os.environ.get("RANK", "0") == "0":  # the whole message on one line, whatever a call site put in it
                 print(f"scale-ocr: {exc.prefix}: {printable(str(exc).strip(), LINE_LIMIT)}", file=sys.stderr, flush=True)
             return exc.exit_code
         except KeyboardInterrupt:

@@ -26,9 +26,15 @@ import torch
 from scale_ocr.checkpoint.manager import CheckpointManager
 from scale_ocr.cli.args import parse_config
 from scale_ocr.config import RunConfig
-from scale_ocr.dist.distributed import DistInfo, destroy_distributed, init_distributed, peek_launch
+from scale_ocr.dist.distributed import (
+    DistInfo,
+    destroy_distributed,
+    ends_the_rest_on_failure,
+    init_distributed,
+    peek_launch,
+)
 from scale_ocr.dist.extensions import use_environment_extensions
-from scale_ocr.errors import printable, report_user_errors, shown
+from scale_ocr.errors import found_by_every_rank, printable, report_user_errors, shown
 from scale_ocr.memory.budget import cap_device_memory
 from scale_ocr.memory.host import return_freed_memory
 from scale_ocr.optim import LRPlan, LRSchedule, build_optimizer_spec, default_warmup, lr_factor, plan_lr
@@ -140,9 +146,10 @@ def job_flags(argv: list[str] | None) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     use_environment_extensions()  # DeepSpeed's ops as `make install` built them: no job waits on a compiler
     launch = peek_launch()  # first: it tells each srun/mpirun task its rank, so only rank 0 prints a flag's error
-    cfg = resolve_auto(parse_config(argv), *launch)
-    check_launch(cfg.strategy, *launch)  # before the rendezvous, which a bad launch could hang
-    dist = init_distributed(cfg.strategy.backend, cfg.strategy.dist_timeout, cfg.strategy.threads)
+    with found_by_every_rank(ends_the_rest_on_failure(launch[1])):  # and no launcher ends rank 0 before it printed
+        cfg = resolve_auto(parse_config(argv), *launch)
+        check_launch(cfg.strategy, *launch)  # before the rendezvous, which a bad launch could hang
+        dist = init_distributed(cfg.strategy.backend, cfg.strategy.dist_timeout, cfg.strategy.threads)
     watchdog = Watchdog(dist.rank, dist.world_size, cfg.strategy.dist_timeout, dist.is_main,
                         dist.round_id).start()
     stop = StopSignal().install()  # SIGTERM/SIGUSR1: finish the step, checkpoint together, exit 75

@@ -66,6 +66,15 @@ def detect_launcher(env: dict[str, str] | os._Environ = os.environ) -> str:
     return "python"
 
 
+# Launchers that end every rank as soon as one exits with an error (srun, by default, waits for each to exit).
+ENDS_THE_REST_ON_FAILURE = frozenset({"torchrun", "deepspeed", "mpi"})
+
+
+def ends_the_rest_on_failure(launcher: str) -> bool:
+    """Whether ``launcher`` (a :func:`detect_launcher` name) ends the other ranks once one exits with an error."""
+    return launcher in ENDS_THE_REST_ON_FAILURE
+
+
 def _read_env(launcher: str) -> tuple[int, int, int, int]:
     env = os.environ
     if launcher == "slurm":

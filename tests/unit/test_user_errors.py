@@ -114,6 +114,27 @@ def test_dp_under_real_torchrun(tmp_path):
     assert os.linesep.join(ln for ln in proc.stderr.splitlines() if "scale-ocr: error" in ln).count("\n") == 0
 
 
+def test_a_mistake_only_another_rank_found_is_printed_by_it_after_the_grace(monkeypatch, capsys):
+    """Before the ranks meet, rank 0 prints what every rank finds; under a launcher that ends the rest once one
+    rank exits, a rank other than 0 still alive after the grace (the launcher did not end it: rank 0 did not fail)
+    prints its own line, naming itself. Under srun, which ends no rank, rank 0 alone prints."""
+    from scale_ocr.errors import UserError, found_by_every_rank, report_user_errors
+
+    @report_user_errors
+    def check(message, launcher_ends_the_rest=True):
+        with found_by_every_rank(launcher_ends_the_rest, grace_s=0.0):
+            raise UserError(message)
+
+    monkeypatch.setenv("RANK", "1")
+    assert check("--train-path /x does not exist") == 2
+    assert capsys.readouterr().err == "scale-ocr: error: rank 1: --train-path /x does not exist\n"
+    assert check("--train-path /x does not exist", launcher_ends_the_rest=False) == 2
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    assert check("--train-path /x does not exist") == 2
+    assert capsys.readouterr().err == "scale-ocr: error: --train-path /x does not exist\n"
+
+
 def test_gpu_memory_cap_on_a_cpu_rank_says_how_to_cap_a_cpu_process(tmp_path, capsys, out):
     code, line = _run(capsys, ["--gpu-memory-cap-gb", "4", *out])
     assert code == 2 and "caps GPU memory" in line and "ulimit -d" in line
