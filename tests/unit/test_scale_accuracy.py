@@ -131,8 +131,10 @@ def test_a_record_in_parts_stops_before_a_job_past_max_minutes_and_reports_what_
     assert "stopped before crnn_mobilenet_v3_small-synthetic-g32-none with 5 job(s) to run" in capsys.readouterr().out
     with pytest.raises(UserError, match="--max-minutes 30.0: the first job to run, .* needs about 8 min"):
         sa.fits(args, crnn, 5, [], spent=25 * 60.0, first=True)  # a limit that runs nothing: one line, exit 2
-    slow = [_row(32, "none", [0.5]) | {"model": sa.CRNN, "samples": 1000, "wall_seconds": 100.0}]  # 10 samples/s
-    assert not sa.fits(args, crnn, 5, slow, spent=0.0, first=False)  # the folder's own rate says 180 min
+    slow = [_row(32, "none", [0.5]) | {"model": sa.CRNN, "set": "real", "samples": 1000, "wall_seconds": 100.0}]
+    assert not sa.fits(args, crnn, 5, slow, spent=0.0, first=False)  # the model's rate here, 10/s, says 180 min
+    fast = _row(32, "none", [0.5]) | {"model": sa.CRNN, "set": crnn.set, "samples": 100_000, "wall_seconds": 100.0}
+    assert sa.fits(args, crnn, 5, [*slow, fast], spent=0.0, first=False)  # its own set's rate wins: 2 min
     rows = [_row(32, "sqrt", [0.5, 0.9]), _row(64, "sqrt", [0.5, 0.9])]
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "command.txt").write_text("python -m benchmarks.scale_accuracy --preset test\n")
