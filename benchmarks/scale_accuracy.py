@@ -160,8 +160,8 @@ def estimate(jobs: list[Job], rows: list[dict[str, Any]]) -> tuple[float, dict[s
         return sum(r["samples"] for r in of) / sum(r["wall_seconds"] for r in of)
 
     rates = dict(RATES) | {m: rate([r for r in done if r["model"] == m]) for m in {r["model"] for r in done}}
-    by_set = {(r["model"], r["set"]) for r in done}
-    by_set = {key: rate([r for r in done if (r["model"], r["set"]) == key]) for key in by_set}
+    pairs = {(r["model"], r["set"]) for r in done}
+    by_set = {pair: rate([r for r in done if (r["model"], r["set"]) == pair]) for pair in pairs}
     return sum(j.samples / by_set.get((j.model, j.set), rates.get(j.model, OTHER_RATE)) for j in jobs), rates
 
 
