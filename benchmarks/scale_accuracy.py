@@ -17,7 +17,8 @@ under the default rule, recall measured the same way. Each finished job is one l
 interrupted benchmark, run again with the same flags, starts with the first job that has no ``ok`` line. Jobs run
 group by group, the cheapest group first, and ``--max-minutes`` starts no job that would end past the limit (a
 record longer than one session or one scheduler allocation runs in parts; ``plan.json`` lists every planned job,
-and the report says which have no result yet).
+and the report says which have no result yet). A batch above one at which every rule ended under 10% is not
+trained (fewer steps to the same samples; ``--train-all`` trains it).
 The report (:mod:`benchmarks.scale_accuracy_report`) gives samples-to-50/80/90 %, the final exact match, the best
 rule per batch and the largest global batch at which the default rule stays within 1 point of the smallest
 batch's final exact match.
@@ -49,7 +50,16 @@ from benchmarks.harness import (
     versions,
     work_dir,
 )
-from benchmarks.scale_accuracy_report import RULES, SETS, build_report, key_of, load_rows
+from benchmarks.scale_accuracy_report import (
+    LEARNED,
+    RULES,
+    SETS,
+    build_report,
+    key_of,
+    latest,
+    load_rows,
+    unlearned_below,
+)
 
 CRNN, VIT, DET = "crnn_mobilenet_v3_small", "vitstr_tiny", "db_mobilenet_v3_large"
 # Samples (words or pages) per second of one job on the 2-core VM (2 ranks x 1 thread, loading and evaluation
@@ -274,8 +284,7 @@ def run(args: argparse.Namespace) -> None:
     results = args.out / "results.jsonl"
     jobs = plan(args)
     rows = load_rows(args.out)  # read once; each job's line joins it as it ends (the rates --max-minutes uses)
-    done = finished(jobs, rows, args.supersede)
-    todo = [j for j in jobs if j.key not in done]
+    todo = to_train(args, jobs, rows)
     print_estimate(args, jobs, todo, rows)
     # The command as typed, quoted so it runs again as it is (an empty list, `--det-batches ""`, included).
     (args.out / "command.txt").write_text(shlex.join(["python", "-m", "benchmarks.scale_accuracy", *sys.argv[1:]]) + "\n")
@@ -283,10 +292,16 @@ def run(args: argparse.Namespace) -> None:
     context = {"threads": max(1, (hw["cores"] or 1) // args.world_size),
                "stamp": {"versions": versions(), "hardware": hw}}
     write_plan(args.out, jobs)
-    started = time.time()
+    started, ran = time.time(), 0
     for i, job in enumerate(todo, 1):
-        if not fits(args, job, len(todo) - i + 1, rows, time.time() - started, first=i == 1):
+        below = None if args.train_all else unlearned_below(plan_rows(jobs), latest(rows), plan_rows([job])[0])
+        if below is not None:  # a smaller batch of its group, trained in this run, learned nothing
+            print(f"scale_accuracy [{i}/{len(todo)}] {job.name}: not trained: every rule ended under "
+                  f"{LEARNED:.0%} at global batch {below} (--train-all trains it)", flush=True)
+            continue
+        if not fits(args, job, len(todo) - i + 1, rows, time.time() - started, first=ran == 0):
             break
+        ran += 1
         data, sizes = job_data(args, job, work)
         row = run_one(args, job, data, sizes, work, context)
         append_line(results, row)
@@ -297,11 +312,23 @@ def run(args: argparse.Namespace) -> None:
               flush=True)
 
 
+def plan_rows(jobs: list[Job]) -> list[dict[str, Any]]:
+    """``jobs`` as ``plan.json`` lists them: what names a job and its budget."""
+    keys = ("kind", "model", "set", "global_batch", "rule", "samples")
+    return [{k: asdict(j)[k] for k in keys} | {"name": j.name} for j in jobs]
+
+
 def write_plan(out: Path, jobs: list[Job]) -> None:
     """``plan.json``: every job the command plans, for the report to say which have no result yet."""
-    keys = ("kind", "model", "set", "global_batch", "rule", "samples")
-    (out / "plan.json").write_text(json.dumps([{k: asdict(j)[k] for k in keys} | {"name": j.name} for j in jobs],
-                                              indent=1) + "\n", encoding="utf-8")
+    (out / "plan.json").write_text(json.dumps(plan_rows(jobs), indent=1) + "\n", encoding="utf-8")
+
+
+def to_train(args: argparse.Namespace, jobs: list[Job], rows: list[dict[str, Any]]) -> list[Job]:
+    """The planned ``jobs`` that ``rows`` holds no ``ok`` line of (:func:`finished`), less those above a batch of
+    their group at which every rule ended under the report's learned line (unless ``--train-all``)."""
+    done, planned, last = finished(jobs, rows, args.supersede), plan_rows(jobs), latest(rows)
+    return [j for j, p in zip(jobs, planned, strict=True) if j.key not in done
+            and (args.train_all or unlearned_below(planned, last, p) is None)]
 
 
 def fits(args: argparse.Namespace, job: Job, left: int, rows: list[dict[str, Any]], spent: float, first: bool) -> bool:
@@ -356,11 +383,14 @@ def finished(jobs: list[Job], rows: list[dict[str, Any]], supersede: bool = Fals
 def print_estimate(args: argparse.Namespace, jobs: list[Job], todo: list[Job], rows: list[dict[str, Any]]) -> None:
     """The plan's size and how long its remaining jobs take, in all and per model."""
     seconds, rates = estimate(todo, rows)
+    done = len(finished(jobs, rows, args.supersede))
+    skipped = len(jobs) - done - len(todo)
     parts = []
     for m in dict.fromkeys(j.model for j in jobs):
         mine = [j for j in todo if j.model == m]
         parts.append(f"{m}: {len(mine)} jobs, {estimate(mine, rows)[0] / 3600:.1f} h at {rates.get(m, OTHER_RATE):.1f} samples/s")
-    print(f"scale_accuracy: preset {args.preset}: {len(jobs)} jobs, {len(jobs) - len(todo)} done, {len(todo)} to run: "
+    print(f"scale_accuracy: preset {args.preset}: {len(jobs)} jobs, {done} done, "
+          f"{f'{skipped} not trained (above a batch that learned nothing), ' if skipped else ''}{len(todo)} to run: "
           f"about {seconds / 3600:.1f} h ({seconds / 60:.0f} min) of this host's cores ({'; '.join(parts)}; a rate per "
           "job, measured by this folder's finished jobs where it has them)", flush=True)
 
@@ -371,6 +401,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--real-crops", type=Path, default=None,
                    help="a `scale-ocr make-dataset` output: its recognition crops become the set `crops`")
     p.add_argument("--estimate", action="store_true", help="print the plan's size and CPU time, run nothing")
+    p.add_argument("--train-all", action="store_true",
+                   help="train every planned job, also those above a batch of their group at which every rule ended "
+                        f"under {LEARNED * 100:.0f}%% (by default not trained: a larger batch takes fewer steps to the same samples)")
     p.add_argument("--supersede", action="store_true",
                    help="train again the jobs --out holds lines of trained with other settings (a changed budget); "
                         "the report reads each job's last line")
@@ -455,8 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or default_out("scale-accuracy")
         jobs = plan(args)
         rows = load_rows(out)
-        done = finished(jobs, rows, args.supersede)
-        print_estimate(args, jobs, [j for j in jobs if j.key not in done], rows)
+        print_estimate(args, jobs, to_train(args, jobs, rows), rows)
         return 0
     return bench_main("scale_accuracy", args, run, build_report, check)
 

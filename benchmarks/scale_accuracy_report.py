@@ -38,13 +38,43 @@ def latest(rows: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
     return {key_of(r): r for r in rows}
 
 
-def pending(out_dir: Path, jobs: dict[tuple, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The jobs ``plan.json`` (the run's whole plan) lists that have no ``ok`` line at their budget yet: a record
-    run in parts. Empty for a folder without a plan."""
+def load_plan(out_dir: Path) -> list[dict[str, Any]]:
+    """``plan.json``: every job the run planned (empty for a folder without one)."""
     path = out_dir / "plan.json"
-    planned = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
-    rows = [(p, cell(jobs, (p["kind"], p["model"], p["set"]), p["global_batch"], p["rule"])) for p in planned]
-    return [p for p, row in rows if row is None or row["status"] != "ok" or row["samples"] != p["samples"]]
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+
+
+def pending(planned: list[dict[str, Any]], jobs: dict[tuple, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``planned`` jobs (:func:`load_plan`) that have no ``ok`` line at their budget yet and are still to train
+    (not past :func:`unlearned_below`): a record run in parts."""
+    return [p for p in planned if not trained(jobs, p) and unlearned_below(planned, jobs, p) is None]
+
+
+def not_trained(planned: list[dict[str, Any]], jobs: dict[tuple, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``planned`` jobs without a result that :func:`unlearned_below` leaves out, each with ``below``: the
+    batch at which no rule learned the set."""
+    rows = [(p, None if trained(jobs, p) else unlearned_below(planned, jobs, p)) for p in planned]
+    return [p | {"below": g} for p, g in rows if g is not None]
+
+
+def trained(jobs: dict[tuple, dict[str, Any]], p: dict[str, Any]) -> bool:
+    """Whether the planned job ``p`` has an ``ok`` line at its budget."""
+    row = cell(jobs, (p["kind"], p["model"], p["set"]), p["global_batch"], p["rule"])
+    return row is not None and row["status"] == "ok" and row["samples"] == p["samples"]
+
+
+def unlearned_below(planned: list[dict[str, Any]], jobs: dict[tuple, dict[str, Any]], p: dict[str, Any]) -> int | None:
+    """The smallest batch of the planned job ``p``'s group, below ``p``'s, at which every planned rule ended under
+    :data:`LEARNED` at ``p``'s budget; None if there is none. The budget is in samples, so a larger batch takes
+    fewer optimizer steps to it: where no rule learned the set at one batch, no rule is expected to at a larger
+    one, and ``p`` is not trained (``--train-all`` trains it; the report lists it as not trained, and why)."""
+    group = (p["kind"], p["model"], p["set"])
+    mine = [q for q in planned if (q["kind"], q["model"], q["set"]) == group and q["samples"] == p["samples"]]
+    for g in sorted({q["global_batch"] for q in mine if q["global_batch"] < p["global_batch"]}):
+        ends = [final(cell(jobs, group, g, q["rule"])) if trained(jobs, q) else None for q in mine if q["global_batch"] == g]
+        if all(e is not None and e < LEARNED for e in ends):
+            return g
+    return None
 
 
 def samples_to(curve: list[dict[str, float]], threshold: float) -> int | None:
@@ -108,12 +138,14 @@ def groups(jobs: dict[tuple, dict[str, Any]], kind: str) -> list[tuple[str, str,
     return list(dict.fromkeys(k[:3] for k in jobs if k[0] == kind))
 
 
-def summarize(jobs: dict[tuple, dict[str, Any]], default_rule: str, to_run: list[dict[str, Any]] = ()) -> dict[str, Any]:
+def summarize(jobs: dict[tuple, dict[str, Any]], default_rule: str, to_run: list[dict[str, Any]] = (),
+              skipped: list[dict[str, Any]] = ()) -> dict[str, Any]:
     """``jobs`` (:func:`latest`: each job's last line) per recognizer and set: each batch's finals per rule and best rule, the default rule's reach and whether it
-    is the best rule there, and how many of its planned jobs (``to_run``, :func:`pending`) have no result yet; per
-    detection batch: the final recall."""
+    is the best rule there, how many of its planned jobs (``to_run``, :func:`pending`) have no result yet, and
+    which batches are not trained (``skipped``, :func:`not_trained`); per detection batch: the final recall."""
     out: dict[str, Any] = {"default_rule": default_rule, "tolerance_points": TOLERANCE * 100, "recognition": [],
-                           "detection": [], "to_run": [p["name"] for p in to_run]}
+                           "detection": [], "to_run": [p["name"] for p in to_run],
+                           "not_trained": [p["name"] for p in skipped]}
     for group in groups(jobs, "recognition"):
         batches = sorted({k[3] for k in jobs if k[:3] == group})
         per_batch = {}
@@ -130,10 +162,12 @@ def summarize(jobs: dict[tuple, dict[str, Any]], default_rule: str, to_run: list
         out["recognition"].append({
             "model": group[1], "set": group[2], "batches": per_batch, "reference_final": ref,
             "to_run": sum((p["kind"], p["model"], p["set"]) == group for p in to_run),
+            "not_trained": {str(p["global_batch"]): p["below"] for p in skipped if (p["kind"], p["model"], p["set"]) == group},
             "default_holds_up_to": reach, "best_rule_there": best_there,
             "wins_above_reference": {r: above.count(r) for r in RULES if r in above},
             "default_is_best_there": None if best_there is None else
             final(cell(jobs, group, reach, default_rule)) >= per_batch[reach]["final"][best_there]})
+    out["detection_not_trained"] = {str(p["global_batch"]): p["below"] for p in skipped if p["kind"] == "detection"}
     for group in groups(jobs, "detection"):
         for g in sorted({k[3] for k in jobs if k[:3] == group}):
             row = cell(jobs, group, g, default_rule)
@@ -173,6 +207,11 @@ def group_lines(jobs: dict[tuple, dict[str, Any]], s: dict[str, Any], default_ru
             lines.append(f"| {g} | {row['world_size']} x {row['micro_batch']} x {row['grad_accum']} | {label} | "
                          f"{lr} | " + " | ".join(to) + f" | {status} | {b['best_rule'] or '-'} | "
                          f"{row['wall_seconds']:.0f} s |")
+    if s["not_trained"]:
+        batches = sorted(s["not_trained"], key=int)
+        lines += ["", f"Not trained: global batch {', '.join(batches)}. Every rule ended under {LEARNED * 100:.0f}% at "
+                  f"batch {min(s['not_trained'].values())}, and a larger batch takes fewer optimizer steps to the same "
+                  "samples (`--train-all` trains them)."]
     reach = s["default_holds_up_to"]
     if s["to_run"]:
         verdict = f"- In progress: {s['to_run']} of this group's planned jobs have no result yet; no verdict until then."
@@ -202,6 +241,10 @@ def detection_lines(jobs: dict[tuple, dict[str, Any]], summary: dict[str, Any]) 
         lines.append(f"| {d['model']} | {row['samples']:,} ({row['train_size']} synthetic, {row['val_size']} held out) "
                      f"| {d['global_batch']} | {row['world_size']} x {row['micro_batch']} x {row['grad_accum']} | {lr} | "
                      f"{recall} | {row['wall_seconds']:.0f} s |")
+    skipped = summary["detection_not_trained"]
+    if skipped:
+        lines += ["", f"Not trained: global batch {', '.join(sorted(skipped, key=int))}. Recall ended under "
+                  f"{LEARNED * 100:.0f}% at batch {min(skipped.values())} (`--train-all` trains them)."]
     return [*lines, ""]
 
 
@@ -328,8 +371,9 @@ def build_report(out_dir: Path) -> Path:
     if not rows:
         raise UserError(f"{out_dir}/results.jsonl has no results; run `python -m benchmarks.scale_accuracy` first")
     jobs = latest(rows)
-    to_run = pending(out_dir, jobs)
-    summary = summarize(jobs, DEFAULT_LR_SCALING, to_run)
+    planned = load_plan(out_dir)
+    to_run = pending(planned, jobs)
+    summary = summarize(jobs, DEFAULT_LR_SCALING, to_run, not_trained(planned, jobs))
     lines = header(rows, jobs, out_dir, DEFAULT_LR_SCALING, to_run) + overview(summary) + ["## Recognition", ""]
     for s in summary["recognition"]:
         lines += group_lines(jobs, s, DEFAULT_LR_SCALING)

@@ -145,3 +145,33 @@ def test_a_record_in_parts_stops_before_a_job_past_max_minutes_and_reports_what_
     assert "**In progress: 1 planned job(s) have no result yet** (crnn-g128)" in report
     assert "| crnn | synthetic words | 90.0 | in progress (1 to run) | - | - |" in report
     assert json.loads((tmp_path / "summary.json").read_text())["to_run"] == ["crnn-g128"]
+
+
+def test_batches_above_one_where_no_rule_learned_are_not_trained(tmp_path, monkeypatch, capsys):
+    """At a fixed sample budget a larger batch takes fewer steps: past a batch where every rule ended under 10%,
+    the run trains nothing more of that group (unless --train-all) and the report says which and why."""
+    argv = ["--models", sa.CRNN, "--batches", "32,64,128", "--rules", "none,sqrt", "--det-batches", "",
+            "--out", str(tmp_path)]
+    args = sa.parse(argv)
+    ends = {32: 0.5, 64: 0.05}  # 32 learns; 64, the reference batch (one job for every rule), does not
+
+    def fake_run(args, job, data, sizes, work, context):
+        return _row(job.global_batch, job.rule, [0.0, ends[job.global_batch]], model=job.model) | {
+            "samples": job.samples, "micro_batch": job.micro_batch, "grad_accum": job.grad_accum,
+            "eval_every": job.eval_every, "metric": "exact_match", "lr_line": None}
+
+    monkeypatch.setattr(sa, "job_data", lambda args, job, work: ([], (1, 1)))
+    monkeypatch.setattr(sa, "run_one", fake_run)
+    sa.run(args)
+    out = capsys.readouterr().out
+    assert "crnn_mobilenet_v3_small-synthetic-g128-none: not trained: every rule ended under 10% at global batch 64" in out
+    assert len(rep.load_rows(tmp_path)) == 3  # g32 x 2 rules, g64 once
+    jobs = sa.plan(args)
+    assert sa.to_train(args, jobs, rep.load_rows(tmp_path)) == []
+    assert [j.global_batch for j in sa.to_train(sa.parse([*argv, "--train-all"]), jobs,
+                                                rep.load_rows(tmp_path))] == [128, 128]
+    report = rep.build_report(tmp_path).read_text()
+    assert "In progress" not in report and "Not trained: global batch 128. Every rule ended under 10% at batch 64" in report
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["not_trained"] == [f"{sa.CRNN}-synthetic-g128-none", f"{sa.CRNN}-synthetic-g128-sqrt"]
+    assert summary["recognition"][0]["default_holds_up_to"] == 32  # the verdict stands on what was trained
