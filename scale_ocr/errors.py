@@ -39,22 +39,32 @@ RANK_ZERO_GRACE_S = 15.0
 
 
 @contextlib.contextmanager
-def found_by_every_rank(launcher_ends_the_rest: bool, grace_s: float = RANK_ZERO_GRACE_S) -> Iterator[None]:
+def found_by_every_rank(launcher_ends_the_rest: bool, rank_zero_waiting: Callable[[float], bool] | None = None,
+                        grace_s: float | None = None) -> Iterator[None]:
     """Around the checks each rank makes on its own before the ranks meet (the flags, the launch, the device).
 
     Every rank finds the same mistake and only rank 0 prints it, but the ranks do not wait for each other. Where
     the launcher ends the other ranks as soon as one exits (``launcher_ends_the_rest``: torchrun, deepspeed,
     mpirun), it may end rank 0 before it printed, and the job would end with no line. So there a rank other than 0
-    waits ``grace_s`` before it exits: rank 0 prints, exits, and the launcher ends this rank meanwhile. A rank
-    still here after the wait (a mistake only it made) prints its own line, naming itself. Where the launcher
-    leaves every rank to exit by itself (srun), rank 0 always prints, and the others exit at once.
+    waits ``grace_s`` (default :data:`RANK_ZERO_GRACE_S`) before it exits: rank 0 prints, exits, and the launcher
+    ends this rank meanwhile. A rank still here after the wait (a mistake only it made) prints its own line, naming
+    itself. Where the launcher leaves every rank to exit by itself (srun), such a rank asks ``rank_zero_waiting``
+    (given the grace) whether rank 0 is at the rendezvous, so passed the checks: then the mistake is its own and
+    it prints it; otherwise rank 0 printed the same line and this rank exits without one.
     """
     try:
         yield
     except UserError as exc:
         rank = os.environ.get("RANK", "0")
-        if launcher_ends_the_rest and rank != "0":
-            time.sleep(grace_s)
+        grace = RANK_ZERO_GRACE_S if grace_s is None else grace_s
+        if rank == "0":
+            raise
+        if launcher_ends_the_rest:
+            time.sleep(grace)  # the launcher ends this rank meanwhile if rank 0 failed too
+            mine = True
+        else:
+            mine = rank_zero_waiting is not None and rank_zero_waiting(grace)
+        if mine:
             exc.args = (f"rank {rank}: {str(exc).strip()}",)
             exc.by_this_rank = True
         raise
@@ -79,7 +89,8 @@ def is_peer_lost(exc: BaseException) -> bool:
     text = str(exc)
     return any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
                                    "Timed out waiting", "NCCL communicator was aborted", "DistNetworkError",
-                                   "wait timeout after"))  # the store: peers never arrived
+                                   "wait timeout after",  # the store: peers never arrived
+                                   "waiting for clients"))  # rank 0's store: a rank never came (srun: it exited)
 
 
 SHOWN_LIMIT = 80  # characters of a user's string (a label, a file name) quoted in a message

@@ -32,6 +32,7 @@ from scale_ocr.dist.distributed import (
     ends_the_rest_on_failure,
     init_distributed,
     peek_launch,
+    rank_zero_at_rendezvous,
 )
 from scale_ocr.dist.extensions import use_environment_extensions
 from scale_ocr.errors import found_by_every_rank, printable, report_user_errors, shown
@@ -146,7 +147,8 @@ def job_flags(argv: list[str] | None) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     use_environment_extensions()  # DeepSpeed's ops as `make install` built them: no job waits on a compiler
     launch = peek_launch()  # first: it tells each srun/mpirun task its rank, so only rank 0 prints a flag's error
-    with found_by_every_rank(ends_the_rest_on_failure(launch[1])):  # and no launcher ends rank 0 before it printed
+    # ... and no launcher ends rank 0 before it printed, nor a mistake of another rank alone goes unsaid
+    with found_by_every_rank(ends_the_rest_on_failure(launch[1]), rank_zero_at_rendezvous(launch[1])):
         cfg = resolve_auto(parse_config(argv), *launch)
         check_launch(cfg.strategy, *launch)  # before the rendezvous, which a bad launch could hang
         dist = init_distributed(cfg.strategy.backend, cfg.strategy.dist_timeout, cfg.strategy.threads)

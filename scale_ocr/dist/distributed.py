@@ -8,6 +8,8 @@ import os
 import re
 import socket
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +77,36 @@ def ends_the_rest_on_failure(launcher: str) -> bool:
     return launcher in ENDS_THE_REST_ON_FAILURE
 
 
+def rendezvous_address(launcher: str, env: dict[str, str] | os._Environ = os.environ) -> tuple[str | None, str | None]:
+    """``(MASTER_ADDR, MASTER_PORT)``, where rank 0's store listens: the environment's, and under srun, which sets
+    neither, the job's first host and a port from its job id."""
+    if launcher != "slurm":
+        return env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    host = env.get("MASTER_ADDR", _slurm_first_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")))
+    return host, env.get("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
+
+
+def rank_zero_at_rendezvous(launcher: str) -> Callable[[float], bool]:
+    """For a rank that found a mistake before the ranks meet, under a launcher that leaves each rank to exit by
+    itself: whether rank 0's store accepts a connection at :func:`rendezvous_address` within the seconds given,
+    that is, whether rank 0 passed the checks this rank failed (see :func:`scale_ocr.errors.found_by_every_rank`)."""
+    def waiting(within_s: float) -> bool:
+        host, port = rendezvous_address(launcher)
+        if not host or not (port or "").isdigit():
+            return False
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                with socket.create_connection((host, int(port)), timeout=1.0):
+                    return True
+            except OSError:  # not listening (yet), or no such host
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.5)
+
+    return waiting
+
+
 def _read_env(launcher: str) -> tuple[int, int, int, int]:
     env = os.environ
     if launcher == "slurm":
@@ -82,9 +114,9 @@ def _read_env(launcher: str) -> tuple[int, int, int, int]:
         local_rank = int(env.get("SLURM_LOCALID", "0"))
         local_world = int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]) if "SLURM_NTASKS_PER_NODE" in env \
             else max(1, world // int(env.get("SLURM_NNODES", "1")))
-        # torch's env:// rendezvous reads these; srun does not set them.
-        env.setdefault("MASTER_ADDR", _slurm_first_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")))
-        env.setdefault("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
+        host, port = rendezvous_address(launcher, env)  # torch's env:// rendezvous reads these; srun sets neither
+        env.setdefault("MASTER_ADDR", host)
+        env.setdefault("MASTER_PORT", port)
         env.setdefault("RANK", str(rank))
         env.setdefault("WORLD_SIZE", str(world))
         env.setdefault("LOCAL_RANK", str(local_rank))

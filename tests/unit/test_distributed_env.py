@@ -116,9 +116,33 @@ def test_a_flag_mistake_under_srun_is_printed_by_rank_0_alone(monkeypatch, capsy
         monkeypatch.delenv(k)
     monkeypatch.setenv("SLURM_PROCID", procid)
     monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("MASTER_PORT", str(d.free_port()))  # rank 0, which failed too, listens there for no one
+    monkeypatch.setattr("scale_ocr.errors.RANK_ZERO_GRACE_S", 0.5)
     assert train.main(["--batch-size", "0", "--wandb-mode", "disabled"]) == 2
     err = capsys.readouterr().err
     assert ("--batch-size" in err) is printed, err
+
+
+def test_a_rank_asks_whether_rank_0_is_at_the_rendezvous(monkeypatch):
+    """Under srun a rank with a mistake of its own finds rank 0's store listening; one whose rank 0 failed too
+    does not, and gives up after the grace."""
+    import os
+    import socket
+    import time
+
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "localhost")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    with socket.socket() as rank_zero:
+        rank_zero.bind(("127.0.0.1", 0))
+        rank_zero.listen()
+        monkeypatch.setenv("MASTER_PORT", str(rank_zero.getsockname()[1]))
+        assert d.rendezvous_address("slurm") == ("localhost", os.environ["MASTER_PORT"])
+        assert d.rank_zero_at_rendezvous("slurm")(0.0)
+    t0 = time.monotonic()
+    assert not d.rank_zero_at_rendezvous("slurm")(1.0)  # the port closed: rank 0 is not there
+    assert 1.0 <= time.monotonic() - t0 < 5.0
+    monkeypatch.delenv("MASTER_PORT")
+    assert not d.rank_zero_at_rendezvous("env")(5.0)  # nowhere to ask: at once
 
 
 def test_a_second_process_group_in_one_process_gets_fresh_deepspeed_groups():

@@ -117,12 +117,13 @@ def test_dp_under_real_torchrun(tmp_path):
 def test_a_mistake_only_another_rank_found_is_printed_by_it_after_the_grace(monkeypatch, capsys):
     """Before the ranks meet, rank 0 prints what every rank finds; under a launcher that ends the rest once one
     rank exits, a rank other than 0 still alive after the grace (the launcher did not end it: rank 0 did not fail)
-    prints its own line, naming itself. Under srun, which ends no rank, rank 0 alone prints."""
+    prints its own line, naming itself. Under srun, which ends no rank, so does a rank that finds rank 0 at the
+    rendezvous (rank 0 passed); otherwise rank 0 alone prints."""
     from scale_ocr.errors import UserError, found_by_every_rank, report_user_errors
 
     @report_user_errors
-    def check(message, launcher_ends_the_rest=True):
-        with found_by_every_rank(launcher_ends_the_rest, grace_s=0.0):
+    def check(message, launcher_ends_the_rest=True, rank_zero_waiting=None):
+        with found_by_every_rank(launcher_ends_the_rest, rank_zero_waiting, grace_s=0.0):
             raise UserError(message)
 
     monkeypatch.setenv("RANK", "1")
@@ -130,9 +131,31 @@ def test_a_mistake_only_another_rank_found_is_printed_by_it_after_the_grace(monk
     assert capsys.readouterr().err == "scale-ocr: error: rank 1: --train-path /x does not exist\n"
     assert check("--train-path /x does not exist", launcher_ends_the_rest=False) == 2
     assert capsys.readouterr().err == ""
+    # srun: rank 0 is at the rendezvous (it passed the checks), so the mistake is this rank's own: it says so
+    assert check("local rank 1 has no GPU", False, rank_zero_waiting=lambda grace: True) == 2
+    assert capsys.readouterr().err == "scale-ocr: error: rank 1: local rank 1 has no GPU\n"
+    assert check("--train-path /x does not exist", False, rank_zero_waiting=lambda grace: False) == 2
+    assert capsys.readouterr().err == ""  # rank 0 failed too and printed it
     monkeypatch.setenv("RANK", "0")
     assert check("--train-path /x does not exist") == 2
     assert capsys.readouterr().err == "scale-ocr: error: --train-path /x does not exist\n"
+
+
+def test_rank_0_whose_peers_never_reach_the_rendezvous_says_so_in_one_line(monkeypatch, capsys):
+    """Under srun a rank that exited before the ranks met never joins rank 0's store: rank 0's wait ends in one
+    line, not torch's traceback."""
+    import torch.distributed as dist
+
+    from scale_ocr.errors import EXIT_PEER_LOST, report_user_errors
+
+    @report_user_errors
+    def rendezvous():
+        raise dist.DistStoreError("Timed out after 91 seconds waiting for clients. 1/2 clients joined.")
+
+    monkeypatch.setenv("RANK", "0")
+    assert rendezvous() == EXIT_PEER_LOST
+    assert capsys.readouterr().err.startswith("scale-ocr: error: rank 0 lost contact with another rank (Timed out "
+                                              "after 91 seconds waiting for clients. 1/2 clients joined.); the job ends")
 
 
 def test_gpu_memory_cap_on_a_cpu_rank_says_how_to_cap_a_cpu_process(tmp_path, capsys, out):
