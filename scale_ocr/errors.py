@@ -173,6 +173,13 @@ def report_peer_lost(exc: BaseException) -> None:
           file=sys.stderr, flush=True)
 
 
+def _say(line: str, every_rank: bool = False) -> None:
+    """``line`` on stderr, from rank 0 alone (or the rank unknown) unless ``every_rank``: what every rank hits is
+    said once per job, not once per rank."""
+    if every_rank or os.environ.get("RANK", "0") == "0":
+        print(line, file=sys.stderr, flush=True)
+
+
 def report_user_errors(main: F) -> F:
     """Decorate a CLI entry point so a :class:`UserError` prints one line and exits with code 2.
 
@@ -184,34 +191,29 @@ def report_user_errors(main: F) -> F:
     def wrapper(*args, **kwargs):
         try:
             return main(*args, **kwargs)
-        except UserError as exc:
-            if exc.by_this_rank or os.environ.get("RANK", "0") == "0":  # the whole message on one line, whatever a call site put in it
-                print(f"scale-ocr: {exc.prefix}: {printable(str(exc).strip(), LINE_LIMIT)}", file=sys.stderr, flush=True)
+        except UserError as exc:  # the whole message on one line, whatever a call site put in it
+            _say(f"scale-ocr: {exc.prefix}: {printable(str(exc).strip(), LINE_LIMIT)}", exc.by_this_rank)
             return exc.exit_code
         except KeyboardInterrupt:
-            if os.environ.get("RANK", "0") == "0":
-                print("scale-ocr: interrupted (Ctrl-C); checkpoints already written are kept: `--resume auto` "
-                      "(the default) continues from the newest", file=sys.stderr, flush=True)
+            _say("scale-ocr: interrupted (Ctrl-C); checkpoints already written are kept: `--resume auto` (the default) "
+                 "continues from the newest")
             return EXIT_INTERRUPTED
         except Exception as exc:  # noqa: BLE001 - DataLoader workers wrap our errors in their own type
             if UserError.__name__ + ":" in str(exc):
-                if os.environ.get("RANK", "0") == "0":
-                    print(f"scale-ocr: error: {printable(_one_line(exc), LINE_LIMIT)}", file=sys.stderr, flush=True)
+                _say(f"scale-ocr: error: {printable(_one_line(exc), LINE_LIMIT)}")
                 return EXIT_USER_ERROR
             if is_peer_lost(exc):
                 report_peer_lost(exc)
                 return EXIT_PEER_LOST
             if is_compile_failure(exc):
-                if os.environ.get("RANK", "0") == "0":
-                    print(f"scale-ocr: error: torch.compile failed ({type(exc).__name__}: {first_line(exc)[:200]}); "
-                          "run without --compile, or with --compile aot_eager to tell tracing from code generation",
-                          file=sys.stderr, flush=True)
+                _say(f"scale-ocr: error: torch.compile failed ({type(exc).__name__}: {first_line(exc)[:200]}); run "
+                     "without --compile, or with --compile aot_eager to tell tracing from code generation")
                 return EXIT_FAULT
-            if is_out_of_memory(exc):  # printed by the rank that ran out, whichever it is
+            if is_out_of_memory(exc):
                 first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
-                print(f"scale-ocr: error: out of memory on rank {os.environ.get('RANK', '0')} ({first}); lower "
-                      "--batch-size or pick a strategy that shards more (see `scale-ocr estimate-memory`)",
-                      file=sys.stderr, flush=True)
+                _say(f"scale-ocr: error: out of memory on rank {os.environ.get('RANK', '0')} ({first}); lower "
+                     "--batch-size or pick a strategy that shards more (see `scale-ocr estimate-memory`)",
+                     every_rank=True)  # printed by the rank that ran out, whichever it is
                 return EXIT_OUT_OF_MEMORY
             raise
 
