@@ -226,7 +226,7 @@ def test_a_run_that_waits_on_its_data_says_so(tmp_path, capsys, monkeypatch):
     render = synthetic.SyntheticWords.__getitem__
 
     def slow(self, index):
-        time.sleep(0.01)
+        time.sleep(0.03)  # a third of a step or more on an idle core: on a loaded one (CI) still over the tenth
         return render(self, index)
 
     monkeypatch.setattr(synthetic.SyntheticWords, "__getitem__", slow)
