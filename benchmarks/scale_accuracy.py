@@ -291,10 +291,12 @@ def run(args: argparse.Namespace) -> None:
     hw = hardware()
     context = {"threads": max(1, (hw["cores"] or 1) // args.world_size),
                "stamp": {"versions": versions(), "hardware": hw}}
-    write_plan(args.out, jobs)
+    planned = plan_rows(jobs)
+    write_plan(args.out, planned)
+    by_name = {p["name"]: p for p in planned}
     started, ran = time.time(), 0
     for i, job in enumerate(todo, 1):
-        below = None if args.train_all else unlearned_below(plan_rows(jobs), latest(rows), plan_rows([job])[0])
+        below = None if args.train_all else unlearned_below(planned, latest(rows), by_name[job.name])
         if below is not None:  # a smaller batch of its group, trained in this run, learned nothing
             print(f"scale_accuracy [{i}/{len(todo)}] {job.name}: not trained: every rule ended under "
                   f"{LEARNED:.0%} at global batch {below} (--train-all trains it)", flush=True)
@@ -318,9 +320,9 @@ def plan_rows(jobs: list[Job]) -> list[dict[str, Any]]:
     return [{k: asdict(j)[k] for k in keys} | {"name": j.name} for j in jobs]
 
 
-def write_plan(out: Path, jobs: list[Job]) -> None:
-    """``plan.json``: every job the command plans, for the report to say which have no result yet."""
-    (out / "plan.json").write_text(json.dumps(plan_rows(jobs), indent=1) + "\n", encoding="utf-8")
+def write_plan(out: Path, planned: list[dict[str, Any]]) -> None:
+    """``plan.json``: every planned job (:func:`plan_rows`), for the report to say which have no result yet."""
+    (out / "plan.json").write_text(json.dumps(planned, indent=1) + "\n", encoding="utf-8")
 
 
 def to_train(args: argparse.Namespace, jobs: list[Job], rows: list[dict[str, Any]]) -> list[Job]:
