@@ -8,6 +8,7 @@ import json
 import pytest
 
 from benchmarks import scale_accuracy as sa
+from benchmarks import scale_accuracy_plan as sap
 from benchmarks import scale_accuracy_report as rep
 from scale_ocr.errors import UserError
 
@@ -75,35 +76,35 @@ def test_report_and_summary_from_rows_alone(tmp_path):
 
 def test_plan_splits_batches_skips_shared_rules_and_finished_jobs(tmp_path):
     args = sa.parse(["--preset", "record", "--out", str(tmp_path)])
-    assert sa.split_batch(512, 2, 32) == (32, 8) and sa.split_batch(32, 2, 32) == (16, 1)
-    jobs = sa.plan(args)
-    crnn = [j for j in jobs if j.model == sa.CRNN and j.set == "synthetic"]
+    assert sap.split_batch(512, 2, 32) == (32, 8) and sap.split_batch(32, 2, 32) == (16, 1)
+    jobs = sap.plan(args)
+    crnn = [j for j in jobs if j.model == sap.CRNN and j.set == "synthetic"]
     assert len(crnn) == 13 and [j.rule for j in crnn if j.global_batch == 64] == ["sqrt"]
     assert {j.steps for j in crnn if j.global_batch == 512} == {192}
     assert {j.samples for j in jobs if j.set == "real"} == {196608}  # the real-looking set's own budget
-    assert {j.samples for j in sa.plan(sa.parse(["--preset", "record", "--samples", "4096"])) if j.kind ==
+    assert {j.samples for j in sap.plan(sa.parse(["--preset", "record", "--samples", "4096"])) if j.kind ==
             "recognition"} == {4096}  # --samples: every set's
     assert [(j.kind, j.global_batch, j.micro_batch, j.grad_accum) for j in jobs[:2]] == [
         ("detection", 4, 2, 1), ("detection", 32, 2, 8)]  # the cheapest group first
-    assert [(j.model, j.set) for j in jobs[2::13]] == [(sa.CRNN, "synthetic"), (sa.CRNN, "real"), (sa.VIT, "synthetic"),
-                                                      (sa.VIT, "real")]
-    done = _row(32, "none", [0.5], model=sa.CRNN)
+    assert [(j.model, j.set) for j in jobs[2::13]] == [(sap.CRNN, "synthetic"), (sap.CRNN, "real"), (sap.VIT, "synthetic"),
+                                                      (sap.VIT, "real")]
+    done = _row(32, "none", [0.5], model=sap.CRNN)
     assert crnn[0].key == rep.key_of(done)
     done |= {"samples": 98304, "micro_batch": 16, "grad_accum": 1, "eval_every": 256}
-    assert sa.finished(jobs, [done]) == {crnn[0].key}
-    shared = _row(64, "none", [0.5], model=sa.CRNN) | {"samples": 98304, "micro_batch": 32, "eval_every": 128}
-    assert sa.finished(jobs, [shared]) == {crnn[3].key}  # the reference batch, run under another rule: done
+    assert sap.finished(jobs, [done]) == {crnn[0].key}
+    shared = _row(64, "none", [0.5], model=sap.CRNN) | {"samples": 98304, "micro_batch": 32, "eval_every": 128}
+    assert sap.finished(jobs, [shared]) == {crnn[3].key}  # the reference batch, run under another rule: done
     with pytest.raises(UserError, match="other samples.*--supersede"):
-        sa.finished(jobs, [done | {"samples": 1024}])  # another budget in the same folder: refused
-    assert sa.finished(jobs, [done, done | {"samples": 1024}], supersede=True) == set()  # its last line: again
-    assert sa.finished(jobs, [done | {"samples": 1024}, done], supersede=True) == {crnn[0].key}
+        sap.finished(jobs, [done | {"samples": 1024}])  # another budget in the same folder: refused
+    assert sap.finished(jobs, [done, done | {"samples": 1024}], supersede=True) == set()  # its last line: again
+    assert sap.finished(jobs, [done | {"samples": 1024}, done], supersede=True) == {crnn[0].key}
     done["samples"] = 1024
-    seconds, rates = sa.estimate(jobs, [done | {"wall_seconds": 1024 / 64}])
-    assert rates[sa.CRNN] == 64.0 and seconds > 0
+    seconds, rates = sap.estimate(jobs, [done | {"wall_seconds": 1024 / 64}])
+    assert rates[sap.CRNN] == 64.0 and seconds > 0
     with pytest.raises(UserError, match="--real-crops"):
         sa.check(sa.parse(["--sets", "crops"]))
     with pytest.raises(UserError, match="not a multiple"):
-        sa.split_batch(33, 2, 32)
+        sap.split_batch(33, 2, 32)
 
 
 def test_convergence_compares_the_recipes_after_the_same_steps_in_points():
@@ -125,15 +126,15 @@ def test_convergence_compares_the_recipes_after_the_same_steps_in_points():
 
 def test_a_record_in_parts_stops_before_a_job_past_max_minutes_and_reports_what_is_left(tmp_path, capsys):
     args = sa.parse(["--preset", "record", "--out", str(tmp_path), "--max-minutes", "30"])
-    crnn = next(j for j in sa.plan(args) if j.model == sa.CRNN)  # 98,304 samples at 236/s: about 7 min
+    crnn = next(j for j in sap.plan(args) if j.model == sap.CRNN)  # 98,304 samples at 236/s: about 7 min
     assert sa.fits(args, crnn, 5, [], spent=0.0, first=True)
     assert not sa.fits(args, crnn, 5, [], spent=25 * 60.0, first=False)
     assert "stopped before crnn_mobilenet_v3_small-synthetic-g32-none with 5 job(s) to run" in capsys.readouterr().out
     with pytest.raises(UserError, match="--max-minutes 30.0: the first job to run, .* needs about 8 min"):
         sa.fits(args, crnn, 5, [], spent=25 * 60.0, first=True)  # a limit that runs nothing: one line, exit 2
-    slow = [_row(32, "none", [0.5]) | {"model": sa.CRNN, "set": "real", "samples": 1000, "wall_seconds": 100.0}]
+    slow = [_row(32, "none", [0.5]) | {"model": sap.CRNN, "set": "real", "samples": 1000, "wall_seconds": 100.0}]
     assert not sa.fits(args, crnn, 5, slow, spent=0.0, first=False)  # the model's rate here, 10/s, says 180 min
-    fast = _row(32, "none", [0.5]) | {"model": sa.CRNN, "set": crnn.set, "samples": 100_000, "wall_seconds": 100.0}
+    fast = _row(32, "none", [0.5]) | {"model": sap.CRNN, "set": crnn.set, "samples": 100_000, "wall_seconds": 100.0}
     assert sa.fits(args, crnn, 5, [*slow, fast], spent=0.0, first=False)  # its own set's rate wins: 2 min
     rows = [_row(32, "sqrt", [0.5, 0.9]), _row(64, "sqrt", [0.5, 0.9])]
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -150,7 +151,7 @@ def test_a_record_in_parts_stops_before_a_job_past_max_minutes_and_reports_what_
 def test_batches_above_one_where_no_rule_learned_are_not_trained(tmp_path, monkeypatch, capsys):
     """At a fixed sample budget a larger batch takes fewer steps: past a batch where every rule ended under 10%,
     the run trains nothing more of that group (unless --train-all) and the report says which and why."""
-    argv = ["--models", sa.CRNN, "--batches", "32,64,128", "--rules", "none,sqrt", "--det-batches", "",
+    argv = ["--models", sap.CRNN, "--batches", "32,64,128", "--rules", "none,sqrt", "--det-batches", "",
             "--out", str(tmp_path)]
     args = sa.parse(argv)
     ends = {32: 0.5, 64: 0.05}  # 32 learns; 64, the reference batch (one job for every rule), does not
@@ -166,12 +167,12 @@ def test_batches_above_one_where_no_rule_learned_are_not_trained(tmp_path, monke
     out = capsys.readouterr().out
     assert "crnn_mobilenet_v3_small-synthetic-g128-none: not trained: every rule ended under 10% at global batch 64" in out
     assert len(rep.load_rows(tmp_path)) == 3  # g32 x 2 rules, g64 once
-    jobs = sa.plan(args)
-    assert sa.to_train(args, jobs, rep.load_rows(tmp_path)) == []
-    assert [j.global_batch for j in sa.to_train(sa.parse([*argv, "--train-all"]), jobs,
+    jobs = sap.plan(args)
+    assert sap.to_train(args, jobs, rep.load_rows(tmp_path)) == []
+    assert [j.global_batch for j in sap.to_train(sa.parse([*argv, "--train-all"]), jobs,
                                                 rep.load_rows(tmp_path))] == [128, 128]
     report = rep.build_report(tmp_path).read_text()
     assert "In progress" not in report and "Not trained: global batch 128. Every rule ended under 10% at batch 64" in report
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["not_trained"] == [f"{sa.CRNN}-synthetic-g128-none", f"{sa.CRNN}-synthetic-g128-sqrt"]
+    assert summary["not_trained"] == [f"{sap.CRNN}-synthetic-g128-none", f"{sap.CRNN}-synthetic-g128-sqrt"]
     assert summary["recognition"][0]["default_holds_up_to"] == 32  # the verdict stands on what was trained
