@@ -129,6 +129,17 @@ def holds_up_to(finals: dict[int, float | None], tolerance: float = TOLERANCE) -
     return largest, ref
 
 
+def as_default(jobs: dict[tuple, dict[str, Any]], group: tuple[str, str, str], per_batch: dict[int, dict[str, Any]],
+               rule: str) -> dict[str, Any]:
+    """Acceptance 1 with ``rule`` as the default: the largest batch at which it stays within a point of its own
+    smallest batch's final (:func:`holds_up_to`), that final, the best rule there and whether ``rule`` ties or
+    leads it. The same measurements give each rule's verdict, which is what a default is chosen by."""
+    reach, ref = holds_up_to({g: per_batch[g]["final"].get(rule) for g in sorted(per_batch)})
+    best = per_batch[reach]["best_rule"] if reach is not None else None
+    return {"holds_up_to": reach, "reference_final": ref, "best_rule_there": best, "is_best_there": None
+            if best is None else final(cell(jobs, group, reach, rule)) >= per_batch[reach]["final"][best]}
+
+
 def reference_of(jobs: dict[tuple, dict[str, Any]], group: tuple[str, str, str]) -> int:
     """The model's reference batch, where every rule gives the same rate."""
     return next(int(r["reference_batch"]) for k, r in jobs.items() if k[:3] == group)
@@ -155,18 +166,18 @@ def summarize(jobs: dict[tuple, dict[str, Any]], default_rule: str, to_run: list
             per_batch[g] = {"final": {r: final(c) for r, c in cells.items()}, "best_rule": best_rule(cells, default_rule),
                             "samples_to": {r: {str(t): samples_to(c["curve"], t) for t in THRESHOLDS}
                                            for r, c in cells.items()}}
-        reach, ref = holds_up_to({g: per_batch[g]["final"].get(default_rule) for g in batches})
-        best_there = per_batch[reach]["best_rule"] if reach is not None else None
+        verdicts = {rule: as_default(jobs, group, per_batch, rule) for rule in RULES}
+        mine = verdicts[default_rule]
         reference = reference_of(jobs, group)
         above = [per_batch[g]["best_rule"] for g in batches if g > reference]
         out["recognition"].append({
-            "model": group[1], "set": group[2], "batches": per_batch, "reference_final": ref,
+            "model": group[1], "set": group[2], "batches": per_batch, "reference_final": mine["reference_final"],
             "to_run": sum((p["kind"], p["model"], p["set"]) == group for p in to_run),
             "not_trained": {str(p["global_batch"]): p["below"] for p in skipped if (p["kind"], p["model"], p["set"]) == group},
-            "default_holds_up_to": reach, "best_rule_there": best_there,
+            "default_holds_up_to": mine["holds_up_to"], "best_rule_there": mine["best_rule_there"],
             "wins_above_reference": {r: above.count(r) for r in RULES if r in above},
-            "default_is_best_there": None if best_there is None else
-            final(cell(jobs, group, reach, default_rule)) >= per_batch[reach]["final"][best_there]})
+            "default_is_best_there": mine["is_best_there"],
+            "as_default": {r: v for r, v in verdicts.items() if v["holds_up_to"] is not None}})
     out["detection_not_trained"] = {str(p["global_batch"]): p["below"] for p in skipped if p["kind"] == "detection"}
     for group in groups(jobs, "detection"):
         for g in sorted({k[3] for k in jobs if k[:3] == group}):
@@ -359,7 +370,28 @@ def overview(summary: dict[str, Any]) -> list[str]:
                      f"{s['best_rule_there'] if learned else '-'} | {best} | {above or '-'} |")
     return [*lines, "", "\"Best rule above the reference batch\": of the batches above the model's reference batch (where "
             f"the rules part) at which some rule ends at {LEARNED * 100:.0f}% or above, how many each rule ends best "
-            "at: the evidence a default rule rests on.", ""]
+            "at: the evidence a default rule rests on.", "", *each_rule(summary)]
+
+
+def each_rule(summary: dict[str, Any]) -> list[str]:
+    """The same verdict with each rule as the default (:func:`as_default`), for the groups that have one: the
+    measurements a default is chosen by, and which rules would meet acceptance 1 in every such group."""
+    done = [s for s in summary["recognition"] if not s["to_run"] and s["reference_final"] is not None
+            and s["reference_final"] >= LEARNED]
+    if not done:
+        return []
+    lines = ["Each rule as the default, on the same measurements: the largest batch at which it stays within "
+             f"{TOLERANCE * 100:.0f} point of its own smallest batch, and whether it is the best rule there.", "",
+             f"| model | set | {' | '.join(RULES)} |", "|---|---|" + "---|" * len(RULES)]
+    for s in done:
+        cells = []
+        for rule in RULES:
+            v = s["as_default"].get(rule)
+            cells.append("-" if v is None or v["is_best_there"] is None else f"{v['holds_up_to']}, " + (
+                "best there" if v["is_best_there"] else f"trails {v['best_rule_there']}"))
+        lines.append(f"| {s['model']} | {SET_NAMES.get(s['set'], s['set'])} | {' | '.join(cells)} |")
+    every = [r for r in RULES if all(s["as_default"].get(r, {}).get("is_best_there") for s in done)]
+    return [*lines, "", f"Best where it holds in every group above: {', '.join(f'`{r}`' for r in every) or 'no rule'}.", ""]
 
 
 def build_report(out_dir: Path) -> Path:

@@ -67,6 +67,10 @@ def test_report_and_summary_from_rows_alone(tmp_path):
     assert s["wins_above_reference"] == {"linear": 1, "sqrt": 1}  # 128: linear; 256: sqrt alone finished
     assert "| crnn | synthetic words | 90.0 | 128 | linear | no | linear at 1 of 2, sqrt at 1 of 2 |" in report and "| vit | synthetic words | 5.0 | no " \
         "verdict | - | - |" in report
+    assert {r: (v["holds_up_to"], v["is_best_there"]) for r, v in s["as_default"].items()} == {
+        "none": (64, True), "linear": (128, True), "sqrt": (128, False)}  # the same verdict, each rule as default
+    assert "| crnn | synthetic words | 64, best there | 128, best there | 128, trails linear |" in report
+    assert "Best where it holds in every group above: `none`, `linear`." in report  # vit learned nothing: not a group
     assert "INCONCLUSIVE: under the default rule (sqrt) the smallest batch ends at 5.0% exact match" in report
     assert "training samples per job: 1,024 on synthetic words;" in report  # the header: each set's budget
     assert "1,024 training samples per job." in report  # and each group's
