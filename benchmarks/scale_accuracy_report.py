@@ -391,7 +391,21 @@ def each_rule(summary: dict[str, Any]) -> list[str]:
                 "best there" if v["is_best_there"] else f"trails {v['best_rule_there']}"))
         lines.append(f"| {s['model']} | {SET_NAMES.get(s['set'], s['set'])} | {' | '.join(cells)} |")
     every = [r for r in RULES if all(s["as_default"].get(r, {}).get("is_best_there") for s in done)]
-    return [*lines, "", f"Best where it holds in every group above: {', '.join(f'`{r}`' for r in every) or 'no rule'}.", ""]
+    return [*lines, "", f"Best where it holds in every group above: {', '.join(f'`{r}`' for r in every) or 'no rule'}. "
+            + chosen(done, summary["default_rule"]), ""]
+
+
+def chosen(done: list[dict[str, Any]], default_rule: str) -> str:
+    """The rule these runs choose as the default: best where it holds in the most groups (acceptance 1), a tie to
+    the rule that ends best at the most batches above the reference batch (what scaling out meets), then to the
+    default."""
+    meets = {r: sum(bool(s["as_default"].get(r, {}).get("is_best_there")) for s in done) for r in RULES}
+    wins = {r: sum(s["wins_above_reference"].get(r, 0) for s in done) for r in RULES}
+    pick = max(RULES, key=lambda r: (meets[r], wins[r], r == default_rule))
+    return (f"By these runs the default is `{pick}`: best where it holds in {meets[pick]} of {len(done)} group(s), "
+            f"and the best rule above the reference batch at {wins[pick]} of {sum(wins.values())} batch(es)"
+            + (f" (today's default, `{default_rule}`: {meets[default_rule]} and {wins[default_rule]})."
+               if pick != default_rule else ", today's default."))
 
 
 def build_report(out_dir: Path) -> Path:

@@ -70,7 +70,9 @@ def test_report_and_summary_from_rows_alone(tmp_path):
     assert {r: (v["holds_up_to"], v["is_best_there"]) for r, v in s["as_default"].items()} == {
         "none": (64, True), "linear": (128, True), "sqrt": (128, False)}  # the same verdict, each rule as default
     assert "| crnn | synthetic words | 64, best there | 128, best there | 128, trails linear |" in report
-    assert "Best where it holds in every group above: `none`, `linear`." in report  # vit learned nothing: not a group
+    assert ("Best where it holds in every group above: `none`, `linear`. By these runs the default is `linear`: best where "
+            "it holds in 1 of 1 group(s), and the best rule above the reference batch at 1 of 2 batch(es) (today's default, "
+            "`sqrt`: 0 and 1).") in report  # vit learned nothing: not a group
     assert "INCONCLUSIVE: under the default rule (sqrt) the smallest batch ends at 5.0% exact match" in report
     assert "training samples per job: 1,024 on synthetic words;" in report  # the header: each set's budget
     assert "1,024 training samples per job." in report  # and each group's
