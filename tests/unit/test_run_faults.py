@@ -140,14 +140,20 @@ def _launch(args: list[str]) -> subprocess.Popen:
 
 
 def _signal_after_step(proc: subprocess.Popen, sig: int, step: int = 2) -> tuple[str, str]:
-    """Send ``sig`` once the run printed ``step``; returns (stdout, stderr) after it exits."""
-    out = []
+    """Send ``sig`` once the run printed ``step``; returns (stdout, stderr) after it exits. A run that never printed
+    the step, or ended before the signal went, fails here with both streams (a signal test that sent nothing
+    would otherwise read as the run ignoring it)."""
+    out, sent = [], None
     for line in proc.stdout:
         out.append(line)
         if line.startswith(f"step {step}/"):
+            sent = proc.poll() is None  # send_signal does nothing to a run that already ended
             proc.send_signal(sig)
             break
     rest, err = proc.communicate(timeout=120)
+    streams = f"stdout:\n{''.join(out)}{rest}\nstderr:\n{err}"
+    assert sent is not None, f"the run never printed 'step {step}/'; {streams}"
+    assert sent, f"the run ended (exit {proc.returncode}) before the signal was sent; {streams}"
     return "".join(out) + rest, err
 
 
@@ -174,9 +180,10 @@ def test_sigterm_checkpoints_and_the_resumed_run_ends_bitwise_equal(tmp_path):
 
 def test_ctrl_c_is_one_line(tmp_path):
     proc = _launch([*SMALL, "--log-every", "1", "--train-samples", "256", "--output-dir", str(tmp_path / "r")])
-    _, err = _signal_after_step(proc, signal.SIGINT, step=1)
+    out, err = _signal_after_step(proc, signal.SIGINT, step=1)
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert proc.returncode == 130 and len(lines) == 1 and lines[0].startswith("scale-ocr: interrupted (Ctrl-C)"), err
+    assert proc.returncode == 130 and len(lines) == 1 and lines[0].startswith("scale-ocr: interrupted (Ctrl-C)"), \
+        f"exit {proc.returncode}; stdout:\n{out}\nstderr:\n{err}"
 
 
 def test_sigusr1_checkpoints_and_exits_75(tmp_path):
