@@ -360,7 +360,7 @@ def overview(summary: dict[str, Any]) -> list[str]:
              "holds up to | best rule there | default is best there | best rule above the reference batch |",
              "|---|---|---:|---:|---|---|---|"]
     for s in summary["recognition"]:
-        learned = s["reference_final"] is not None and s["reference_final"] >= LEARNED and not s["to_run"]
+        learned = has_verdict(s)
         best = {None: "-", True: "yes", False: "no"}[s["default_is_best_there"]] if learned else "-"
         verdictless = f"in progress ({s['to_run']} to run)" if s["to_run"] else "no verdict"
         wins = s["wins_above_reference"]
@@ -373,11 +373,15 @@ def overview(summary: dict[str, Any]) -> list[str]:
             "at: the evidence a default rule rests on.", "", *each_rule(summary)]
 
 
+def has_verdict(s: dict[str, Any]) -> bool:
+    """A group's verdict stands: every planned job is in and the default's smallest batch learned the set."""
+    return not s["to_run"] and s["reference_final"] is not None and s["reference_final"] >= LEARNED
+
+
 def each_rule(summary: dict[str, Any]) -> list[str]:
     """The same verdict with each rule as the default (:func:`as_default`), for the groups that have one: the
     measurements a default is chosen by, and which rules would meet acceptance 1 in every such group."""
-    done = [s for s in summary["recognition"] if not s["to_run"] and s["reference_final"] is not None
-            and s["reference_final"] >= LEARNED]
+    done = [s for s in summary["recognition"] if has_verdict(s)]
     if not done:
         return []
     lines = ["Each rule as the default, on the same measurements: the largest batch at which it stays within "
@@ -390,16 +394,16 @@ def each_rule(summary: dict[str, Any]) -> list[str]:
             cells.append("-" if v is None or v["is_best_there"] is None else f"{v['holds_up_to']}, " + (
                 "best there" if v["is_best_there"] else f"trails {v['best_rule_there']}"))
         lines.append(f"| {s['model']} | {SET_NAMES.get(s['set'], s['set'])} | {' | '.join(cells)} |")
-    every = [r for r in RULES if all(s["as_default"].get(r, {}).get("is_best_there") for s in done)]
-    return [*lines, "", f"Best where it holds in every group above: {', '.join(f'`{r}`' for r in every) or 'no rule'}. "
-            + chosen(done, summary["default_rule"]), ""]
-
-
-def chosen(done: list[dict[str, Any]], default_rule: str) -> str:
-    """The rule these runs choose as the default: best where it holds in the most groups (acceptance 1), a tie to
-    the rule that ends best at the most batches above the reference batch (what scaling out meets), then to the
-    default."""
     meets = {r: sum(bool(s["as_default"].get(r, {}).get("is_best_there")) for s in done) for r in RULES}
+    every = [r for r in RULES if meets[r] == len(done)]
+    return [*lines, "", f"Best where it holds in every group above: {', '.join(f'`{r}`' for r in every) or 'no rule'}. "
+            + chosen(done, meets, summary["default_rule"]), ""]
+
+
+def chosen(done: list[dict[str, Any]], meets: dict[str, int], default_rule: str) -> str:
+    """The rule these runs choose as the default: best where it holds in the most groups (``meets``, acceptance 1),
+    a tie to the rule that ends best at the most batches above the reference batch (what scaling out meets), then to
+    the default."""
     wins = {r: sum(s["wins_above_reference"].get(r, 0) for s in done) for r in RULES}
     pick = max(RULES, key=lambda r: (meets[r], wins[r], r == default_rule))
     return (f"By these runs the default is `{pick}`: best where it holds in {meets[pick]} of {len(done)} group(s), "
