@@ -14,7 +14,8 @@ budget, one the smallest batch learns the set in), and measures validation exact
 samples. At a model's reference batch every rule gives the same rate, so
 that batch is trained once. Detection (db_mobilenet_v3_large on synthetic pages) trains at two global batches
 under the default rule, recall measured the same way. Each finished job is one line of ``results.jsonl``: an
-interrupted benchmark, run again with the same flags, starts with the first job that has no ``ok`` line. Jobs run
+interrupted benchmark, run again with the same flags, starts with the first job that has no ``ok`` line and
+continues it from the last checkpoint its interrupted try left (``train.py`` saves one every 10 minutes). Jobs run
 group by group, the cheapest group first, and ``--max-minutes`` starts no job that would end past the limit (a
 record longer than one session or one scheduler allocation runs in parts; ``plan.json`` lists every planned job,
 and the report says which have no result yet). A batch above one at which every rule ended under 10% is not
@@ -28,6 +29,8 @@ batch's final exact match.
 from __future__ import annotations
 
 import argparse
+import bisect
+import itertools
 import json
 import math
 import shlex
@@ -73,6 +76,8 @@ from benchmarks.scale_accuracy_report import (
     unlearned_below,
 )
 
+TRIES = "tries.json"  # in a job's run folder: each try of it, for the next to continue an interrupted one
+
 
 def recognition_folders(args: argparse.Namespace, name: str, work: Path, chars: str) -> tuple[Path, Path]:
     """A word set's (train, val) docTR folders: the synthetic and real-looking sets written once under the
@@ -111,28 +116,66 @@ def count(folder: Path) -> int:
 
 def command(args: argparse.Namespace, job: Job, data: list[str], train_size: int, run_dir: Path) -> list[str]:
     """``train.py``'s launch command for ``job``: its defaults but for the batch, the rule and the budget; the run
-    stops at ``job.steps`` (an epoch more than it needs, as the loader may round an epoch down) and validates every ``job.eval_every`` steps and at the end."""
+    stops at ``job.steps`` (an epoch more than it needs, as the loader may round an epoch down) and validates every
+    ``job.eval_every`` steps and at the end. ``--resume auto`` continues a try that :func:`earlier_tries` kept."""
     steps_per_epoch = max(1, train_size // job.global_batch)
     cli = [job.model, "--strategy", "ddp", *data, "-b", str(job.micro_batch), "--grad-accum", str(job.grad_accum),
            "--lr-scaling", job.rule, "--epochs", str(math.ceil(job.steps / steps_per_epoch) + 1), "--max-steps",
            str(job.steps), "--eval-every", str(job.eval_every), "--seed", str(args.seed), "--no-save-model",
-           "--workers", str(args.workers), "--resume", "none", "--output-dir", str(run_dir), "--run-name", job.name,
+           "--workers", str(args.workers), "--resume", "auto", "--output-dir", str(run_dir), "--run-name", job.name,
            "--wandb-mode", args.wandb_mode]
     return launch_command("torchrun", job.world_size, TRAIN, cli)
 
 
-def read_curve(run_dir: Path, metric: str, global_batch: int, t0: float) -> list[dict[str, float]]:
-    """``[{step, samples, seconds, value}]``: the run's validation ``metric`` at each measurement."""
+def read_curve(run_dir: Path, metric: str, global_batch: int,
+               tries: list[dict[str, float]]) -> tuple[list[dict[str, float]], float]:
+    """``[{step, samples, seconds, value}]``, the run's validation ``metric`` at each measurement, and the seconds of
+    training the tries before the last kept. A record belongs to the last try begun before it; ``seconds`` count
+    from the first try's start through each try's kept records (the trainer trims a resumed run's records back to
+    its checkpoint), so the time between sessions and the work a kill lost are not in them."""
     path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
+    starts = [t["t0"] for t in tries]
+    ends = list(starts)  # each try's last kept record, or its start when it kept none
+    for r in records:
+        i = max(0, bisect.bisect_right(starts, r["time"]) - 1)
+        ends[i] = max(ends[i], r["time"])
+    before = list(itertools.accumulate((e - s for s, e in zip(starts, ends, strict=True)), initial=0.0))
     points = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        r = json.loads(line)
+    for r in records:
         if f"val/{metric}" in r:
+            i = max(0, bisect.bisect_right(starts, r["time"]) - 1)
             points.append({"step": r["step"], "samples": r["step"] * global_batch,
-                           "seconds": round(r["time"] - t0, 1), "value": r[f"val/{metric}"]})
-    return points
+                           "seconds": round(before[i] + r["time"] - starts[i], 1), "value": r[f"val/{metric}"]})
+    return points, before[len(tries) - 1]
+
+
+def earlier_tries(run_dir: Path, cmd: list[str]) -> tuple[list[dict[str, float]], int]:
+    """The tries of this job an interrupted benchmark left in ``run_dir`` (a session's or a scheduler's end, a kill)
+    and the step of the checkpoint the next continues from: ``([{t0, from_step}, ...], step)`` when the folder
+    holds a checkpoint of the same ``train.py`` arguments (``--resume``'s aside) that no finished try left; else
+    ``([], 0)``. A folder from before ``tries.json`` has one try, begun when its ``config.json`` was written."""
+    try:
+        argv = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))["argv"]
+        latest_dir = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text(encoding="utf-8").strip()
+        step = int(json.loads((latest_dir / "trainer.json").read_text(encoding="utf-8"))["step"])
+        tries = (json.loads((run_dir / TRIES).read_text(encoding="utf-8")) if (run_dir / TRIES).is_file()
+                 else [{"t0": (run_dir / "config.json").stat().st_mtime, "from_step": 0}])
+    except (OSError, ValueError, KeyError, TypeError):
+        argv, step, tries = None, 0, []
+    same = argv is not None and _but_resume(argv) == _but_resume(cmd[cmd.index(str(TRAIN)) + 1:])
+    return (tries, step) if same and step > 0 and tries and "ended" not in tries[-1] else ([], 0)
+
+
+def _but_resume(argv: list[str]) -> list[str]:
+    i = argv.index("--resume") if "--resume" in argv else len(argv)
+    return argv[:i] + argv[i + 2:]
+
+
+def _write_tries(run_dir: Path, tries: list[dict[str, Any]]) -> None:
+    from scale_ocr.run.safe_files import write_atomic
+
+    write_atomic(run_dir / TRIES, json.dumps(tries) + "\n", what="the job's tries", kept="the run's own files")
 
 
 def lr_plan(run_dir: Path) -> dict[str, Any]:
@@ -144,23 +187,29 @@ def lr_plan(run_dir: Path) -> dict[str, Any]:
 
 def run_one(args: argparse.Namespace, job: Job, data: list[str], sizes: tuple[int, int], work: Path,
             context: dict[str, Any]) -> dict[str, Any]:
-    """Train ``job`` and return its results line."""
+    """Train ``job`` (continuing an interrupted try of it, :func:`earlier_tries`) and return its results line:
+    ``wall_seconds`` the training time its curve kept, ``resumed_at`` the steps later tries continued from."""
     run_dir = work / "runs" / job.name
-    shutil.rmtree(run_dir, ignore_errors=True)  # this benchmark's own scratch: an interrupted try of the same job
-    run_dir.mkdir(parents=True)
     cmd = command(args, job, data, sizes[0], run_dir)
-    t0 = time.time()
+    tries, step = earlier_tries(run_dir, cmd)
+    if not tries:
+        shutil.rmtree(run_dir, ignore_errors=True)  # this benchmark's own scratch: a finished or another try
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tries.append({"t0": time.time(), "from_step": step})
+    _write_tries(run_dir, tries)
     status, error, wall = run_job(cmd, context["threads"], args.timeout, None)
+    _write_tries(run_dir, [*tries[:-1], tries[-1] | {"ended": status}])
     metric = "exact_match" if job.kind == "recognition" else "recall"
-    curve = read_curve(run_dir, metric, job.global_batch, t0)
+    curve, before = read_curve(run_dir, metric, job.global_batch, tries)
     if status == "ok" and (not curve or curve[-1]["step"] != job.steps):
         status, error = "failed", f"the curve ends at step {curve[-1]['step'] if curve else None}, not {job.steps}"
     plan_ = lr_plan(run_dir)
-    return {**asdict(job), "steps": job.steps, "status": status, "error": error, "wall_seconds": round(wall, 1),
-            "train_size": sizes[0], "val_size": sizes[1], "metric": metric, "curve": curve,
-            "peak_lr": plan_.get("peak_lr"), "lr_factor": plan_.get("factor"), "lr_line": plan_.get("line"),
-            "warmup_steps": plan_.get("warmup_steps"), "threads_per_rank": context["threads"],
-            "preset": args.preset, "command": " ".join(cmd).replace(f"{REPO}/", ""), **context["stamp"]}
+    return {**asdict(job), "steps": job.steps, "status": status, "error": error, "wall_seconds": round(before + wall, 1),
+            "resumed_at": [t["from_step"] for t in tries[1:]], "train_size": sizes[0], "val_size": sizes[1],
+            "metric": metric, "curve": curve, "peak_lr": plan_.get("peak_lr"), "lr_factor": plan_.get("factor"),
+            "lr_line": plan_.get("line"), "warmup_steps": plan_.get("warmup_steps"),
+            "threads_per_rank": context["threads"], "preset": args.preset,
+            "command": " ".join(cmd).replace(f"{REPO}/", ""), **context["stamp"]}
 
 
 def job_data(args: argparse.Namespace, job: Job, work: Path) -> tuple[list[str], tuple[int, int]]:
@@ -200,10 +249,12 @@ def run(args: argparse.Namespace) -> None:
             print(f"scale_accuracy [{i}/{len(todo)}] {job.name}: not trained: every rule ended under "
                   f"{LEARNED:.0%} at global batch {below} (--train-all trains it)", flush=True)
             continue
-        if not fits(args, job, len(todo) - i + 1, rows, time.time() - started, first=ran == 0):
+        data, sizes = job_data(args, job, work)
+        run_dir = work / "runs" / job.name
+        step = earlier_tries(run_dir, command(args, job, data, sizes[0], run_dir))[1]
+        if not fits(args, job, len(todo) - i + 1, rows, time.time() - started, first=ran == 0, done=step / job.steps):
             break
         ran += 1
-        data, sizes = job_data(args, job, work)
         row = run_one(args, job, data, sizes, work, context)
         append_line(results, row)
         rows.append(row)
@@ -218,15 +269,17 @@ def write_plan(out: Path, planned: list[dict[str, Any]]) -> None:
     (out / "plan.json").write_text(json.dumps(planned, indent=1) + "\n", encoding="utf-8")
 
 
-def fits(args: argparse.Namespace, job: Job, left: int, rows: list[dict[str, Any]], spent: float, first: bool) -> bool:
-    """Whether ``job`` ends within ``--max-minutes`` of the run's start (at its model's rate, measured by the
-    folder's finished jobs where it has them, plus 10%); if not, one line says where the run stops and how it goes
-    on. A limit too short for the run's first job is a user error: the run would do nothing."""
+def fits(args: argparse.Namespace, job: Job, left: int, rows: list[dict[str, Any]], spent: float, first: bool,
+         done: float = 0.0) -> bool:
+    """Whether ``job``, of which an interrupted try trained the fraction ``done``, ends within ``--max-minutes`` of
+    the run's start (at its model's rate, measured by the folder's finished jobs where it has them, plus 10%); if
+    not, one line says where the run stops and how it goes on. A limit too short for the run's first job is a user
+    error: the run would do nothing."""
     from scale_ocr.errors import UserError
 
     if args.max_minutes is None:
         return True
-    need, remain = estimate([job], rows)[0] * 1.1 / 60, args.max_minutes - spent / 60
+    need, remain = estimate([job], rows)[0] * (1 - done) * 1.1 / 60, args.max_minutes - spent / 60
     if need <= remain:
         return True
     if first:

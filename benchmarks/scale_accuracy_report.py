@@ -217,7 +217,7 @@ def group_lines(jobs: dict[tuple, dict[str, Any]], s: dict[str, Any], default_ru
             status = _pct(b["final"][rule]) if row["status"] == "ok" else f"**{row['status']}**"
             lines.append(f"| {g} | {row['world_size']} x {row['micro_batch']} x {row['grad_accum']} | {label} | "
                          f"{lr} | " + " | ".join(to) + f" | {status} | {b['best_rule'] or '-'} | "
-                         f"{row['wall_seconds']:.0f} s |")
+                         f"{_wall(row)} |")
     if s["not_trained"]:
         batches = sorted(s["not_trained"], key=int)
         lines += ["", f"Not trained: global batch {', '.join(batches)}. Every rule ended under {LEARNED * 100:.0f}% at "
@@ -240,6 +240,12 @@ def group_lines(jobs: dict[tuple, dict[str, Any]], s: dict[str, Any], default_ru
     return [*lines, "", verdict, ""]
 
 
+def _wall(row: dict[str, Any]) -> str:
+    """A job's training seconds, and the steps an interrupted try's checkpoint was continued from."""
+    resumed = row.get("resumed_at") or []
+    return f"{row['wall_seconds']:.0f} s" + (f" (resumed at step {', '.join(map(str, resumed))})" if resumed else "")
+
+
 def detection_lines(jobs: dict[tuple, dict[str, Any]], summary: dict[str, Any]) -> list[str]:
     if not summary["detection"]:
         return []
@@ -251,7 +257,7 @@ def detection_lines(jobs: dict[tuple, dict[str, Any]], summary: dict[str, Any]) 
         recall = _pct(d["final_recall"]) if row["status"] == "ok" else f"**{row['status']}**: {row['error']}"
         lines.append(f"| {d['model']} | {row['samples']:,} ({row['train_size']} synthetic, {row['val_size']} held out) "
                      f"| {d['global_batch']} | {row['world_size']} x {row['micro_batch']} x {row['grad_accum']} | {lr} | "
-                     f"{recall} | {row['wall_seconds']:.0f} s |")
+                     f"{recall} | {_wall(row)} |")
     skipped = summary["detection_not_trained"]
     if skipped:
         lines += ["", f"Not trained: global batch {', '.join(sorted(skipped, key=int))}. Recall ended under "

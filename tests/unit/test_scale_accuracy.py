@@ -1,9 +1,12 @@
 """The scale-accuracy benchmark's maths and plan, on made-up results rows (no training): samples to a threshold,
-the best rule per batch, how far the default rule keeps accuracy, the report, and what a resumed run skips."""
+the best rule per batch, how far the default rule keeps accuracy, the report, what a resumed run skips, and how
+it continues a job it was interrupted in."""
 
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import pytest
 
@@ -182,3 +185,45 @@ def test_batches_above_one_where_no_rule_learned_are_not_trained(tmp_path, monke
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["not_trained"] == [f"{sap.CRNN}-synthetic-g128-none", f"{sap.CRNN}-synthetic-g128-sqrt"]
     assert summary["recognition"][0]["default_holds_up_to"] == 32  # the verdict stands on what was trained
+
+
+def test_an_interrupted_job_continues_from_its_checkpoint_and_counts_the_time_its_curve_kept(tmp_path, monkeypatch):
+    """A session's end kills a job: run again, it continues from the checkpoint its try left (same train.py
+    arguments), its curve's seconds leave out the time between tries, and the row says where it resumed; a
+    finished try's folder, or one of other arguments, starts afresh."""
+    args = sa.parse(["--models", sap.CRNN, "--batches", "32", "--rules", "none", "--det-batches", "",
+                     "--out", str(tmp_path)])
+    job, work = sap.plan(args)[0], tmp_path / "work"
+    run_dir = work / "runs" / job.name
+    argv = sa.command(args, job, ["--train-path", "x"], 1000, run_dir)
+    (run_dir / "checkpoints" / "step_00000005").mkdir(parents=True)
+    (run_dir / "checkpoints" / "latest").write_text("step_00000005")
+    (run_dir / "checkpoints" / "step_00000005" / "trainer.json").write_text('{"step": 5}')
+    train_argv = argv[argv.index(str(sa.TRAIN)) + 1:]
+    (run_dir / "config.json").write_text(json.dumps({"argv": train_argv}))
+    os.utime(run_dir / "config.json", (1000.0, 1000.0))  # a folder from before tries.json: its one try began here
+    (run_dir / "metrics.jsonl").write_text('{"step": 2, "time": 1010.0, "val/exact_match": 0.25}\n'
+                                           '{"step": 4, "time": 1020.0, "train/loss": 1.0}\n')
+    assert sa.earlier_tries(run_dir, argv) == ([{"t0": 1000.0, "from_step": 0}], 5)
+    other = [*train_argv[:-2], "--seed", "1"]  # another job's arguments: not continued
+    assert sa.earlier_tries(run_dir, [*argv[:argv.index(str(sa.TRAIN)) + 1], *other]) == ([], 0)
+    assert sa.fits(args, job, 1, [], 0.0, first=True, done=0.5)
+
+    def resumed(cmd, threads, timeout, memory):
+        assert cmd[cmd.index("--resume") + 1] == "auto"
+        with (run_dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps({"step": job.steps, "time": time.time() + 3, "val/exact_match": 0.5}) + "\n")
+        return "ok", None, 50.0
+
+    monkeypatch.setattr(sa, "run_job", resumed)
+    context = {"threads": 1, "stamp": {}}
+    row = sa.run_one(args, job, ["--train-path", "x"], (1000, 10), work, context)
+    assert row["status"] == "ok" and row["resumed_at"] == [5] and row["wall_seconds"] == 20.0 + 50.0
+    assert [p["seconds"] for p in row["curve"]] == [10.0, pytest.approx(23.0, abs=1.0)]
+    assert "(resumed at step 5)" in rep._wall(row)
+    tries = json.loads((run_dir / sa.TRIES).read_text())
+    assert [t["from_step"] for t in tries] == [0, 5] and tries[-1]["ended"] == "ok"
+    assert sa.earlier_tries(run_dir, argv) == ([], 0)  # a finished try is not continued: a new one starts afresh
+    monkeypatch.setattr(sa, "run_job", lambda cmd, *a: ("failed", "exit 1", 1.0))
+    row = sa.run_one(args, job, ["--train-path", "x"], (1000, 10), work, context)
+    assert row["resumed_at"] == [] and not (run_dir / "checkpoints").exists() and row["curve"] == []
