@@ -15,7 +15,7 @@ samples. At a model's reference batch every rule gives the same rate, so
 that batch is trained once. Detection (db_mobilenet_v3_large on synthetic pages) trains at two global batches
 under the default rule, recall measured the same way. Each finished job is one line of ``results.jsonl``: an
 interrupted benchmark, run again with the same flags, starts with the first job that has no ``ok`` line and
-continues it from the last checkpoint its interrupted try left (``train.py`` saves one every 10 minutes). Jobs run
+continues it from the last checkpoint its interrupted try left (a job saves one at each validation). Jobs run
 group by group, the cheapest group first, and ``--max-minutes`` starts no job that would end past the limit (a
 record longer than one session or one scheduler allocation runs in parts; ``plan.json`` lists every planned job,
 and the report says which have no result yet). A batch above one at which every rule ended under 10% is not
@@ -76,7 +76,7 @@ from benchmarks.scale_accuracy_report import (
     unlearned_below,
 )
 
-TRIES = "tries.json"  # in a job's run folder: each try of it, for the next to continue an interrupted one
+TRIES = ".tries.json"  # beside a job's run folder (train.py takes only an empty or its own): each try of the job
 
 
 def recognition_folders(args: argparse.Namespace, name: str, work: Path, chars: str) -> tuple[Path, Path]:
@@ -117,11 +117,13 @@ def count(folder: Path) -> int:
 def command(args: argparse.Namespace, job: Job, data: list[str], train_size: int, run_dir: Path) -> list[str]:
     """``train.py``'s launch command for ``job``: its defaults but for the batch, the rule and the budget; the run
     stops at ``job.steps`` (an epoch more than it needs, as the loader may round an epoch down) and validates every
-    ``job.eval_every`` steps and at the end. ``--resume auto`` continues a try that :func:`earlier_tries` kept."""
+    ``job.eval_every`` steps and at the end, and saves a checkpoint with each validation, which ``--resume auto``
+    continues when a try is interrupted (:func:`earlier_tries`)."""
     steps_per_epoch = max(1, train_size // job.global_batch)
     cli = [job.model, "--strategy", "ddp", *data, "-b", str(job.micro_batch), "--grad-accum", str(job.grad_accum),
            "--lr-scaling", job.rule, "--epochs", str(math.ceil(job.steps / steps_per_epoch) + 1), "--max-steps",
-           str(job.steps), "--eval-every", str(job.eval_every), "--seed", str(args.seed), "--no-save-model",
+           str(job.steps), "--eval-every", str(job.eval_every), "--save-every", str(job.eval_every), "--seed",
+           str(args.seed), "--no-save-model",
            "--workers", str(args.workers), "--resume", "auto", "--output-dir", str(run_dir), "--run-name", job.name,
            "--wandb-mode", args.wandb_mode]
     return launch_command("torchrun", job.world_size, TRAIN, cli)
@@ -159,7 +161,7 @@ def earlier_tries(run_dir: Path, cmd: list[str]) -> tuple[list[dict[str, float]]
         argv = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))["argv"]
         latest_dir = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text(encoding="utf-8").strip()
         step = int(json.loads((latest_dir / "trainer.json").read_text(encoding="utf-8"))["step"])
-        tries = (json.loads((run_dir / TRIES).read_text(encoding="utf-8")) if (run_dir / TRIES).is_file()
+        tries = (json.loads(tries_file(run_dir).read_text(encoding="utf-8")) if tries_file(run_dir).is_file()
                  else [{"t0": (run_dir / "config.json").stat().st_mtime, "from_step": 0}])
     except (OSError, ValueError, KeyError, TypeError):
         argv, step, tries = None, 0, []
@@ -172,10 +174,15 @@ def _but_resume(argv: list[str]) -> list[str]:
     return argv[:i] + argv[i + 2:]
 
 
+def tries_file(run_dir: Path) -> Path:
+    """``RUNS/NAME.tries.json`` for the run folder ``RUNS/NAME``."""
+    return run_dir.with_name(run_dir.name + TRIES)
+
+
 def _write_tries(run_dir: Path, tries: list[dict[str, Any]]) -> None:
     from scale_ocr.run.safe_files import write_atomic
 
-    write_atomic(run_dir / TRIES, json.dumps(tries) + "\n", what="the job's tries", kept="the run's own files")
+    write_atomic(tries_file(run_dir), json.dumps(tries) + "\n", what="the job's tries", kept="the run's own files")
 
 
 def lr_plan(run_dir: Path) -> dict[str, Any]:

@@ -271,13 +271,8 @@ class Trainer:
             self.clock.end_step()  # saves and validation below are not step time
             if self.profiler is not None:
                 self.profiler.after_step(self.state.step)
-            # Never checkpoint in the middle of a non-finite streak: the last good checkpoint must stay the newest.
-            if (self.checkpoints is not None and self.state.bad_steps == 0
-                    and (agreed.save or agreed.stop or self.checkpoints.due(self.state.step))):
-                t0 = self._now()
-                self.save_checkpoint()
-                window.start += self._now() - t0  # checkpoint I/O is not step time
-            if agreed.stop:
+            if agreed.stop:  # preempted: save at once (a validation could outlast the grace period), then end
+                self._checkpoint(window)
                 self._preempted()
             if (self.cfg.eval and self.cfg.eval_every and self.state.step % self.cfg.eval_every == 0
                     and self.state.epoch_step < self.steps_per_epoch and self.state.step < self.total_steps):
@@ -285,7 +280,18 @@ class Trainer:
                 t0 = self._now()
                 self.validate()
                 window.start += self._now() - t0
+            # After the step's validation, so a checkpoint holds its record and best (a resumed run does not
+            # validate that step again: its curve would lose the point).
+            if agreed.save or (self.checkpoints is not None and self.checkpoints.due(self.state.step)):
+                self._checkpoint(window)
             self._start_timing()
+
+    def _checkpoint(self, window: Window) -> None:
+        """A checkpoint of this step, unless in a non-finite streak (the last good checkpoint stays the newest)."""
+        if self.checkpoints is not None and self.state.bad_steps == 0:
+            t0 = self._now()
+            self.save_checkpoint()
+            window.start += self._now() - t0  # checkpoint I/O is not step time
 
     @staticmethod
     def _norm_finite(stats) -> bool:

@@ -221,7 +221,7 @@ def test_an_interrupted_job_continues_from_its_checkpoint_and_counts_the_time_it
     assert row["status"] == "ok" and row["resumed_at"] == [5] and row["wall_seconds"] == 20.0 + 50.0
     assert [p["seconds"] for p in row["curve"]] == [10.0, pytest.approx(23.0, abs=1.0)]
     assert "(resumed at step 5)" in rep._wall(row)
-    tries = json.loads((run_dir / sa.TRIES).read_text())
+    tries = json.loads(sa.tries_file(run_dir).read_text())
     assert [t["from_step"] for t in tries] == [0, 5] and tries[-1]["ended"] == "ok"
     assert sa.earlier_tries(run_dir, argv) == ([], 0)  # a finished try is not continued: a new one starts afresh
     monkeypatch.setattr(sa, "run_job", lambda cmd, *a: ("failed", "exit 1", 1.0))
