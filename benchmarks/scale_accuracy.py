@@ -138,15 +138,14 @@ def read_curve(run_dir: Path, metric: str, global_batch: int,
     path = run_dir / "metrics.jsonl"
     records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
     starts = [t["t0"] for t in tries]
+    owner = [max(0, bisect.bisect_right(starts, r["time"]) - 1) for r in records]  # each record's try
     ends = list(starts)  # each try's last kept record, or its start when it kept none
-    for r in records:
-        i = max(0, bisect.bisect_right(starts, r["time"]) - 1)
+    for r, i in zip(records, owner, strict=True):
         ends[i] = max(ends[i], r["time"])
     before = list(itertools.accumulate((e - s for s, e in zip(starts, ends, strict=True)), initial=0.0))
     points = []
-    for r in records:
+    for r, i in zip(records, owner, strict=True):
         if f"val/{metric}" in r:
-            i = max(0, bisect.bisect_right(starts, r["time"]) - 1)
             points.append({"step": r["step"], "samples": r["step"] * global_batch,
                            "seconds": round(before[i] + r["time"] - starts[i], 1), "value": r[f"val/{metric}"]})
     return points, before[len(tries) - 1]
@@ -157,10 +156,12 @@ def earlier_tries(run_dir: Path, cmd: list[str]) -> tuple[list[dict[str, float]]
     and the step of the checkpoint the next continues from: ``([{t0, from_step}, ...], step)`` when the folder
     holds a checkpoint of the same ``train.py`` arguments (``--resume``'s aside) that no finished try left; else
     ``([], 0)``. A folder from before ``tries.json`` has one try, begun when its ``config.json`` was written."""
+    from scale_ocr.checkpoint.manager import latest_checkpoint
+
     try:
         argv = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))["argv"]
-        latest_dir = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text(encoding="utf-8").strip()
-        step = int(json.loads((latest_dir / "trainer.json").read_text(encoding="utf-8"))["step"])
+        ckpt = latest_checkpoint(run_dir / "checkpoints")
+        step = int(json.loads((ckpt / "trainer.json").read_text(encoding="utf-8"))["step"]) if ckpt else 0
         tries = (json.loads(tries_file(run_dir).read_text(encoding="utf-8")) if tries_file(run_dir).is_file()
                  else [{"t0": (run_dir / "config.json").stat().st_mtime, "from_step": 0}])
     except (OSError, ValueError, KeyError, TypeError):

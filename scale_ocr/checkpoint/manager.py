@@ -33,6 +33,15 @@ from scale_ocr.run.safe_files import DiskFault, disk_fault, pending, remove_tree
 from scale_ocr.strategies import Strategy
 
 
+def latest_checkpoint(checkpoints: Path) -> Path | None:
+    """The complete checkpoint (its ``trainer.json`` written) that ``checkpoints/latest`` names; None before one."""
+    latest = checkpoints / "latest"
+    if not latest.is_file():
+        return None
+    path = checkpoints / latest.read_text(encoding="utf-8").strip()
+    return path if (path / "trainer.json").is_file() else None
+
+
 def rng_state() -> dict[str, Any]:
     """Every RNG this process draws from, as tensors and plain numbers (loadable with weights_only)."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
@@ -157,11 +166,8 @@ class CheckpointManager:
 
     def latest_name(self) -> str | None:
         """``checkpoints/step_N`` of this run's newest complete checkpoint, None before the first."""
-        latest = self.dir / "latest"
-        if not latest.is_file():
-            return None
-        name = latest.read_text(encoding="utf-8").strip()
-        return f"{self.dir.name}/{name}" if (self.dir / name / "trainer.json").is_file() else None
+        path = latest_checkpoint(self.dir)
+        return f"{self.dir.name}/{path.name}" if path is not None else None
 
     def clean_partial(self) -> list[str]:
         """Remove ``step_N.tmp`` folders that an interrupted save left (rank 0, holding the run lock)."""
