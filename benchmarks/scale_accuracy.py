@@ -156,7 +156,7 @@ def earlier_tries(run_dir: Path, cmd: list[str]) -> tuple[list[dict[str, float]]
     and the step of the checkpoint the next continues from: ``([{t0, from_step}, ...], step)`` when the folder
     holds a checkpoint of the same ``train.py`` arguments (``--resume``'s aside) that no finished try left; else
     ``([], 0)``. A folder from before ``tries.json`` has one try, begun when its ``config.json`` was written."""
-    from scale_ocr.checkpoint.manager import latest_checkpoint
+    from scale_ocr.checkpoint.pointer import latest_checkpoint
 
     try:
         argv = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))["argv"]

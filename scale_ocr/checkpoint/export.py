@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from scale_ocr.checkpoint.identity import build_checked, dcp_model_elements, safetensors_elements, tensors_elements
+from scale_ocr.checkpoint.pointer import checkpoint_folder
 from scale_ocr.config import MODEL_SIZE_FIELDS
 from scale_ocr.errors import UserError
 from scale_ocr.tasks import Task
@@ -37,14 +38,6 @@ class LoadedModel:
         return self.task.arch
 
 
-def _checkpoint_dir(path: Path) -> Path:
-    for candidate in (path, path / "checkpoints"):
-        latest = candidate / "latest"
-        if latest.is_file():
-            return candidate / latest.read_text().strip()
-    return path
-
-
 def load_checkpoint_model(path: Path) -> LoadedModel:
     """The model of a checkpoint folder (``step_N``, a ``checkpoints`` folder or a run directory)."""
     from torch.distributed.checkpoint.api import CheckpointException
@@ -52,7 +45,7 @@ def load_checkpoint_model(path: Path) -> LoadedModel:
     from scale_ocr.checkpoint import safe_dcp
     from scale_ocr.checkpoint.manifest import verify_manifest
 
-    ckpt = _checkpoint_dir(path)
+    ckpt = checkpoint_folder(path)
     meta_file = ckpt / "trainer.json"
     if not meta_file.is_file() or not (ckpt / ".metadata").is_file():
         raise UserError(f"{path} holds no complete checkpoint (trainer.json and .metadata expected)")

@@ -26,20 +26,12 @@ import torch
 import torch.distributed as tdist
 
 from scale_ocr.checkpoint.manifest import verify_manifest, write_manifest
+from scale_ocr.checkpoint.pointer import POINTER, checkpoint_folder, latest_checkpoint, step_name
 from scale_ocr.config import CheckpointConfig
 from scale_ocr.dist.distributed import DistInfo
 from scale_ocr.errors import UserError
 from scale_ocr.run.safe_files import DiskFault, disk_fault, pending, remove_tree, take_pending, tree_bytes, write_atomic
 from scale_ocr.strategies import Strategy
-
-
-def latest_checkpoint(checkpoints: Path) -> Path | None:
-    """The complete checkpoint (its ``trainer.json`` written) that ``checkpoints/latest`` names; None before one."""
-    latest = checkpoints / "latest"
-    if not latest.is_file():
-        return None
-    path = checkpoints / latest.read_text(encoding="utf-8").strip()
-    return path if (path / "trainer.json").is_file() else None
 
 
 def rng_state() -> dict[str, Any]:
@@ -93,8 +85,8 @@ class CheckpointManager:
                 removed and ``latest`` still names the previous checkpoint.
         """
         step = trainer_state["step"]
-        final = self.dir / f"step_{step:08d}"
-        tmp = self.dir / f"step_{step:08d}.tmp"
+        final = self.dir / step_name(step)
+        tmp = self.dir / f"{step_name(step)}.tmp"
         previous = self.latest_name()
         kept = (f"the partial checkpoint was removed and {previous}, the newest complete one, is kept" if previous
                 else "the partial checkpoint was removed (no earlier checkpoint exists)")
@@ -130,7 +122,7 @@ class CheckpointManager:
         remove_tree(final)
         tmp.replace(final)
         try:
-            write_atomic(self.dir / "latest", final.name + "\n", what="checkpoint pointer", kept="")
+            write_atomic(self.dir / POINTER, final.name + "\n", what="checkpoint pointer", kept="")
         except BaseException:
             remove_tree(final)  # complete but never `latest`: removed like a partial one
             raise
@@ -186,11 +178,7 @@ class CheckpointManager:
         if spec == "auto":
             name = self.latest_name()
             return self.dir.parent / name if name else None
-        path = Path(spec)
-        if (path / "checkpoints" / "latest").is_file():  # a run directory
-            path = path / "checkpoints" / (path / "checkpoints" / "latest").read_text().strip()
-        elif (path / "latest").is_file():  # a checkpoints directory
-            path = path / (path / "latest").read_text().strip()
+        path = checkpoint_folder(Path(spec))  # a run directory's or a checkpoints directory's newest, or step_N
         if not (path / "trainer.json").is_file() or not (path / ".metadata").is_file():
             raise UserError(f"--resume {spec}: no complete checkpoint there (trainer.json and .metadata expected); "
                             "pass a checkpoints/step_N folder, a run directory, or `auto`")

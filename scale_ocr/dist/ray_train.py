@@ -198,15 +198,17 @@ def continue_own_run(argv: list[str], started: float | None) -> list[str]:
     """
     from scale_ocr.cli.args import parse_config
 
+    from scale_ocr.checkpoint.pointer import POINTER, pointed_checkpoint
+
     cfg = parse_config(argv)
-    latest = Path(cfg.output.output_dir) / "checkpoints" / "latest"
-    if started is None or cfg.checkpoint.resume == "auto" or not latest.is_file():
+    checkpoints = Path(cfg.output.output_dir) / "checkpoints"
+    if started is None or cfg.checkpoint.resume == "auto" or not (checkpoints / POINTER).is_file():
         return argv
-    if latest.stat().st_mtime < started:
+    if (checkpoints / POINTER).stat().st_mtime < started:
         return argv
     if os.environ.get("RANK", "0") == "0":
         print(f"scale-ocr: Ray Train restarted the workers: continuing from this job's own "
-              f"{printable(str(latest.parent / latest.read_text().strip()), 400)}, not --resume "
+              f"{printable(str(pointed_checkpoint(checkpoints)), 400)}, not --resume "
               f"{printable(cfg.checkpoint.resume, 200)}", flush=True)
     return [*argv, "--resume", "auto"]
 

@@ -96,6 +96,20 @@ def test_crafted_metadata_does_not_run_on_export_or_predict(run_dir, tmp_path, c
     assert "refers to `posix.system`" in line and STEP in line
 
 
+@pytest.mark.parametrize("command", ["resume", "export"])
+def test_a_pointer_naming_a_folder_outside_the_run_is_refused(run_dir, tmp_path, capsys, command):
+    """``checkpoints/latest`` edited to lead out of the run (to a loadable checkpoint elsewhere) is not followed."""
+    shutil.copytree(run_dir / "checkpoints" / STEP, tmp_path / "elsewhere" / STEP)
+    (run_dir / "checkpoints" / "latest").write_text(f"../../elsewhere/{STEP}\n")
+    if command == "resume":
+        line = _resume(run_dir, capsys)
+    else:
+        out = tmp_path / "out.safetensors"
+        line = _one_error_line(cli_main(["export", str(run_dir), str(out)]), capsys.readouterr().err)
+        assert not out.exists()
+    assert "not a step_N folder beside it" in line and "elsewhere" in line
+
+
 def test_run_weights_file_predicts_and_a_crafted_one_does_not_run(run_dir, tmp_path, capsys):
     """A run's last_model.pt is a model for predict/export (identity from config.json), read with weights_only."""
     from PIL import Image
