@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import resource
 import sys
 import time
 from dataclasses import dataclass, field
@@ -24,28 +23,21 @@ from scale_ocr.config import TrainConfig
 from scale_ocr.data.loader import Data
 from scale_ocr.dist.distributed import all_reduce_max, all_reduce_sum
 from scale_ocr.errors import RunStopped, UserError
-from scale_ocr.memory.meter import ActivationProbe, peak_breakdown
+from scale_ocr.memory.meter import ActivationProbe
 from scale_ocr.optim import LRSchedule
 from scale_ocr.precision import autocast_factory, emulates_gemm, gemm_factory
-from scale_ocr.run.breakdown import StepClock, memory_breakdown, time_breakdown
+from scale_ocr.run.breakdown import StepClock
 from scale_ocr.run.control import EXIT_PREEMPTED, StepControl, StopSignal, WeightCheck
 from scale_ocr.run.mfu import Utilization
 from scale_ocr.run.profiling import StepProfiler
 from scale_ocr.run.safe_files import DiskFault, defer, pending, take_pending, write_atomic
+from scale_ocr.run.summary import peak_memory_bytes, run_summary
 from scale_ocr.run.watchdog import Watchdog
 from scale_ocr.strategies import Strategy
 from scale_ocr.tasks import Task
 from scale_ocr.tasks.base import EvalResult
 
-DATA_SHARE_NOTE = 0.1  # a run that waited this share of its training time on the loader says how to avoid it
 EXIT_DIVERGED = 4  # --max-bad-steps consecutive non-finite steps
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """This process's peak memory: CUDA max allocated on GPU, peak resident set size on CPU."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
 def plan_steps(steps_per_epoch: int, epochs: int, max_steps: int | None) -> int:
@@ -178,7 +170,7 @@ class Trainer:
         if (self.checkpoints is not None and (self.checkpoints.cfg.save_every or self.last_saved >= 0)
                 and self.last_saved != self.state.step and self.weights.fine("the final checkpoint", self.strategy.is_main)):
             self.save_checkpoint()
-        return self.finish(time.perf_counter() - start)
+        return run_summary(self, time.perf_counter() - start)
 
     def trainer_state(self) -> dict[str, Any]:
         """Everything besides model and optimizer that a resumed run needs to continue exactly."""
@@ -427,61 +419,6 @@ class Trainer:
         (every rank raises it; rank 0 prints it)."""
         if agreed:
             raise take_pending() or DiskFault("rank 0 could not write to the run directory (its line says why)")
-
-    def finish(self, wall: float) -> dict[str, Any]:
-        peak = all_reduce_max(peak_memory_bytes(self.device), self.device)
-        losses = self.state.epoch_loss
-        local = float(torch.stack(losses).sum()) if losses else 0.0
-        timed = self.state.timed_seconds
-        share = self.state.timed_data_seconds / timed if timed > 0 else 0.0
-        loss_sum, n, share_sum = all_reduce_sum([local, len(losses), share], self.device)
-        sps = self.state.timed_steps * self.global_batch / timed if timed > 0 else float("nan")
-        data_share = share_sum / self.strategy.world_size if timed > 0 else None
-        if data_share is not None and data_share >= DATA_SHARE_NOTE and self.strategy.is_main:
-            print(f"scale-ocr: note: the ranks waited for data {data_share:.0%} of the timed training time; "
-                  f"{self.data.speedup_hint}", file=sys.stderr, flush=True)
-        ev = self.state.last_eval
-        return {
-            "world_size": self.strategy.world_size,
-            "global_batch": self.global_batch,
-            "steps": self.state.step,
-            "epochs": self.state.epoch,
-            "train_loss": loss_sum / n if n else None,  # None: nothing trained (resumed at the last step)
-            "val_loss": ev.get("val_loss"),
-            **{k: ev.get(k) for k in self.task.metric_names},
-            f"best_{self.task.metric_names[0]}": self.state.best[0] if self.state.best else None,
-            "samples_per_sec": sps,
-            **self.utilization.summary(sps),  # mfu, flops_per_sample, peak_flops (with its source)
-            "data_share": data_share,
-            "peak_memory_bytes": int(peak),
-            "peak_reserved_bytes": (int(all_reduce_max(torch.cuda.max_memory_reserved(self.device), self.device))
-                                    if self.device.type == "cuda" else None),
-            "state_bytes": self._state_bytes(),
-            "memory_breakdown": memory_breakdown(peak_breakdown(
-                self.device, self.strategy.memory_report(), self.strategy.meter and self.strategy.meter.process_at_peak,
-                self.activations.bytes), self.strategy.rank, self.device),
-            "comm_share": self._comm_share(),
-            "time_breakdown": time_breakdown(self.clock, self.profiler and self.profiler.comm,
-                                             timed / self.state.timed_steps if self.state.timed_steps else None,
-                                             self.device, self.strategy.world_size),
-            "nonfinite_steps": self.state.skipped_steps,
-            "wall_seconds": wall,
-        }
-
-    def _comm_share(self) -> float | None:
-        """Largest share over ranks of profiled time with a collective in flight (None unless profiled)."""
-        if self.profiler is None:
-            return None
-        share = all_reduce_max(self.profiler.share if self.profiler.share is not None else -1.0, self.device)
-        return share if share >= 0 else None
-
-    def _state_bytes(self) -> dict[str, int] | None:
-        """Model-state bytes by category, the largest over ranks (sharded engines split unevenly)."""
-        report = self.strategy.memory_report()
-        fields = ("params", "grads", "optimizer", "other", "host", "disk", "model_state")
-        local = report.as_dict() if report is not None else dict.fromkeys(fields, -1)
-        peak = {k: int(all_reduce_max(local[k], self.device)) for k in fields}  # same calls on every rank
-        return peak if peak["model_state"] >= 0 else None
 
 
 def _save(state: dict[str, Any], path: Path) -> None:
