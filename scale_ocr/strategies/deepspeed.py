@@ -162,8 +162,10 @@ class DeepSpeed(Strategy):
         zero_opt, base = self.engine.optimizer, self._base_optimizer()
         params = list(self.engine.module.parameters())
         masters = [p for g in base.param_groups for p in g["params"]]  # ZeRO-3: only the sub-group stepping
-        grads = [p.grad for p in params] + [p.grad for p in masters] + internals.grad_partitions(zero_opt)
         masters += internals.fp32_master_partitions(zero_opt)  # every master partition
+        # Their gradients too: an offloaded ZeRO-3 optimizer keeps one fp32 gradient buffer per sub-group, not only
+        # the stepping one's (the base optimizer's groups hold one sub-group at a time).
+        grads = [p.grad for p in params] + [p.grad for p in masters] + internals.grad_partitions(zero_opt)
         other = internals.attribute_tensors(zero_opt) if zero_opt is not base else []
         other += internals.reduce_bucket_buffers(zero_opt)  # reduce buckets, allocated up front
         # NVMe offload's pinned staging buffers (the parameter and the optimizer swapper's) are "other" whatever
