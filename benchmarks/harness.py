@@ -17,6 +17,7 @@ import os
 import platform
 import re
 import resource
+import shlex
 import socket
 import statistics
 import subprocess
@@ -336,8 +337,9 @@ def append_line(results: Path, line: dict[str, Any]) -> None:
 
 
 def write_command(out_dir: Path, module: str) -> None:
-    """``command.txt``: this process's command line as ``python -m benchmarks.MODULE ...``."""
-    (out_dir / "command.txt").write_text(" ".join([f"python -m benchmarks.{module}", *sys.argv[1:]]) + "\n")
+    """``command.txt``: this process's command line as ``python -m benchmarks.MODULE ...``, quoted so that it runs
+    again as it is (an argument with a space, an empty list such as ``--det-batches ""``)."""
+    (out_dir / "command.txt").write_text(shlex.join(["python", "-m", f"benchmarks.{module}", *sys.argv[1:]]) + "\n")
 
 
 def load(out_dir: Path, made_by: str = "benchmarks.scaling") -> list[dict[str, Any]]:

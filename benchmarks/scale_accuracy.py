@@ -33,9 +33,7 @@ import bisect
 import itertools
 import json
 import math
-import shlex
 import shutil
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -53,6 +51,7 @@ from benchmarks.harness import (
     run_main,
     versions,
     work_dir,
+    write_command,
 )
 from benchmarks.scale_accuracy_plan import (
     OTHER_RATE,
@@ -242,8 +241,7 @@ def run(args: argparse.Namespace) -> None:
     rows = load_rows(args.out)  # read once; each job's line joins it as it ends (the rates --max-minutes uses)
     todo = to_train(args, jobs, rows)
     print_estimate(args, jobs, todo, rows)
-    # The command as typed, quoted so it runs again as it is (an empty list, `--det-batches ""`, included).
-    (args.out / "command.txt").write_text(shlex.join(["python", "-m", "benchmarks.scale_accuracy", *sys.argv[1:]]) + "\n")
+    write_command(args.out, "scale_accuracy")
     hw = hardware()
     context = {"threads": max(1, (hw["cores"] or 1) // args.world_size),
                "stamp": {"versions": versions(), "hardware": hw}}

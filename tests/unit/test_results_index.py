@@ -65,3 +65,13 @@ def test_the_known_exceptions_are_said_in_the_index():
     text = INDEX.read_text(encoding="utf-8")
     for name in [*RENAMED, *NO_RECORDED_OUT]:
         assert f"`{name}`" in text, f"the index does not explain the exception {name}"
+
+
+def test_a_benchmarks_command_txt_runs_again_as_typed(tmp_path, monkeypatch):
+    """command.txt is the command quoted as a shell reads it: an argument with a space or an empty one survives."""
+    from benchmarks.harness import write_command
+
+    argv = ["--out", "results/a b", "--det-batches", "", "--strategies", "ddp,zero3"]
+    monkeypatch.setattr("sys.argv", ["benchmarks/scaling.py", *argv])
+    write_command(tmp_path, "scaling")
+    assert shlex.split((tmp_path / "command.txt").read_text()) == ["python", "-m", "benchmarks.scaling", *argv]
