@@ -176,8 +176,7 @@ class CheckpointManager:
         if spec in (None, "none"):
             return None
         if spec == "auto":
-            name = self.latest_name()
-            return self.dir.parent / name if name else None
+            return latest_checkpoint(self.dir)
         path = checkpoint_folder(Path(spec))  # a run directory's or a checkpoints directory's newest, or step_N
         if not (path / "trainer.json").is_file() or not (path / ".metadata").is_file():
             raise UserError(f"--resume {spec}: no complete checkpoint there (trainer.json and .metadata expected); "

@@ -196,15 +196,13 @@ def continue_own_run(argv: list[str], started: float | None) -> list[str]:
     A checkpoint of this job is one the run directory's ``checkpoints/latest`` names and that was written since
     the driver started; the run directory's lock keeps any other job from writing there meanwhile.
     """
-    from scale_ocr.cli.args import parse_config
-
     from scale_ocr.checkpoint.pointer import POINTER, pointed_checkpoint
+    from scale_ocr.cli.args import parse_config
 
     cfg = parse_config(argv)
     checkpoints = Path(cfg.output.output_dir) / "checkpoints"
-    if started is None or cfg.checkpoint.resume == "auto" or not (checkpoints / POINTER).is_file():
-        return argv
-    if (checkpoints / POINTER).stat().st_mtime < started:
+    pointer = checkpoints / POINTER
+    if started is None or cfg.checkpoint.resume == "auto" or not pointer.is_file() or pointer.stat().st_mtime < started:
         return argv
     if os.environ.get("RANK", "0") == "0":
         print(f"scale-ocr: Ray Train restarted the workers: continuing from this job's own "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from scale_ocr.checkpoint.pointer import POINTER
 from scale_ocr.errors import UserError
 from scale_ocr.run.safe_files import check_entry, clear_pending, disk_fault, open_own
 from scale_ocr.run.shared_dir import TOKEN_PREFIX, check_shared
@@ -50,8 +51,8 @@ def check_run_entries(run_dir: Path) -> None:
     ckpts = run_dir / "checkpoints"
     if ckpts.is_dir():
         for entry in sorted(ckpts.iterdir()):
-            if entry.name == "latest" or entry.name.startswith("step_"):
-                check_entry(entry, directory=entry.name != "latest")
+            if entry.name == POINTER or entry.name.startswith("step_"):
+                check_entry(entry, directory=entry.name != POINTER)
 
 
 class RunLock:
