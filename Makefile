@@ -73,7 +73,7 @@ real-pdfs:
 	done
 
 # A real 2-rank DDP training on synthetic words (CPU + gloo without GPUs) with the project's own recipe (the
-# CRNN's rate, OneCycle, sqrt rule at global batch 64), then a one-screen summary and runs/demo/curves.png.
+# CRNN's rate at its reference global batch, 64, and OneCycle), then a one-screen summary and runs/demo/curves.png.
 # Its length is the shortest measured to read 85% of held-out words on 2 cores (2026-12-03, quiet host):
 # 1280 steps of fresh words, 88.9% in 340 s; 1000 steps ended at 78.9%, and 1120 steps over 5 epochs of 14,336
 # words at 72.5% (repeated words teach less than fresh ones). 5 minutes does not reach 85% here.

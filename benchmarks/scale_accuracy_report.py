@@ -179,12 +179,11 @@ def summarize(jobs: dict[tuple, dict[str, Any]], default_rule: str, to_run: list
             "default_is_best_there": mine["is_best_there"],
             "as_default": {r: v for r, v in verdicts.items() if v["holds_up_to"] is not None}})
     out["detection_not_trained"] = {str(p["global_batch"]): p["below"] for p in skipped if p["kind"] == "detection"}
-    for group in groups(jobs, "detection"):
-        for g in sorted({k[3] for k in jobs if k[:3] == group}):
-            row = cell(jobs, group, g, default_rule)
-            out["detection"].append({"model": group[1], "set": group[2], "global_batch": g,
-                                     "final_recall": final(row), "status": row["status"] if row else None,
-                                     "samples": row["samples"] if row else None})
+    for group in groups(jobs, "detection"):  # every rule a job ran under, the default's first at each batch
+        for key in sorted((k for k in jobs if k[:3] == group), key=lambda k: (k[3], k[4] != default_rule, k[4])):
+            row = jobs[key]
+            out["detection"].append({"model": group[1], "set": group[2], "global_batch": key[3], "rule": key[4],
+                                     "final_recall": final(row), "status": row["status"], "samples": row["samples"]})
     return out
 
 
@@ -249,15 +248,16 @@ def _wall(row: dict[str, Any]) -> str:
 def detection_lines(jobs: dict[tuple, dict[str, Any]], summary: dict[str, Any]) -> list[str]:
     if not summary["detection"]:
         return []
-    lines = ["## Detection", "", "| model | pages | global batch | ranks x micro x accum | peak lr | final recall % | "
-             "wall |", "|---|---|---:|---|---:|---:|---:|"]
+    lines = ["## Detection", "", "| model | pages | global batch | ranks x micro x accum | rule | peak lr | final recall % "
+             "| wall |", "|---|---|---:|---|---|---:|---:|---:|"]
     for d in summary["detection"]:
-        row = jobs[("detection", d["model"], d["set"], d["global_batch"], summary["default_rule"])]
+        row = jobs[("detection", d["model"], d["set"], d["global_batch"], d["rule"])]
         lr = f"{row['peak_lr']:.2e}" if row.get("peak_lr") else "-"
         recall = _pct(d["final_recall"]) if row["status"] == "ok" else f"**{row['status']}**: {row['error']}"
+        rule = d["rule"] + (" (default)" if d["rule"] == summary["default_rule"] else "")
         lines.append(f"| {d['model']} | {row['samples']:,} ({row['train_size']} synthetic, {row['val_size']} held out) "
-                     f"| {d['global_batch']} | {row['world_size']} x {row['micro_batch']} x {row['grad_accum']} | {lr} | "
-                     f"{recall} | {_wall(row)} |")
+                     f"| {d['global_batch']} | {row['world_size']} x {row['micro_batch']} x {row['grad_accum']} | {rule} "
+                     f"| {lr} | {recall} | {_wall(row)} |")
     skipped = summary["detection_not_trained"]
     if skipped:
         lines += ["", f"Not trained: global batch {', '.join(sorted(skipped, key=int))}. Recall ended under "

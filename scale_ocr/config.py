@@ -236,11 +236,11 @@ DEFAULT_LR = 1e-3  # AdamW's peak rate for a model whose registry entry recommen
 # The global batch a model's recommended rate is stated at when its entry names none: docTR's recognition
 # training script's batch (references/recognition/train_pytorch.py, -b 64 with Adam(W) 1e-3).
 DEFAULT_REFERENCE_BATCH = 64
-# The rule that carries a model's rate from its reference batch to the run's global batch. Provisional, until
-# benchmarks.scale_accuracy measures it: the square root is the rule derived for Adam-style optimizers (Malladi et
-# al. 2022, "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms"; Hoffer et al. 2017), and keeps a
-# rate close to the one the convergence record validated (3e-3 at global batch 64); docs/lr-scaling.md.
-DEFAULT_LR_SCALING = "sqrt"
+# The rule that carries a model's rate from its reference batch to the run's global batch: none (the rate as it is),
+# as the scale-accuracy record chose it (benchmarks/results/scale-accuracy-vm-20261204): in every model-and-set
+# group with a verdict, none is the best rule at the largest batch where it keeps accuracy within a point of the
+# smallest batch's, which no other rule is; docs/lr-scaling.md says what the scaled rules do above the reference.
+DEFAULT_LR_SCALING = "none"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -248,8 +248,8 @@ class OptimConfig:
     optim: str = opt("adamw", "optimizer; lamb: timm's LAMB (You et al. 2020: Adam with a per-tensor trust ratio, "
                      "for large batches), under every strategy that hands it whole tensors", choices=OPTIMIZERS)
     lr: float | None = opt(None, "peak learning rate at this run's global batch, used as given (default: the model's "
-                           "recommended rate, `scale-ocr models --params` lists it with the batch it is stated at, "
-                           "scaled to this run's by --lr-scaling)")
+                           "recommended rate, which `scale-ocr models --params` lists with the batch it is stated at; "
+                           "--lr-scaling linear or sqrt carries it to this run's batch)")
     wd: float = opt(1e-2, "weight decay (not applied to biases and norm layers)", aliases=("--weight-decay",))
     sched: str | None = opt(
         None, "learning-rate schedule, stepped once per optimizer step; default: the task's: onecycle for word "
@@ -260,13 +260,12 @@ class OptimConfig:
                                    "the run for both, at most half of it; onecycle's 30% rise is its own warm-up)")
     clip_grad: float = opt(5.0, "clip the global gradient norm to this value; 0 disables clipping")
     lr_scaling: str | None = opt(
-        None, f"carry the rate from the batch it was tuned at to this run's global batch (ranks x -b x "
-        f"--grad-accum): linear (x G/R, Goyal et al.), sqrt (x sqrt(G/R), the Adam rule) or none; default: "
-        f"{DEFAULT_LR_SCALING} for the model's rate (stated at its reference batch R, `scale-ocr models --params`), "
-        f"none for a --lr you give (the rate at this run's batch) unless --lr-reference-batch says where it was tuned",
-        choices=LR_SCALINGS)
-    lr_reference_batch: int | None = opt(None, "the global batch --lr was tuned at: --lr is then scaled from it by "
-                                         f"--lr-scaling (default {DEFAULT_LR_SCALING})", metavar="R")
+        None, "carry the rate from the global batch R it is stated at (the model's reference batch, `scale-ocr "
+        "models --params`, or --lr-reference-batch) to this run's, G (ranks x -b x --grad-accum): linear (x G/R, "
+        f"Goyal et al.), sqrt (x sqrt(G/R), the Adam rule) or none (the rate as it is, at any batch); default: "
+        f"{DEFAULT_LR_SCALING}, the rule the scale-accuracy record chose (docs/lr-scaling.md)", choices=LR_SCALINGS)
+    lr_reference_batch: int | None = opt(None, "the global batch --lr was tuned at, from which --lr-scaling "
+                                         "linear or sqrt scales it to this run's", metavar="R")
     lr_on_resume: str = opt("keep", "a run resumed at another global batch with the same rate flags: keep the peak "
                             "rate of the run it continues, or rescale to this run's (a rate the flags changed, e.g. "
                             "another --lr, is always this run's)", choices=LR_ON_RESUME)

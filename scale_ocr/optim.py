@@ -141,9 +141,9 @@ class LRPlan:
         return self.base_lr * self.factor
 
     def describe(self) -> str:
-        """``lr 2.4e-3 = 1.2e-3 x 2 (linear: global batch 128 / reference 64)``, or the rate as given."""
+        """``lr 2.4e-3 = 1.2e-3 x 2 (linear: global batch 128 / reference 64)``, or the rate unscaled (rule none)."""
         if self.reference_batch is None:
-            return f"lr {rate(self.peak_lr)} as given (--lr-scaling none; global batch {self.global_batch})"
+            return f"lr {rate(self.peak_lr)} unscaled (--lr-scaling none; global batch {self.global_batch})"
         return (f"lr {rate(self.peak_lr)} = {rate(self.base_lr)} x {self.factor:.3g} ({self.rule}: global batch "
                 f"{self.global_batch} / reference {self.reference_batch})")
 

@@ -58,7 +58,7 @@ def _models(argv: list[str]) -> int:
                         "size; docTR's models run once on the CPU to be counted, a detector at 1024x1024 about 40 s on 2 cores, "
                         "then cached) and the "
                         "learning rate --lr defaults to, with the global batch it is stated at (--lr-scaling "
-                        "carries it to a run's)")
+                        "linear or sqrt carries it to a run's)")
     args = parser.parse_args(argv)
     import fnmatch
     import importlib.util

@@ -13,6 +13,7 @@ import pytest
 from benchmarks import scale_accuracy as sa
 from benchmarks import scale_accuracy_plan as sap
 from benchmarks import scale_accuracy_report as rep
+from scale_ocr.config import DEFAULT_LR_SCALING
 from scale_ocr.errors import UserError
 
 
@@ -48,13 +49,15 @@ def test_the_default_holds_up_to_the_last_batch_before_it_drops_a_point():
     assert rep.holds_up_to({32: None, 64: 0.9}) == (None, None)
 
 
-def test_report_and_summary_from_rows_alone(tmp_path):
+def test_report_and_summary_from_rows_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr("scale_ocr.config.DEFAULT_LR_SCALING", "sqrt")  # the report's arithmetic, whatever the default
     rows = [_row(32, r, [0.5, 0.8, 0.9, 0.90]) for r in ("none", "linear", "sqrt")]
     rows += [_row(64, "sqrt", [0.5, 0.8, 0.9, 0.91])]  # the reference batch: one job stands for every rule
     rows += [_row(128, "none", [0.4, 0.7, 0.8, 0.85]), _row(128, "linear", [0.6, 0.9, 0.9, 0.92]),
              _row(128, "sqrt", [0.5, 0.8, 0.9, 0.895])]
     rows += [_row(256, "sqrt", [0.1, 0.2, 0.3, 0.5], status="failed"), _row(256, "sqrt", [0.3, 0.5, 0.7, 0.8])]
     rows += [_row(b, "sqrt", [0.1, 0.3], model="db", data="synthetic-pages", ref=2, kind="detection") for b in (4, 32)]
+    rows += [_row(4, "none", [0.1, 0.4], model="db", data="synthetic-pages", ref=2, kind="detection")]  # another rule
     rows += [_row(b, "sqrt", [0.0, 0.05], model="vit") for b in (32, 64)]  # learned nothing: no verdict
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "command.txt").write_text("python -m benchmarks.scale_accuracy --preset test\n")
@@ -66,7 +69,9 @@ def test_report_and_summary_from_rows_alone(tmp_path):
     assert "| 64 | 2 x 32 x 1 | every rule (ran as sqrt) |" in report
     assert "| 64 | 2 x 32 x 1 | none" not in report and "| 64 | 2 x 32 x 1 | linear" not in report  # shown once
     assert "up to global batch **128**; there the best rule is linear (the default trails it)" in report
-    assert [d["final_recall"] for d in summary["detection"]] == [0.3, 0.3]
+    assert [(d["global_batch"], d["rule"], d["final_recall"]) for d in summary["detection"]] == [
+        (4, "sqrt", 0.3), (4, "none", 0.4), (32, "sqrt", 0.3)]  # every rule run, the default's first
+    assert "| 4 | 2 x 2 x 1 | sqrt (default) | 3.00e-03 | 30.0 |" in report and "| 4 | 2 x 2 x 1 | none | " in report
     assert s["wins_above_reference"] == {"linear": 1, "sqrt": 1}  # 128: linear; 256: sqrt alone finished
     assert "| crnn | synthetic words | 90.0 | 128 | linear | no | linear at 1 of 2, sqrt at 1 of 2 |" in report and "| vit | synthetic words | 5.0 | no " \
         "verdict | - | - |" in report
@@ -88,7 +93,7 @@ def test_plan_splits_batches_skips_shared_rules_and_finished_jobs(tmp_path):
     assert sap.split_batch(512, 2, 32) == (32, 8) and sap.split_batch(32, 2, 32) == (16, 1)
     jobs = sap.plan(args)
     crnn = [j for j in jobs if j.model == sap.CRNN and j.set == "synthetic"]
-    assert len(crnn) == 13 and [j.rule for j in crnn if j.global_batch == 64] == ["sqrt"]
+    assert len(crnn) == 13 and [j.rule for j in crnn if j.global_batch == 64] == [DEFAULT_LR_SCALING]
     assert {j.steps for j in crnn if j.global_batch == 512} == {192}
     assert {j.samples for j in jobs if j.set == "real"} == {196608}  # the real-looking set's own budget
     assert {j.samples for j in sap.plan(sa.parse(["--preset", "record", "--samples", "4096"])) if j.kind ==
@@ -133,7 +138,8 @@ def test_convergence_compares_the_recipes_after_the_same_steps_in_points():
     assert "defaults 50.0% vs bare 53.0%, -3.0 points: FAIL" in lines[2]
 
 
-def test_a_record_in_parts_stops_before_a_job_past_max_minutes_and_reports_what_is_left(tmp_path, capsys):
+def test_a_record_in_parts_stops_before_a_job_past_max_minutes_and_reports_what_is_left(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("scale_ocr.config.DEFAULT_LR_SCALING", "sqrt")  # the rule of the rows below
     args = sa.parse(["--preset", "record", "--out", str(tmp_path), "--max-minutes", "30"])
     crnn = next(j for j in sap.plan(args) if j.model == sap.CRNN)  # 98,304 samples at 236/s: about 7 min
     assert sa.fits(args, crnn, 5, [], spent=0.0, first=True)
