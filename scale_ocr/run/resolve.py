@@ -58,8 +58,9 @@ def resolve_rate(optim: OptimConfig, arch: str) -> OptimConfig:
         raise UserError(f"--lr-scaling {rule} with --lr {optim.lr:g}: say which global batch that rate was tuned at "
                         f"with --lr-reference-batch R (the model's rate is stated at {reference_batch(arch)}), or "
                         f"drop --lr-scaling to use --lr as given at this run's batch")
-    if ref is not None and (rule or DEFAULT_LR_SCALING) == "none":
+    scaled = rule or DEFAULT_LR_SCALING  # the rule a --lr-reference-batch scales by
+    if ref is not None and scaled == "none":
         said = "--lr-scaling none" if rule else f"the default --lr-scaling ({DEFAULT_LR_SCALING})"
         raise UserError(f"--lr-reference-batch {ref} with {said}: none uses --lr as given, so the reference batch "
                         f"would change nothing; add --lr-scaling linear or sqrt to scale --lr from it, or drop it")
-    return dataclasses.replace(optim, lr_scaling=(rule or DEFAULT_LR_SCALING) if ref is not None else "none")
+    return dataclasses.replace(optim, lr_scaling=scaled if ref is not None else "none")
