@@ -46,8 +46,8 @@ from benchmarks.harness import (
     versions,
     work_dir,
     write_command,
-    write_folder,
 )
+from benchmarks.word_sets import crops_folders, word_set
 
 ARCH = "crnn_mobilenet_v3_small"
 SETS = ("synthetic", "real", "crops")
@@ -60,32 +60,10 @@ BARE = ["--lr", "3e-3", "--sched", "onecycle"]  # the textbook recipe: no augmen
 
 
 def folders(args: argparse.Namespace, name: str, work: Path, chars: str) -> tuple[Path, Path]:
-    """The set's (train, val) folders, written once."""
-    from scale_ocr.data.loader import VAL_SEED_OFFSET
-
-    if name == "synthetic":  # the trainer's own synthetic words: seed 0, validation at its offset
-        return (write_folder(work / f"synthetic-train-{args.synthetic_train}", args.synthetic_train, chars, 0),
-                write_folder(work / f"synthetic-val-{args.synthetic_val}", args.synthetic_val, chars, VAL_SEED_OFFSET))
-    if name == "crops":
-        return crops_folders(args.real_crops)
-    from benchmarks import real_words
-
-    root = work / f"real-{args.real_train}-{args.real_val}"
-    return real_words.write(root / "train", args.real_train, 2026), real_words.write(root / "val", args.real_val, 2027)
-
-
-def crops_folders(path: Path | None) -> tuple[Path, Path]:
-    """``PATH/recognition/{train,val}`` of a ``scale-ocr make-dataset`` output (or ``PATH/{train,val}``)."""
-    from scale_ocr.errors import UserError
-
-    if path is None:
-        raise UserError("--sets crops needs --real-crops DIR: a `scale-ocr make-dataset` output folder")
-    root = path / "recognition" if (path / "recognition").is_dir() else path
-    for folder in (root / "train", root / "val"):
-        if not (folder / "labels.json").is_file():
-            raise UserError(f"--real-crops {path}: no {folder}/labels.json; give the folder `scale-ocr make-dataset "
-                            "--out` wrote (it holds recognition/train and recognition/val)")
-    return root / "train", root / "val"
+    """The set's (train, val) folders (:func:`benchmarks.word_sets.word_set`), written once."""
+    synthetic = name == "synthetic"
+    return word_set(name, work, chars, args.synthetic_train if synthetic else args.real_train,
+                    args.synthetic_val if synthetic else args.real_val, args.real_crops)
 
 
 def epochs_for(args: argparse.Namespace, name: str) -> int:

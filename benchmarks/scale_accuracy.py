@@ -74,43 +74,9 @@ from benchmarks.scale_accuracy_report import (
     load_rows,
     unlearned_below,
 )
+from benchmarks.word_sets import count, crops_folders, word_set
 
 TRIES = ".tries.json"  # beside a job's run folder (train.py takes only an empty or its own): each try of the job
-
-
-def recognition_folders(args: argparse.Namespace, name: str, work: Path, chars: str) -> tuple[Path, Path]:
-    """A word set's (train, val) docTR folders: the synthetic and real-looking sets written once under the
-    benchmark's scratch folder (the convergence benchmark's, at the same sizes), the crops as given."""
-    from benchmarks import real_words
-    from benchmarks.harness import write_folder
-    from scale_ocr.data.loader import VAL_SEED_OFFSET
-
-    if name == "synthetic":  # the trainer's own synthetic words: seed 0, validation at its offset
-        return (write_folder(work / f"synthetic-train-{args.synthetic_train}", args.synthetic_train, chars, 0),
-                write_folder(work / f"synthetic-val-{args.val}", args.val, chars, VAL_SEED_OFFSET))
-    if name == "real":
-        root = work / f"real-{args.real_train}-{args.val}"
-        return real_words.write(root / "train", args.real_train, 2026), real_words.write(root / "val", args.val, 2027)
-    return crops_folders(args.real_crops)
-
-
-def crops_folders(path: Path | None) -> tuple[Path, Path]:
-    """``PATH/recognition/{train,val}`` of a ``scale-ocr make-dataset`` output (or ``PATH/{train,val}``)."""
-    from scale_ocr.errors import UserError
-
-    if path is None:
-        raise UserError("--sets crops needs --real-crops DIR: a `scale-ocr make-dataset` output folder")
-    root = path / "recognition" if (path / "recognition").is_dir() else path
-    train, val = root / "train", root / "val"
-    for folder in (train, val):
-        if not (folder / "labels.json").is_file():
-            raise UserError(f"--real-crops {path}: no {folder}/labels.json; give the folder `scale-ocr make-dataset "
-                            "--out` wrote (it holds recognition/train and recognition/val)")
-    return train, val
-
-
-def count(folder: Path) -> int:
-    return len(json.loads((folder / "labels.json").read_text(encoding="utf-8")))
 
 
 def command(args: argparse.Namespace, job: Job, data: list[str], train_size: int, run_dir: Path) -> list[str]:
@@ -228,7 +194,8 @@ def job_data(args: argparse.Namespace, job: Job, work: Path) -> tuple[list[str],
     from scale_ocr.tasks import create_task
 
     chars = create_task(ModelConfig(arch=job.model)).vocab.chars
-    train, val = recognition_folders(args, job.set, work / f"vocab-{len(chars)}", chars)
+    train_size = args.synthetic_train if job.set == "synthetic" else args.real_train
+    train, val = word_set(job.set, work / f"vocab-{len(chars)}", chars, train_size, args.val, args.real_crops)
     return ["--train-path", str(train), "--val-path", str(val)], (count(train), count(val))
 
 
@@ -322,7 +289,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         f"under {LEARNED * 100:.0f}%% (by default not trained: a larger batch takes fewer steps to the same samples)")
     p.add_argument("--supersede", action="store_true",
                    help="train again the jobs --out holds lines of trained with other settings (a changed budget); "
-                        "the report reads each job's last line")
+                        "once a job's new line is in, the same command resumes without it")
     lists = {"models": "recognizers", "sets": f"of {', '.join(SETS)}", "batches": "global batches",
              "rules": f"of {', '.join(RULES)}", "det_batches": "detection's global batches (pages)"}
     for name, what in lists.items():

@@ -138,30 +138,30 @@ def to_train(args: argparse.Namespace, jobs: list[Job], rows: list[dict[str, Any
 
 
 def finished(jobs: list[Job], rows: list[dict[str, Any]], supersede: bool = False) -> set[tuple]:
-    """The keys of ``jobs`` that ``rows`` holds an ``ok`` line of. At a model's reference batch every rule gives the
-    same rate, so a line there ran under any rule stands for the planned job (a default rule changed between two
-    sessions of one record does not train it again). A line of the same job trained otherwise (another budget, split
-    of the batch or evaluation interval) is refused, as a resumed folder holds one experiment, unless ``supersede``:
-    then the job trains again and its new line, the last of its key, is the one the report reads."""
+    """The keys of ``jobs`` whose last ``ok`` line in ``rows`` trained them as planned. At a model's reference batch
+    every rule gives the same rate, so a line there ran under any rule stands for the planned job (a default rule
+    changed between two sessions of one record does not train it again). A job whose last line was trained otherwise
+    (another budget, split of the batch or evaluation interval) is refused, as a resumed folder holds one
+    experiment, unless ``supersede``: then the job trains again, and once its new line is in, the same command
+    resumes without it (the report reads each job's last line)."""
     from scale_ocr.errors import UserError
 
     planned = {j.key: asdict(j) for j in jobs}
     shared = {k[:4]: k for k, j in planned.items() if j["global_batch"] == j["reference_batch"]}
-    done = set()
+    last = {}
     for r in rows:
         key = key_of(r)
         if key not in planned and r["global_batch"] == r["reference_batch"]:
             key = shared.get(key[:4], key)
-        job = planned.get(key)
-        if job is None or r["status"] != "ok":
-            continue
-        differ = [f for f in ("samples", "world_size", "micro_batch", "grad_accum", "eval_every") if r[f] != job[f]]
+        if key in planned and r["status"] == "ok":
+            last[key] = r
+    done = set()
+    for key, r in last.items():
+        differ = [f for f in ("samples", "world_size", "micro_batch", "grad_accum", "eval_every") if r[f] != planned[key][f]]
         if differ and not supersede:
             raise UserError(f"the results folder already holds {'/'.join(map(str, key_of(r)))} trained with other "
                             f"{', '.join(differ)} ({', '.join(f'{f} {r[f]}' for f in differ)}); resume with the flags "
                             "it was run with, give another --out, or pass --supersede to train such jobs again")
-        if differ:
-            done.discard(key)  # a later line trained otherwise: the job trains again
-        else:
+        if not differ:
             done.add(key)
     return done
