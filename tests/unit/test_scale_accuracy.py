@@ -111,6 +111,7 @@ def test_plan_splits_batches_skips_shared_rules_and_finished_jobs(tmp_path):
     with pytest.raises(UserError, match="other samples.*--supersede"):
         sap.finished(jobs, [done | {"samples": 1024}])  # another budget in the same folder: refused
     assert sap.finished(jobs, [done, done | {"samples": 1024}], supersede=True) == set()  # its last line: again
+    assert sap.finished(jobs, [done | {"samples": 1024}, done], supersede=True) == {crnn[0].key}
     assert sap.finished(jobs, [done | {"samples": 1024}, done]) == {crnn[0].key}  # replaced: resumes without it
     done["samples"] = 1024
     seconds, rates = sap.estimate(jobs, [done | {"wall_seconds": 1024 / 64}])
