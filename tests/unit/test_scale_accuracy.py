@@ -181,6 +181,7 @@ def test_batches_above_one_where_no_rule_learned_are_not_trained(tmp_path, monke
     monkeypatch.setattr(sa, "run_one", fake_run)
     sa.run(args)
     out = capsys.readouterr().out
+    assert "5 to run: at most " in out and "less where a batch learns nothing" in out  # a bound, not a forecast
     assert "crnn_mobilenet_v3_small-synthetic-g128-none: not trained: every rule ended under 10% at global batch 64" in out
     assert len(rep.load_rows(tmp_path)) == 3  # g32 x 2 rules, g64 once
     jobs = sap.plan(args)
