@@ -272,12 +272,12 @@ def print_estimate(args: argparse.Namespace, jobs: list[Job], todo: list[Job], r
     for m in dict.fromkeys(j.model for j in jobs):
         mine = [j for j in todo if j.model == m]
         parts.append(f"{m}: {len(mine)} jobs, {estimate(mine, rows)[0] / 3600:.1f} h at {rates.get(m, OTHER_RATE):.1f} samples/s")
+    bound, less = (("about", "") if args.train_all else  # else skips can only shorten the run
+                   ("at most", "; less where a batch learns nothing: the batches above it are not trained"))
     print(f"scale_accuracy: preset {args.preset}: {len(jobs)} jobs, {done} done, "
           f"{f'{skipped} not trained (above a batch that learned nothing), ' if skipped else ''}{len(todo)} to run: "
-          f"{'about' if args.train_all else 'at most'} {seconds / 3600:.1f} h ({seconds / 60:.0f} min) of this host's "
-          f"cores ({'; '.join(parts)}; a rate per job, measured by this folder's finished jobs where it has them"
-          f"{'' if args.train_all else '; less where a batch learns nothing: the batches above it are not trained'})",
-          flush=True)
+          f"{bound} {seconds / 3600:.1f} h ({seconds / 60:.0f} min) of this host's cores ({'; '.join(parts)}; a rate "
+          f"per job, measured by this folder's finished jobs where it has them{less})", flush=True)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
