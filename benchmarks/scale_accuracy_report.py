@@ -210,7 +210,8 @@ def group_lines(jobs: dict[tuple, dict[str, Any]], s: dict[str, Any], default_ru
             if id(row) in shown:
                 continue  # the reference batch's one job, which every rule shares, is shown once
             shown.add(id(row))
-            label = f"every rule (ran as {row['rule']})" if row["rule"] != rule else rule
+            shared = row["global_batch"] == row["reference_batch"]  # one job stands for every rule, whichever ran
+            label = f"every rule (ran as {row['rule']})" if shared else rule
             to = [_samples(n) for n in b["samples_to"][rule].values()] if row["status"] == "ok" else ["-"] * 3
             lr = f"{row['peak_lr']:.2e}" if row.get("peak_lr") else "-"
             status = _pct(b["final"][rule]) if row["status"] == "ok" else f"**{row['status']}**"

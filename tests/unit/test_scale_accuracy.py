@@ -58,7 +58,7 @@ def test_report_and_summary_from_rows_alone(tmp_path, monkeypatch):
     rows += [_row(256, "sqrt", [0.1, 0.2, 0.3, 0.5], status="failed"), _row(256, "sqrt", [0.3, 0.5, 0.7, 0.8])]
     rows += [_row(b, "sqrt", [0.1, 0.3], model="db", data="synthetic-pages", ref=2, kind="detection") for b in (4, 32)]
     rows += [_row(4, "none", [0.1, 0.4], model="db", data="synthetic-pages", ref=2, kind="detection")]  # another rule
-    rows += [_row(b, "sqrt", [0.0, 0.05], model="vit") for b in (32, 64)]  # learned nothing: no verdict
+    rows += [_row(32, "sqrt", [0.0, 0.05], model="vit"), _row(64, "none", [0.0, 0.05], model="vit")]  # no verdict
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "command.txt").write_text("python -m benchmarks.scale_accuracy --preset test\n")
     report = rep.build_report(tmp_path).read_text()
@@ -67,6 +67,7 @@ def test_report_and_summary_from_rows_alone(tmp_path, monkeypatch):
     assert (s["default_holds_up_to"], s["reference_final"], s["best_rule_there"]) == (128, 0.9, "linear")
     assert s["default_is_best_there"] is False and s["batches"]["64"]["final"] == {r: 0.91 for r in rep.RULES}
     assert "| 64 | 2 x 32 x 1 | every rule (ran as sqrt) |" in report
+    assert "| 64 | 2 x 32 x 1 | every rule (ran as none) |" in report  # the first rule's job is still every rule's
     assert "| 64 | 2 x 32 x 1 | none" not in report and "| 64 | 2 x 32 x 1 | linear" not in report  # shown once
     assert "up to global batch **128**; there the best rule is linear (the default trails it)" in report
     assert [(d["global_batch"], d["rule"], d["final_recall"]) for d in summary["detection"]] == [
