@@ -8,7 +8,7 @@ import argparse
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from benchmarks.scale_accuracy_report import RULES, key_of, latest, unlearned_below
+from benchmarks.scale_accuracy_report import RULES, at_reference, key_of, latest, unlearned_below
 
 CRNN, VIT, DET = "crnn_mobilenet_v3_small", "vitstr_tiny", "db_mobilenet_v3_large"
 # Samples (words or pages) per second of one job on the 2-core VM (2 ranks x 1 thread, loading and evaluation
@@ -147,11 +147,11 @@ def finished(jobs: list[Job], rows: list[dict[str, Any]], supersede: bool = Fals
     from scale_ocr.errors import UserError
 
     planned = {j.key: asdict(j) for j in jobs}
-    shared = {k[:4]: k for k, j in planned.items() if j["global_batch"] == j["reference_batch"]}
+    shared = {k[:4]: k for k, j in planned.items() if at_reference(j)}
     last = {}
     for r in rows:
         key = key_of(r)
-        if key not in planned and r["global_batch"] == r["reference_batch"]:
+        if key not in planned and at_reference(r):
             key = shared.get(key[:4], key)
         if key in planned and r["status"] == "ok":
             last[key] = r

@@ -89,13 +89,19 @@ def final(row: dict[str, Any] | None) -> float | None:
     return float(row["curve"][-1]["value"])
 
 
+def at_reference(job: dict[str, Any]) -> bool:
+    """Whether ``job`` (a results line or a planned job) trains at its model's reference batch, where every rule
+    gives the same rate: one job there stands for every rule, whichever rule it ran under."""
+    return job["global_batch"] == job["reference_batch"]
+
+
 def cell(jobs: dict[tuple, dict[str, Any]], group: tuple[str, str, str], batch: int, rule: str) -> dict | None:
     """The job of ``rule`` at ``batch``; at the model's reference batch, where every rule gives the same rate and
     only one rule's job runs, that job."""
     row = jobs.get((*group, batch, rule))
     if row is not None:
         return row
-    same = [r for k, r in jobs.items() if k[:4] == (*group, batch) and r["global_batch"] == r["reference_batch"]]
+    same = [r for k, r in jobs.items() if k[:4] == (*group, batch) and at_reference(r)]
     return same[0] if same else None
 
 
@@ -210,8 +216,7 @@ def group_lines(jobs: dict[tuple, dict[str, Any]], s: dict[str, Any], default_ru
             if id(row) in shown:
                 continue  # the reference batch's one job, which every rule shares, is shown once
             shown.add(id(row))
-            shared = row["global_batch"] == row["reference_batch"]  # one job stands for every rule, whichever ran
-            label = f"every rule (ran as {row['rule']})" if shared else rule
+            label = f"every rule (ran as {row['rule']})" if at_reference(row) else rule
             to = [_samples(n) for n in b["samples_to"][rule].values()] if row["status"] == "ok" else ["-"] * 3
             lr = f"{row['peak_lr']:.2e}" if row.get("peak_lr") else "-"
             status = _pct(b["final"][rule]) if row["status"] == "ok" else f"**{row['status']}**"
