@@ -185,8 +185,9 @@ def run_probe(s: Search, strategy: str, checkpointing: bool, depth: int, data_ar
     cfg = Config(s.arch, strategy, s.world_size, s.batch_size, 0, max(1, (os.cpu_count() or 1) // s.world_size),
                  launcher_for(strategy), s.precision)
     on_gpu = _on_gpu()
+    # What users run: a checkpoint mid-run, and at the end the final one and last_model.pt, all in the peak.
     flags = ["--model-width", str(s.width), "--model-depth", str(depth), "--lr", str(s.lr),
-             "--no-save-model"]  # gathering the whole model is no part of a probe
+             "--save-every", str(max(1, s.steps - 1)), "--keep-last", "1"]
     flags += ["--activation-checkpointing"] if checkpointing else []
     flags += ["--gpu-memory-cap-gb", str(s.budget_gb)] if on_gpu else []  # on CPU: the runner caps each process
     run_dir = work / "runs" / key

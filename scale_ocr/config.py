@@ -312,9 +312,9 @@ class TrainConfig:
     max_weight_growth: float = opt(1000.0, "a step whose updated weights' global L2 norm exceeds this many times its "
                                    "value when training started (or resumed; floored at 1) is a bad step, as a NaN "
                                    "is: --lr 1e30 throws weights to 1e28 while loss and gradient are still finite")
-    save_model: bool = opt(True, "write last_model.pt (and best_model.pt) at each epoch's end; the whole model is "
-                           "gathered on rank 0 in fp32 for it (4 bytes per parameter): memory probes and benchmarks "
-                           "turn it off (--no-save-model); resumable checkpoints are separate (--save-every)",
+    save_model: bool = opt(True, "write last_model.pt (and best_model.pt) at each epoch's end, the whole model in "
+                           "fp32, gathered and written a tensor at a time on rank 0 (after the final checkpoint, "
+                           "so a write that fails loses nothing); resumable checkpoints are separate (--save-every)",
                            action=argparse.BooleanOptionalAction)
     profile_steps: int = opt(0, "profile the last N optimizer steps with torch.profiler (excluded from samples/s): "
                              "rank 0's Chrome trace in the run directory, and the communication no compute hides "
@@ -414,8 +414,8 @@ class CheckpointConfig:
     save_every: int = opt(0, "save a resumable checkpoint every N optimizer steps and at the end (0: by time only, "
                           "see --save-minutes)")
     save_minutes: float = opt(10.0, "also save a checkpoint whenever this many minutes of training passed since the "
-                              "last one, and at the end of a run that saved one (0: off), so a killed long run "
-                              "loses at most that much")
+                              "last one, so a killed long run loses at most that much, and one at the end of every "
+                              "run (0 and --save-every 0: no checkpoints)")
     resume: str = opt("auto", "`auto`: continue this output dir's run from its latest checkpoint when it has one; "
                       "`none`: start afresh (an earlier run there is moved aside); or a checkpoint path")
     keep_last: int = opt(3, "keep only the newest K checkpoints (0 keeps all)")

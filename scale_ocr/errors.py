@@ -151,10 +151,37 @@ def _one_line(exc: BaseException) -> str:
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, or the CPU allocator failing (a memory limit, or the host running out)."""
+    """CUDA's OutOfMemoryError, or the CPU allocator failing (a memory limit, or the host running out); also inside
+    a checkpoint writer's per-rank failures (DCP's CheckpointException)."""
     text = str(exc)
+    failures = getattr(exc, "failures", None)
+    inner = [v[0] if isinstance(v, tuple) else v for v in failures.values()] if isinstance(failures, dict) else []
     return (type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, MemoryError)
-            or "DefaultCPUAllocator: can't allocate memory" in text or "CUDA out of memory" in text)
+            or "DefaultCPUAllocator: can't allocate memory" in text or "CUDA out of memory" in text
+            or any(isinstance(e, BaseException) and is_out_of_memory(e) for e in inner))
+
+
+@contextlib.contextmanager
+def memory_for(save: str, then: str) -> Iterator[None]:
+    """Around a save: running out of memory in it ends this rank with one line that names the save and its bytes
+    (``save``) and says what is kept and what to do (``then``), exit :data:`EXIT_OUT_OF_MEMORY`, instead of the
+    training's advice about the batch size, which cannot help a write that comes after training."""
+    try:
+        yield
+    except BaseException as exc:
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, UserError)) or not is_out_of_memory(exc):
+            raise
+        rank = os.environ.get("RANK", "0")
+        ranks, first = [rank], first_line(exc)[:160]
+        failures = getattr(exc, "failures", None)  # DCP: every rank raises, holding each failed rank's exception
+        if isinstance(failures, dict):
+            failed = {r: v[0] if isinstance(v, tuple) else v for r, v in failures.items()}
+            ranks = [str(r) for r, e in sorted(failed.items()) if isinstance(e, BaseException) and is_out_of_memory(e)]
+            first = next((first_line(failed[int(r)])[:160] for r in ranks), first)
+        stop = RunStopped(f"out of memory on rank {', '.join(ranks)} while writing {save} ({first}); {then}",
+                          EXIT_OUT_OF_MEMORY)
+        stop.by_this_rank = rank in ranks  # printed by the rank that ran out, whichever it is
+        raise stop from None
 
 
 def is_compile_failure(exc: BaseException) -> bool:

@@ -2,8 +2,10 @@
 
 ``scale-ocr export CKPT OUT.safetensors`` reads a checkpoint written under any strategy and world size
 (without starting a process group) and writes the consolidated fp32 weights with the model's identity
-(name, input size, and what its task records, such as the vocabulary) as metadata. ``scale-ocr predict
-MODEL IMAGE...`` accepts either file kind; the model's task says what a prediction is.
+(name, input size, and what its task records, such as the vocabulary) as metadata. It reads and writes one tensor
+at a time (:func:`open_weights`, :mod:`scale_ocr.checkpoint.piecewise`): exporting a model needs its largest tensor
+in memory, not the model. ``scale-ocr predict MODEL IMAGE...`` accepts either file kind; the model's task says what a
+prediction is.
 Nothing runs code: a checkpoint's manifest is checked and it is read through :mod:`scale_ocr.checkpoint.safe_dcp`,
 exports are safetensors.
 """
@@ -12,16 +14,21 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from scale_ocr.checkpoint.identity import build_checked, dcp_model_elements, safetensors_elements, tensors_elements
+from scale_ocr.checkpoint.piecewise import SafetensorsFile, TensorSpec, TorchFile
 from scale_ocr.checkpoint.pointer import checkpoint_folder
 from scale_ocr.config import MODEL_SIZE_FIELDS
 from scale_ocr.errors import UserError
+from scale_ocr.run.safe_files import atomic_file, write_atomic
 from scale_ocr.tasks import Task
 
 
@@ -38,10 +45,9 @@ class LoadedModel:
         return self.task.arch
 
 
-def load_checkpoint_model(path: Path) -> LoadedModel:
-    """The model of a checkpoint folder (``step_N``, a ``checkpoints`` folder or a run directory)."""
-    from torch.distributed.checkpoint.api import CheckpointException
-
+def _checkpoint_identity(path: Path) -> tuple[Path, dict, tuple[int, int], set[str] | None]:
+    """A checkpoint folder's ``step_N``, its trainer.json, the model elements its .metadata holds and its manifest's
+    files (checked before anything is read)."""
     from scale_ocr.checkpoint import safe_dcp
     from scale_ocr.checkpoint.manifest import verify_manifest
 
@@ -52,44 +58,84 @@ def load_checkpoint_model(path: Path) -> LoadedModel:
     listed = verify_manifest(ckpt)  # before reading anything in it
     try:
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        # The identity is checked against the registry and the checkpoint's own tensor shapes before a build.
         held = dcp_model_elements(safe_dcp.read_metadata_file(ckpt / ".metadata"))
-        model, task = build_checked(meta, held, ckpt, meta_file)
     except (ValueError, KeyError, TypeError) as exc:  # older checkpoints have no manifest to catch this earlier
         raise UserError(f"{meta_file} is unreadable ({type(exc).__name__}); the checkpoint is damaged") from None
-    state = {"model": model.state_dict()}
+    return ckpt, meta, held, listed
+
+
+def _damaged(ckpt: Path) -> str:
+    return f"{ckpt / 'trainer.json'} is unreadable ({{kind}}); the checkpoint is damaged"
+
+
+def _checked(identity: dict, held: tuple[int, int], path: Path, claimed_in: Path, damaged: str, *,
+             layout_only: bool = False) -> tuple[nn.Module, Task]:
+    """:func:`build_checked`, an identity that is not one (missing keys, wrong types) as the one line ``damaged``."""
+    try:
+        return build_checked(identity, held, path, claimed_in, layout_only=layout_only)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(damaged.replace("{kind}", type(exc).__name__)) from None
+
+
+def _read_dcp(ckpt: Path, load: Callable[[], None]) -> None:
+    """Run ``load`` (a DCP read of ``ckpt`` in this process alone); a damaged file is one line."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
         with warnings.catch_warnings():  # "loading in a single process" is exactly the intent here
             warnings.simplefilter("ignore", UserWarning)
-            safe_dcp.load(state, ckpt, listed, no_dist=True)
+            load()
     except UserError:
         raise
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - damaged or foreign files raise several
         # types; CheckpointException derives from BaseException
         raise UserError(f"checkpoint {ckpt} cannot be read ({type(exc).__name__}); it is damaged or incomplete") from None
+
+
+def load_checkpoint_model(path: Path) -> LoadedModel:
+    """The model of a checkpoint folder (``step_N``, a ``checkpoints`` folder or a run directory)."""
+    from scale_ocr.checkpoint import safe_dcp
+
+    ckpt, meta, held, listed = _checkpoint_identity(path)
+    # The identity is checked against the registry and the checkpoint's own tensor shapes before a build.
+    model, task = _checked(meta, held, ckpt, ckpt / "trainer.json", _damaged(ckpt))
+    state = {"model": model.state_dict()}
+    _read_dcp(ckpt, lambda: safe_dcp.load(state, ckpt, listed, no_dist=True))
     model.load_state_dict(state["model"])
     return LoadedModel(model.eval(), task, str(path))
 
 
-def load_export(path: Path) -> LoadedModel:
-    """A model written by :func:`export`."""
+def _export_identity(path: Path, layout_only: bool = True) -> tuple[nn.Module, Task, Any]:
+    """An export's model (its layout, or built), task and open safetensors handle's header facts."""
     from safetensors import safe_open
-    from safetensors.torch import load_file
 
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             held = safetensors_elements(f)  # from the header: what the claimed model must hold
-        tensors = load_file(str(path))
     except Exception as exc:  # noqa: BLE001 - truncated or foreign files
         raise UserError(f"{path} is not a readable safetensors export ({type(exc).__name__})") from None
     try:
         identity = (json.loads(meta["identity"]) if "identity" in meta  # scale-ocr/1 exports: recognition only
                     else {"arch": meta["arch"], "vocab": meta["vocab"], "input_size": json.loads(meta["input_size"])})
-        model, task = build_checked(identity, held, path, path)
     except (KeyError, ValueError, TypeError):
-        raise UserError(f"{path} lacks scale-ocr metadata (the model's identity); export it with "
-                        "`scale-ocr export`") from None
+        identity = None
+    damaged = (f"{path} lacks scale-ocr metadata (the model's identity); export it with `scale-ocr export`")
+    if identity is None:
+        raise UserError(damaged)
+    model, task = _checked(identity, held, path, path, damaged, layout_only=layout_only)
+    return model, task, held
+
+
+def load_export(path: Path) -> LoadedModel:
+    """A model written by :func:`export`."""
+    from safetensors.torch import load_file
+
+    model, task, _ = _export_identity(path, layout_only=False)
+    try:
+        tensors = load_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - truncated or foreign files
+        raise UserError(f"{path} is not a readable safetensors export ({type(exc).__name__})") from None
     return _with_weights(model, task, tensors, path)
 
 
@@ -102,10 +148,11 @@ def _with_weights(model: nn.Module, task: Task, state: dict, path: Path) -> Load
     return LoadedModel(model.eval(), task, str(path))
 
 
-def load_run_weights(path: Path) -> LoadedModel:
+def _run_weights(path: Path, *, mmap: bool) -> tuple[nn.Module, Task, dict]:
     """A run's ``best_model.pt`` or ``last_model.pt``: a plain state dict, its identity from the run's config.json.
 
-    Read with ``torch.load(weights_only=True)``: tensors and plain containers only, never code.
+    Read with ``torch.load(weights_only=True)``: tensors and plain containers only, never code. ``mmap``: the file
+    is mapped, not read (for a model read a tensor at a time), and the model is returned as its layout only.
     """
     from scale_ocr.checkpoint.safe_dcp import load_tensors
 
@@ -124,18 +171,23 @@ def load_run_weights(path: Path) -> LoadedModel:
         raise UserError(f"{config_file} does not describe a model (model.arch, model.input_size); "
                         "the run directory is damaged") from None
     try:
-        state = load_tensors(path)  # a refused global (a crafted file) is already one line
+        state = load_tensors(path, mmap=mmap)  # a refused global (a crafted file) is already one line
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - truncated or foreign files raise several types
         raise UserError(f"{path} cannot be read ({type(exc).__name__}); it is truncated or not a torch file") from None
     if not isinstance(state, dict):
         raise UserError(f"{path} is not a state dict written by scale-ocr")
-    try:  # config.json is checked against the registry and the weights' shapes before a build
-        model, task = build_checked(identity, tensors_elements(state), path, config_file)
-    except (ValueError, KeyError, TypeError):
-        raise UserError(f"{config_file} does not describe a model (model.arch, model.input_size); "
-                        "the run directory is damaged") from None
+    # config.json is checked against the registry and the weights' shapes before a build
+    model, task = _checked(identity, tensors_elements(state), path, config_file,
+                           f"{config_file} does not describe a model (model.arch, model.input_size); the run "
+                           "directory is damaged", layout_only=mmap)
+    return model, task, state
+
+
+def load_run_weights(path: Path) -> LoadedModel:
+    """A run's ``best_model.pt`` or ``last_model.pt``, ready for inference."""
+    model, task, state = _run_weights(path, mmap=False)
     return _with_weights(model, task, state, path)
 
 
@@ -150,25 +202,100 @@ def load_any(path: str | Path) -> LoadedModel:
     return load_run_weights(p) if p.suffix == ".pt" else load_export(p)
 
 
+@dataclass
+class Weights:
+    """A model file opened to be read one tensor at a time.
+
+    Attributes:
+        layout: the model it holds, on the meta device (names, shapes and dtypes; no memory), or built for real when
+            it cannot be built there (a small docTR model).
+        task: the model's task (its identity).
+        read: one tensor of the file by its name in ``layout``'s state dict, as stored.
+    """
+
+    layout: nn.Module
+    task: Task
+    read: Callable[[str], torch.Tensor]
+    source: str = ""
+
+    def tensor(self, spec: TensorSpec) -> torch.Tensor:
+        """The tensor ``spec`` names, in its dtype; one line when the file holds it in no fitting shape."""
+        try:
+            tensor = self.read(spec.name)
+        except KeyError:
+            raise UserError(f"{self.source} does not match {self.task.arch}: it holds no {spec.name}") from None
+        if tuple(tensor.shape) != spec.shape:
+            raise UserError(f"{self.source} does not match {self.task.arch}: {spec.name} is "
+                            f"{list(tensor.shape)}, the model's {list(spec.shape)}")
+        return tensor.to(spec.dtype)
+
+    def specs(self) -> list[TensorSpec]:
+        """Every tensor of the model, as an export writes it (floating point in fp32)."""
+        return [TensorSpec(k, tuple(v.shape), torch.float32 if v.is_floating_point() else v.dtype)
+                for k, v in self.layout.state_dict().items()]
+
+
+@contextmanager
+def open_weights(path: str | Path) -> Iterator[Weights]:
+    """A checkpoint folder or run directory, a ``.safetensors`` export, or a run's ``.pt`` model, opened to be read
+    a tensor at a time: a checkpoint's tensors through DCP (each rank's pieces of one tensor), an export's through
+    safetensors, a ``.pt`` file's from a read-only mapping of it (its pages are the file's, not the process's)."""
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"{p} does not exist; pass a checkpoint folder, a run directory, a .safetensors export "
+                        "or a run's best_model.pt")
+    if p.is_dir():
+        yield _checkpoint_weights(p)
+    elif p.suffix == ".pt":
+        layout, task, state = _run_weights(p, mmap=True)
+        yield Weights(layout, task, state.__getitem__, str(p))
+    else:
+        from safetensors import safe_open
+
+        layout, task, _ = _export_identity(p)
+        with safe_open(str(p), framework="pt") as f:
+            yield Weights(layout, task, f.get_tensor, str(p))
+
+
+def _checkpoint_weights(path: Path) -> Weights:
+    from scale_ocr.checkpoint import safe_dcp
+
+    ckpt, meta, held, listed = _checkpoint_identity(path)
+    layout, task = _checked(meta, held, ckpt, ckpt / "trainer.json", _damaged(ckpt), layout_only=True)
+    shapes = {k: (v.shape, v.dtype) for k, v in layout.state_dict().items()}
+
+    def read(name: str) -> torch.Tensor:
+        shape, dtype = shapes[name]
+        state = {"model": {name: torch.empty(shape, dtype=dtype)}}
+        _read_dcp(ckpt, lambda: safe_dcp.load(state, ckpt, listed, no_dist=True))
+        return state["model"][name]
+
+    return Weights(layout, task, read, str(path))
+
+
 def save_export(model: nn.Module, task: Task, out: str | Path) -> Path:
-    """Write ``model`` as consolidated fp32 safetensors with ``task``'s identity as metadata (``scale-ocr/2``)."""
-    from safetensors.torch import save
+    """Write the in-memory ``model`` as :func:`export` writes a file's."""
+    state = model.state_dict()
+    return write_export(Weights(model, task, state.__getitem__, "the model"), out)
 
-    from scale_ocr.models.weights_io import fp32_state_dict
-    from scale_ocr.run.safe_files import write_atomic
 
-    tensors = fp32_state_dict(model)
-    identity = task.identity()
+def write_export(weights: Weights, out: str | Path) -> Path:
+    """``weights`` as consolidated fp32 safetensors with their task's identity as metadata (``scale-ocr/2``), a
+    tensor at a time, whole or not at all."""
+    identity = weights.task.identity()
     # Each identity field also as its own string entry, for readers that do not parse JSON.
     meta = {**{k: v if isinstance(v, str) else json.dumps(v) for k, v in identity.items()},
             "identity": json.dumps(identity), "format": "scale-ocr/2"}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # Whole or not at all (a temp file renamed over OUT), never through a link; a full disk is one line.
-    # The serialised bytes are held in memory once: OCR models are small next to the host's memory.
-    data = save(tensors, metadata=meta)
+    specs = weights.specs()
     kept = "the model it was exported from is untouched" + (f" and the previous {out.name} is kept" if out.exists() else "")
-    write_atomic(out, data, what="the export", needed=len(data), kept=kept)
+    # Whole or not at all (a temp file renamed over OUT), never through a link; a full disk is one line.
+    with atomic_file(out, what="the export", kept=kept, needed=sum(s.nbytes for s in specs)) as f:
+        writer = SafetensorsFile(f, specs, meta)
+        for spec in specs:
+            writer.put(weights.tensor(spec))
+        writer.close()
     return out
 
 
@@ -178,15 +305,40 @@ FORMATS = ("safetensors", "doctr")
 def export(src: str | Path, out: str | Path, fmt: str = "safetensors") -> Path:
     """Write ``src``'s model as consolidated fp32 safetensors with its metadata, or (``doctr``) as the plain state
     dict docTR's own class of the architecture loads with ``strict=True``, with ``OUT.json`` beside it saying how
-    to build that class (architecture, vocabulary, input shape, normalisation)."""
+    to build that class (architecture, vocabulary, input shape, normalisation). One tensor at a time."""
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
-    loaded = load_any(src)
-    if fmt == "doctr":
-        from scale_ocr.models.weights_io import save_doctr
+    with open_weights(src) as weights:
+        return write_doctr(weights, out)[0] if fmt == "doctr" else write_export(weights, out)
 
-        return save_doctr(loaded.model, loaded.arch, loaded.task.doctr_info(), out)[0]
-    return save_export(loaded.model, loaded.task, out)
+
+def write_doctr(weights: Weights, out: str | Path) -> tuple[Path, str]:
+    """``weights`` as the plain state dict docTR's class of the architecture loads with ``strict=True``, a tensor
+    at a time, and beside it ``OUT.json`` with what that class must be built with (vocabulary, input shape,
+    normalisation); returns the file and docTR's architecture."""
+    from scale_ocr.models.weights_io import doctr_layout
+
+    doctr_arch, to_doctr = doctr_layout(weights.layout, weights.task.arch)
+    ours = weights.specs()
+    # docTR's names and shapes, from the layout's own tensors (on the meta device: no memory)
+    layout, theirs = weights.layout.state_dict(), []
+    for spec in ours:
+        ((name, tensor),) = to_doctr({spec.name: layout[spec.name]}).items()
+        theirs.append(TensorSpec(name, tuple(tensor.shape), spec.dtype))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    kept = "the checkpoint it was exported from is untouched"
+    # atomic: a reader sees the old file or the new one, never half of one; a full disk is one line
+    with atomic_file(out, what="the export", kept=kept, needed=sum(s.nbytes for s in theirs)) as f:
+        writer = TorchFile(f, theirs)
+        for spec in ours:
+            ((_, tensor),) = to_doctr({spec.name: weights.tensor(spec)}).items()
+            writer.put(tensor)
+        writer.close()
+    write_atomic(out.with_suffix(".json"), json.dumps({"doctr_arch": doctr_arch, **weights.task.doctr_info()},
+                                                      ensure_ascii=False, indent=1) + "\n",
+                 what="the export's sidecar", kept=kept)
+    return out, doctr_arch
 
 
 @torch.no_grad()

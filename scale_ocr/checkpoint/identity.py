@@ -86,7 +86,7 @@ def implied_elements(task: Task) -> int | None:
 
 
 def build_checked(identity: dict[str, Any], held: tuple[int, int], path: str | Path,
-                  claimed_in: str | Path) -> tuple[nn.Module, Task]:
+                  claimed_in: str | Path, *, layout_only: bool = False) -> tuple[nn.Module, Task]:
     """The model ``identity`` describes, built only once its claim is in bounds and matches what the file holds.
 
     Args:
@@ -94,6 +94,8 @@ def build_checked(identity: dict[str, Any], held: tuple[int, int], path: str | P
         held: ``(elements, tensors)`` of the model weights in the file.
         path: the weights file (or checkpoint folder), for the message.
         claimed_in: the file the identity was read from (the same file for an export).
+        layout_only: return the model built on the meta device (its tensors' names, shapes and dtypes, no memory),
+            built for real only when it cannot be built there (docTR's viptr_tiny, a small model).
 
     Raises:
         UserError: an unknown architecture, a size beyond the registry's bounds, or a claim whose model would hold
@@ -110,7 +112,12 @@ def build_checked(identity: dict[str, Any], held: tuple[int, int], path: str | P
         where = "its metadata" if Path(claimed_in) == Path(path) else str(claimed_in)
         raise UserError(f"{path}: {where} claims {describe(identity)}, a model of {implied:,} weights, but the file "
                         f"holds {held[0]:,} in {held[1]} tensors; {NOT_OURS}")
-    return (model if model is not None else task.build_model()), task
+    if model is not None:
+        return model, task
+    if layout_only:
+        with torch.device("meta"):
+            return task.create_model(), task
+    return task.build_model(), task
 
 
 def safetensors_elements(handle: Any) -> tuple[int, int]:

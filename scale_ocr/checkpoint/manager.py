@@ -29,9 +29,19 @@ from scale_ocr.checkpoint.manifest import verify_manifest, write_manifest
 from scale_ocr.checkpoint.pointer import POINTER, checkpoint_folder, latest_checkpoint, step_name
 from scale_ocr.config import CheckpointConfig
 from scale_ocr.dist.distributed import DistInfo
-from scale_ocr.errors import UserError
-from scale_ocr.run.safe_files import DiskFault, disk_fault, pending, remove_tree, take_pending, tree_bytes, write_atomic
+from scale_ocr.errors import UserError, memory_for
+from scale_ocr.run.safe_files import (
+    DiskFault,
+    disk_fault,
+    pending,
+    remove_tree,
+    size_text,
+    take_pending,
+    tree_bytes,
+    write_atomic,
+)
 from scale_ocr.strategies import Strategy
+from scale_ocr.strategies.flat_shard import FlatShard, shard_or_default
 
 
 def rng_state() -> dict[str, Any]:
@@ -60,6 +70,32 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def state_bytes(state: Any) -> int:
+    """Bytes of the tensors in a checkpoint state as this rank holds them (a :class:`FlatShard` counts its part)."""
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(state_bytes(v) for v in state)
+    if isinstance(state, FlatShard):
+        return state.numel * state.dtype.itemsize
+    if isinstance(state, torch.Tensor):
+        local = state.to_local() if hasattr(state, "to_local") else state  # a DTensor: this rank's shard
+        return local.numel() * local.element_size()
+    return 0
+
+
+def _save_planner():
+    """DCP's default save planner, which also finds the boxes of a :class:`FlatShard` (what a DeepSpeed rank holds of
+    each tensor, written from where it lies, one box at a time)."""
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    class FlatShardSavePlanner(DefaultSavePlanner):
+        def lookup_object(self, index):
+            return shard_or_default(self.state_dict, index, super().lookup_object)
+
+    return FlatShardSavePlanner()
+
+
 class CheckpointManager:
     """Saves, finds and loads checkpoints of one run directory.
 
@@ -72,6 +108,12 @@ class CheckpointManager:
 
     def __init__(self, cfg: CheckpointConfig, run_dir: Path, dist: DistInfo, identity: dict[str, Any]) -> None:
         self.cfg, self.dir, self.dist, self.identity = cfg, run_dir / "checkpoints", dist, identity
+
+    @property
+    def at_end(self) -> bool:
+        """Whether a run ends with a checkpoint of its last step: whenever checkpoints are on (``--save-every`` or
+        ``--save-minutes``), so a finished run can be continued or exported, even one too short to have saved."""
+        return bool(self.cfg.save_every or self.cfg.save_minutes)
 
     def due(self, step: int) -> bool:
         return self.cfg.save_every > 0 and step % self.cfg.save_every == 0
@@ -106,7 +148,7 @@ class CheckpointManager:
 
         # Each stage ends in an agreement in place of a barrier: a fault on any rank ends every rank together.
         self._agree((pending() or attempt(lambda: self._begin(tmp))) if self.dist.is_main else None, tmp)
-        self._agree(attempt(lambda: self.write_shards(strategy, tmp)), tmp)  # every rank's shards are on disk
+        self._agree(attempt(lambda: self.write_shards(strategy, tmp, kept)), tmp)  # every rank's shards are on disk
         self._agree(attempt(lambda: self._complete(tmp, final, trainer_state)) if self.dist.is_main else None, tmp)
         return final
 
@@ -142,11 +184,23 @@ class CheckpointManager:
             remove_tree(tmp)
         raise DiskFault(first)
 
-    def write_shards(self, strategy: Strategy, folder: Path) -> None:
-        """This rank's part of a checkpoint into ``folder``: its shards of model and optimizer, and its RNG states."""
+    def write_shards(self, strategy: Strategy, folder: Path, kept: str = "") -> None:
+        """This rank's part of a checkpoint into ``folder``: its shards of model and optimizer, and its RNG states.
+
+        Each rank writes what it holds, a tensor (or a box of one) at a time, where it lies: a save needs no more
+        memory than training plus the largest such piece. Should even that not fit, the line says so (``kept``:
+        what the failed save leaves).
+        """
         import torch.distributed.checkpoint as dcp  # 1 s of imports a run that never saves need not pay
 
-        dcp.save(strategy.checkpoint_state(), checkpoint_id=str(folder))
+        state = strategy.checkpoint_state()
+        held = state_bytes(state)
+        with memory_for(f"checkpoint {folder.name.removesuffix('.tmp')} ({size_text(held)} of model and optimizer "
+                        f"state on this rank, a tensor at a time)",
+                        f"{kept or 'the partial checkpoint is removed at the next start'}; a save needs little beyond "
+                        "what training holds: free memory on this host, or pick a strategy that shards or offloads "
+                        "more (see `scale-ocr estimate-memory`)"):
+            dcp.save(state, checkpoint_id=str(folder), planner=_save_planner())
         torch.save(rng_state(), folder / f"rng_rank{self.dist.rank}.pt")
 
     def _prune(self) -> None:
@@ -200,7 +254,7 @@ class CheckpointManager:
 
         from scale_ocr.checkpoint import safe_dcp
 
-        state = strategy.checkpoint_state()  # the layout to fill, sharded as this strategy shards
+        state = strategy.checkpoint_load_target()  # the layout to fill, sharded as this strategy shards
         try:
             safe_dcp.load(state, path, listed)
         except UserError:

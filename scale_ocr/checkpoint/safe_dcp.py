@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from scale_ocr.errors import UserError
+from scale_ocr.strategies.flat_shard import FlatShard, shard_or_default
 
 # Everything a .metadata written by torch 2.x references (found by logging find_class on real ones):
 # the DCP dataclasses, and what their fields hold. None of these runs code when called with data.
@@ -75,10 +76,11 @@ def read_metadata_file(path: Path) -> Metadata:
     return metadata
 
 
-def load_tensors(path: Path) -> Any:
-    """``torch.load(path, weights_only=True)`` with a refused global reported as one line."""
+def load_tensors(path: Path, mmap: bool = False) -> Any:
+    """``torch.load(path, weights_only=True)`` with a refused global reported as one line; ``mmap``: the tensors are
+    views of a private read-only mapping of the file, paged in as they are read."""
     try:
-        return torch.load(path, weights_only=True)
+        return torch.load(path, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         raise UserError(f"checkpoint file {path} refers to `{_global_of(exc)}`, {_CRAFTED}") from None
 
@@ -113,6 +115,33 @@ class SafeLoadPlanner(DefaultLoadPlanner):
     def __init__(self, where: Path, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.where = where
+
+    def set_up_planner(self, state_dict: dict[str, Any], metadata: Metadata | None = None,
+                       is_coordinator: bool = False) -> None:
+        # DefaultLoadPlanner's set-up (torch 2.14's _init_state_dict) replaces, in place, every value of a type it does
+        # not know with None: each FlatShard goes through it as a marker and is put back after, in the state and in
+        # the planner's flattened copy of it.
+        hidden: dict[bytes, FlatShard] = {}
+
+        def swap(d: dict[str, Any], back: bool) -> None:
+            for k, v in d.items():
+                if isinstance(v, dict):
+                    swap(v, back)
+                elif not back and isinstance(v, FlatShard):
+                    d[k] = marker = b"scale-ocr-flat-shard-%d" % len(hidden)
+                    hidden[marker] = v
+                elif back and isinstance(v, bytes) and v in hidden:
+                    d[k] = hidden[v]
+
+        swap(state_dict, back=False)
+        try:
+            super().set_up_planner(state_dict, metadata, is_coordinator)
+        finally:
+            swap(state_dict, back=True)
+        swap(self.state_dict, back=True)
+
+    def lookup_tensor(self, index):
+        return shard_or_default(self.state_dict, index, super().lookup_tensor)  # a FlatShard's box: its buffer
 
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
         fqn = read_item.dest_index.fqn

@@ -26,15 +26,16 @@ def format_table(doc: dict[str, Any]) -> str:
     lines = [f"{doc['params'] / 1e6:.2f}M parameters (largest layer {doc['largest_layer'] / 1e6:.2f}M), "
              f"world size {doc['world_size']}, {doc['precision']}; GB (2^30 bytes) per rank",
              f"{'strategy':<14}{'params':>8}{'grads':>8}{'optim':>8}{'other':>8}{'state':>8}{'ideal':>8}"
-             f"{'on host':>9}{'on disk':>9}{'activ.':>8}{'device':>8}{'DS est.':>9}"]
+             f"{'on host':>9}{'on disk':>9}{'activ.':>8}{'save':>8}{'device':>8}{'DS est.':>9}"]
     for name, r in doc["strategies"].items():
         ds = r["deepspeed"]["device"] if r["deepspeed"] else None
         lines.append(f"{name:<14}{gb(r['params']):>8}{gb(r['grads']):>8}{gb(r['optimizer']):>8}{gb(r['other']):>8}"
                      f"{gb(r['model_state']):>8}{gb(r['ideal']):>8}{gb(r['host']):>9}{gb(r['disk']):>9}{gb(r['activations']):>8}"
-                     f"{gb(r['total']):>8}{gb(ds):>9}")
-    lines.append("state = params+grads+optim at the optimizer step; device = state + other - on host - on disk"
-                 " + staged + activations;"
-                 " ideal = ZeRO paper; DS est. = DeepSpeed's estimator (device)")
+                     f"{gb(r['save']):>8}{gb(r['total']):>8}{gb(ds):>9}")
+    lines.append("state = params+grads+optim at the optimizer step; device = the larger of the step's peak (state + other"
+                 " - on host - on disk + staged + activations) and a save's (what stays between steps + the one tensor"
+                 " a checkpoint or model file is written with: the largest layer, fp32, twice); ideal = ZeRO paper;"
+                 " DS est. = DeepSpeed's estimator (device)")
     for name, r in doc["strategies"].items():
         if r["note"]:
             lines.append(f"  {name}: {r['note']}")

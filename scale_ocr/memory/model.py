@@ -128,6 +128,19 @@ def step_peak(state: float, grads: float, activations: float, grads_freed: bool)
     return state + activations - (min(grads, activations) if grads_freed else 0.0)
 
 
+#: Copies of one tensor a save holds at once, in fp32: the gathered whole (an all-gather's output) and the copy
+#: handed to the writer on rank 0 (checkpoint/model_files.py; a checkpoint writes a box of one rank's part, less).
+SAVE_COPIES = 2
+
+
+def save_peak(state: float, grads: float, largest_tensor: int, grads_freed: bool) -> float:
+    """A save's peak bytes on a rank: what training holds between steps (the model state, without the gradients an
+    engine frees after each step) plus the one tensor in flight. Every save (the whole-model files, a checkpoint,
+    an export) goes a tensor at a time, so the model's size never adds to it, only its largest tensor's
+    (``largest_tensor`` elements; a layer's parameters bound it)."""
+    return state - (grads if grads_freed else 0.0) + SAVE_COPIES * FP32 * largest_tensor
+
+
 def ideal_model_state(n: int, world: int, stage: int, mixed: bool) -> float:
     """The ZeRO paper's model-state bytes per rank (Rajbhandari et al. 2020, section 5)."""
     p, g, k = (2, 2, 12) if mixed else (4, 4, 8)

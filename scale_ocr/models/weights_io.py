@@ -11,8 +11,8 @@ Files are read as tensors only (``torch.load(weights_only=True)`` or safetensors
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -110,34 +110,21 @@ def fp32_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
             for k, v in model.state_dict().items()}
 
 
-def doctr_state_dict(model: nn.Module, arch: str) -> tuple[str, dict[str, torch.Tensor]]:
-    """``(docTR architecture, state dict in docTR's layout)`` of a bare model, fp32, or one line when it has no
-    docTR twin."""
+def doctr_layout(model: nn.Module, arch: str) -> tuple[str, Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]]:
+    """``(docTR architecture, a function that puts a state dict, or any part of one, in docTR's layout)`` for a model
+    (built or on the meta device), or one line when it has no docTR twin."""
     from scale_ocr.models.registry import PREFIX
 
-    state = fp32_state_dict(model)
     if arch.startswith(PREFIX):
-        return arch[len(PREFIX):], state
+        return arch[len(PREFIX):], lambda state: state
     if capable(model, "to_doctr_state_dict"):
-        return model.to_doctr_state_dict(state)
+        return model.to_doctr_state_dict({})[0], lambda state: model.to_doctr_state_dict(state)[1]
     raise UserError(f"{arch} has no docTR counterpart to export to (scale_ocr's CRNNs and DBNets and docTR's own "
                     "doctr: models have; scale_ocr's ViTSTRs are CTC models, docTR's decode tokens); export it as .safetensors (the default format)")
 
 
-def save_doctr(model: nn.Module, arch: str, info: dict[str, Any], out: str | Path) -> tuple[Path, str]:
-    """Write ``model`` as a plain state dict docTR's class loads with ``strict=True``, and beside it ``OUT.json``
-    with what that class must be built with (``info``: vocabulary, input shape, normalisation)."""
-    import json
-
-    from scale_ocr.run.safe_files import write_atomic
-
-    doctr_arch, state = doctr_state_dict(model, arch)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    kept = "the checkpoint it was exported from is untouched"
-    # atomic: a reader sees the old file or the new one, never half of one; a full disk is one line
-    write_atomic(out, lambda f: torch.save(state, f), what="the export", kept=kept,
-                 needed=sum(v.numel() * v.element_size() for v in state.values()))
-    write_atomic(out.with_suffix(".json"), json.dumps({"doctr_arch": doctr_arch, **info}, ensure_ascii=False,
-                                                      indent=1) + "\n", what="the export's sidecar", kept=kept)
-    return out, doctr_arch
+def doctr_state_dict(model: nn.Module, arch: str) -> tuple[str, dict[str, torch.Tensor]]:
+    """``(docTR architecture, state dict in docTR's layout)`` of a bare model, fp32, or one line when it has no
+    docTR twin."""
+    doctr_arch, to_doctr = doctr_layout(model, arch)
+    return doctr_arch, to_doctr(fp32_state_dict(model))

@@ -26,8 +26,8 @@ import os
 import resource
 import shutil
 import stat
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
@@ -116,18 +116,27 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str | Callable[[Bin
         UserError: ``path`` is a link or another user's file.
         DiskFault: the disk is full, over quota or the file size limit (the temp file is removed).
     """
+    with atomic_file(path, what=what, kept=kept, needed=needed) as f:
+        if callable(data):
+            data(f)
+        else:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike[str], *, what: str, kept: str, needed: int | None = None) -> Iterator[BinaryIO]:
+    """The binary file (readable, writable and seekable) that becomes ``path`` when the ``with`` block ends without
+    an exception: a temp file beside it, fsynced, renamed over it. An exception removes the temp file; a disk
+    fault becomes one :class:`DiskFault` line (arguments as :func:`write_atomic`)."""
     path = Path(path)
     check_entry(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with suppress(FileNotFoundError):
         os.unlink(tmp)  # left by a killed process of the same pid: a link is removed, never followed
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            if callable(data):
-                data(f)
-            else:
-                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w+b") as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -19,10 +19,11 @@ from torch import nn
 from tqdm import tqdm
 
 from scale_ocr.checkpoint.manager import CheckpointManager
+from scale_ocr.checkpoint.model_files import NonFiniteWeights, whole_bytes, write_whole_model
 from scale_ocr.config import TrainConfig
 from scale_ocr.data.loader import Data
 from scale_ocr.dist.distributed import all_reduce_max, all_reduce_sum
-from scale_ocr.errors import RunStopped, UserError
+from scale_ocr.errors import RunStopped, UserError, memory_for
 from scale_ocr.memory.meter import ActivationProbe
 from scale_ocr.optim import LRSchedule
 from scale_ocr.precision import autocast_factory, emulates_gemm, gemm_factory
@@ -30,7 +31,7 @@ from scale_ocr.run.breakdown import StepClock
 from scale_ocr.run.control import EXIT_PREEMPTED, StepControl, StopSignal, WeightCheck
 from scale_ocr.run.mfu import Utilization
 from scale_ocr.run.profiling import StepProfiler
-from scale_ocr.run.safe_files import DiskFault, defer, pending, take_pending, write_atomic
+from scale_ocr.run.safe_files import DiskFault, defer, pending, size_text, take_pending
 from scale_ocr.run.summary import peak_memory_bytes, run_summary
 from scale_ocr.run.watchdog import Watchdog
 from scale_ocr.strategies import Strategy
@@ -165,11 +166,6 @@ class Trainer:
             self.state.epoch += 1
             self.state.epoch_step = 0
         bar.close()
-        # A run that saved along the way (by steps or by time) ends with a checkpoint of its last step,
-        # so `--resume auto` on a finished run knows there is nothing left to train.
-        if (self.checkpoints is not None and (self.checkpoints.cfg.save_every or self.last_saved >= 0)
-                and self.last_saved != self.state.step and self.weights.fine("the final checkpoint", self.strategy.is_main)):
-            self.save_checkpoint()
         return run_summary(self, time.perf_counter() - start)
 
     def trainer_state(self) -> dict[str, Any]:
@@ -385,33 +381,57 @@ class Trainer:
         return result
 
     def end_epoch(self) -> None:
-        if not self.cfg.eval:
-            state = self.strategy.full_state_dict() if self.cfg.save_model else None  # collective: every rank
-            self._write_models(state, improved=False)
-            return
-        result = self.validate()
-        state = self.strategy.full_state_dict() if self.cfg.save_model else None  # collective: every rank
-        score = self.task.score(result.metrics)
-        # A NaN validation loss (diverged weights) is never "best".
-        improved = math.isfinite(score[1]) and (self.state.best is None or score > self.state.best)
-        if improved:
-            self.state.best = score
-        self._write_models(state, improved)
-        if self.strategy.is_main:
+        """Validate (with --eval), then, after the last step, the final checkpoint, then the whole-model files.
+
+        The checkpoint comes first: each rank writes it from what it holds, with no gathering, so it fits wherever
+        training fits, and if the model files cannot be written after it, nothing trained is lost.
+        """
+        improved = False
+        if self.cfg.eval:
+            result = self.validate()
+            score = self.task.score(result.metrics)
+            # A NaN validation loss (diverged weights) is never "best".
+            improved = math.isfinite(score[1]) and (self.state.best is None or score > self.state.best)
+            if improved:
+                self.state.best = score
+        if (self.state.step >= self.total_steps and self.checkpoints is not None and self.checkpoints.at_end
+                and self.last_saved != self.state.step and self.state.bad_steps == 0
+                and self.weights.fine("the final checkpoint", self.strategy.is_main)):
+            self.save_checkpoint()  # so `--resume auto` on a finished run knows there is nothing left to train
+        if self.cfg.save_model:
+            self._write_models(improved)
+        self._end_on_disk_fault(all_reduce_max(float(pending() is not None), self.device) > 0)  # one per epoch
+        if self.cfg.eval and self.strategy.is_main:
             tqdm.write(f"epoch {self.state.epoch + 1}: val_loss={result.metrics['val_loss']:.4f} "
                        f"{self.task.format_metrics(result.metrics)}")
 
-    def _write_models(self, state: dict[str, Any] | None, improved: bool) -> None:
-        """``last_model.pt`` (and ``best_model.pt`` when ``improved``) on rank 0, then every rank learns whether a
-        write met a full disk since the last agreement, and if one did, every rank ends now."""
-        if state is not None and self.weights.fine("last_model.pt", self.strategy.is_main):
-            try:
-                _save(state, self.run_dir / "last_model.pt")
-                if improved:
-                    _save(state, self.run_dir / "best_model.pt")
-            except DiskFault as fault:
-                defer(fault)
-        self._end_on_disk_fault(all_reduce_max(float(pending() is not None), self.device) > 0)  # one per epoch
+    def _write_models(self, improved: bool) -> None:
+        """``last_model.pt`` (and ``best_model.pt`` when ``improved``), piece by piece on rank 0 as every rank
+        gathers them; a full disk is held for the agreement that follows (:meth:`end_epoch`)."""
+        names = ["last_model.pt"] + ["best_model.pt"] * improved
+        if self.weights.fine(names[0], self.strategy.is_main):  # agreed by every rank: all skip it together
+            pieces = self.strategy.model_pieces()
+            total, largest = whole_bytes(pieces)
+            kept = "the previous file, if any, and every checkpoint written are kept"
+            with memory_for(f"{' and '.join(names)} ({size_text(total)} in fp32, a tensor at a time: at most "
+                            f"{size_text(largest)})", self._model_files_then()):
+                try:
+                    write_whole_model(pieces, [self.run_dir / n for n in names], self.strategy.is_main, kept=kept)
+                except NonFiniteWeights as bad:
+                    print(f"scale-ocr: warning: not writing {names[0]}: {bad.name} holds NaN/inf; the previous file, if "
+                          "any, is kept", file=sys.stderr, flush=True)
+                except DiskFault as fault:
+                    defer(fault)
+
+    def _model_files_then(self) -> str:
+        """What is kept, and what to do, when the model files do not fit in memory."""
+        where = self.checkpoints.latest_name() if self.checkpoints is not None else None
+        if where and self.last_saved == self.state.step:
+            return (f"nothing is lost: {where} holds this step's state (`scale-ocr export {self.run_dir} "
+                    "model.safetensors` writes the model from it, a tensor at a time); free memory on this host, or "
+                    "pass --no-save-model and export from the checkpoint")
+        return ((f"{where}, the newest checkpoint, is kept" if where else "no checkpoint was written")
+                + "; free memory on this host, or pass --no-save-model and export from a checkpoint")
 
     @staticmethod
     def _end_on_disk_fault(agreed: bool) -> None:
@@ -419,15 +439,3 @@ class Trainer:
         (every rank raises it; rank 0 prints it)."""
         if agreed:
             raise take_pending() or DiskFault("rank 0 could not write to the run directory (its line says why)")
-
-
-def _save(state: dict[str, Any], path: Path) -> None:
-    """Atomic save: a crash mid-write leaves the previous file intact. Non-finite weights are never written."""
-    bad = [k for k, v in state.items() if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]
-    if bad:
-        print(f"scale-ocr: warning: not writing {path.name}: {len(bad)} tensors hold NaN/inf (first: {bad[0]}); "
-              "the previous file, if any, is kept", file=sys.stderr, flush=True)
-        return
-    needed = sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v))
-    write_atomic(path, lambda f: torch.save(state, f), what="the model", needed=needed,
-                 kept=f"the previous {path.name}, if any, and every checkpoint written are kept")

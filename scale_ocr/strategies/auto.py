@@ -43,11 +43,13 @@ def runtime_margin(on_gpu: bool) -> int:
 
 
 def rank_need(row: dict, largest_layer: int, on_gpu: bool, activations: float = 0.0) -> float:
-    """Bytes a rank needs: an ``estimate`` row's step peak with ``activations`` added to any already in it, the
-    gathered largest unit in flight and the next for engines that gather, and the runtime margin."""
+    """Bytes a rank needs: the larger of an ``estimate`` row's step peak (``activations`` added to any already in
+    it, and the gathered largest unit in flight and the next for engines that gather) and its save peak (the
+    checkpoint and model files written a tensor at a time), plus the runtime margin."""
     gathered = 2 * 4 * largest_layer if row["params_sharded"] else 0
     acts = (row["activations"] or 0) + activations
-    return step_peak(row["resident_state"], row["grads"], acts, row["grads_freed"]) + gathered + runtime_margin(on_gpu)
+    step = step_peak(row["resident_state"], row["grads"], acts, row["grads_freed"]) + gathered
+    return max(step, row["save"]) + runtime_margin(on_gpu)
 
 
 def memory_needs(cfg: RunConfig, world: int) -> tuple[dict[str, int], dict[str, float], dict[str, int]]:

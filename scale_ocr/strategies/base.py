@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 import shutil
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -23,6 +25,7 @@ from scale_ocr.dist.distributed import DistInfo
 from scale_ocr.errors import UserError
 from scale_ocr.memory.meter import StateBytes, StateMeter
 from scale_ocr.memory.model import StateLayout
+from scale_ocr.models.checkpointing import bare_name
 from scale_ocr.models.init import ModelFactory, init_weights
 from scale_ocr.optim import OptimizerSpec
 
@@ -64,6 +67,38 @@ def single_group_notice(strategy: str, size: int, world: int, plain: str) -> str
     return (f"scale-ocr: --strategy {strategy}: one shard group spans all {world} rank{'s' * (world > 1)}, so it "
             f"runs as {plain} "
             f"(launch on more nodes, or pass --shard-size N with N dividing {world}, to shard within groups)")
+
+
+class ModelPiece(NamedTuple):
+    """One tensor of the whole model, as :meth:`Strategy.model_pieces` lists it.
+
+    Attributes:
+        name: its key in the bare model's state dict.
+        shape: its whole shape.
+        dtype: as written: fp32 for floating-point tensors, whatever the engine computes in.
+        fetch: a collective (every rank calls it, in the pieces' order): the whole tensor, on the CPU in ``dtype``,
+            on rank 0; None on the other ranks.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    fetch: Callable[[], torch.Tensor | None]
+
+
+def written_dtype(tensor: torch.Tensor) -> torch.dtype:
+    """What a whole-model file holds a tensor as: fp32 if it is floating-point (weights are exported in full
+    precision whatever the engine computes in), else its own dtype (integer counters)."""
+    return torch.float32 if tensor.is_floating_point() else tensor.dtype
+
+
+def replica_pieces(state: dict[str, torch.Tensor], is_main: bool) -> list[ModelPiece]:
+    """The pieces of a state dict every rank holds whole (single, DDP, fairscale): rank 0 copies each in turn."""
+
+    def fetch(t: torch.Tensor) -> torch.Tensor | None:
+        return t.detach().to("cpu", written_dtype(t), copy=True) if is_main else None
+
+    return [ModelPiece(bare_name(k), tuple(t.shape), written_dtype(t), partial(fetch, t)) for k, t in state.items()]
 
 
 @dataclass(frozen=True)
@@ -190,11 +225,12 @@ class Strategy(ABC):
         return tensor_norm([p for p in self.model.parameters() if p.requires_grad])
 
     @abstractmethod
-    def full_state_dict(self) -> dict[str, Any] | None:
-        """The whole model's weights as a plain state dict on rank 0 (None elsewhere).
+    def model_pieces(self) -> list[ModelPiece]:
+        """The whole model's state dict, one tensor at a time: each piece's name (no wrapper prefixes, so the
+        result loads into the bare model), shape and written dtype, and how to fetch it.
 
-        A collective: every rank must call it. Keys carry no wrapper prefixes, so the result loads
-        into the bare model.
+        Every rank calls every piece's ``fetch`` in order (a fetch may be a collective); rank 0 gets the tensor, so
+        writing the whole model needs its largest tensor in memory, never all of them (:mod:`scale_ocr.checkpoint`).
         """
 
     @abstractmethod
@@ -205,6 +241,11 @@ class Strategy(ABC):
         and a torch optimizer), so a checkpoint written under one strategy and world size loads under
         any other; sharded tensors stay sharded and are resharded on load. A collective.
         """
+
+    def checkpoint_load_target(self) -> dict[str, Any]:
+        """The state a checkpoint is read into (the :meth:`checkpoint_state` layout), then given to
+        :meth:`load_checkpoint_state`. Engines whose layout holds views of their own buffers are read into in place."""
+        return self.checkpoint_state()
 
     @abstractmethod
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from scale_ocr.memory.model import StateLayout
 from scale_ocr.optim import OptimizerSpec
-from scale_ocr.strategies.base import StepStats, Strategy
+from scale_ocr.strategies.base import ModelPiece, StepStats, Strategy, replica_pieces
 from scale_ocr.strategies.common import (
     TorchStepper,
     broadcast_buffers,
@@ -82,5 +82,5 @@ class DDP(Strategy):
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         torch_load_checkpoint_state(self.module, self.optimizer, state)
 
-    def full_state_dict(self) -> dict[str, Any] | None:
-        return self.module.state_dict() if self.is_main else None
+    def model_pieces(self) -> list[ModelPiece]:
+        return replica_pieces(self.module.state_dict(), self.is_main)

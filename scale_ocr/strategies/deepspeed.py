@@ -14,12 +14,12 @@ from torch import nn
 from scale_ocr.errors import UserError, first_line
 from scale_ocr.memory.meter import StateMeter, optimizer_tensors
 from scale_ocr.memory.model import StateLayout
-from scale_ocr.models.checkpointing import bare_name
-from scale_ocr.models.init import ModelFactory, full_shape, init_weights
+from scale_ocr.models.init import ModelFactory, init_weights
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies import deepspeed_internals as internals
-from scale_ocr.strategies.base import StepStats, Strategy, single_group_notice, tensor_norm
-from scale_ocr.strategies.common import broadcast_buffers, init_optimizer_state
+from scale_ocr.strategies.base import ModelPiece, StepStats, Strategy, single_group_notice, tensor_norm
+from scale_ocr.strategies.common import broadcast_buffers
+from scale_ocr.strategies.deepspeed_state import DeepSpeedState
 from scale_ocr.strategies.ds_config import keep_fp32_weights, load_ds_config, preset_path, resolve_ds_config
 from scale_ocr.strategies.nvme import check_async_io, nvme_sections, prepare_swap, remove_swap, swap_bytes
 
@@ -145,6 +145,7 @@ class DeepSpeed(Strategy):
             first = first_line(exc)
             raise UserError(f"DeepSpeed rejected {self.source}: {first}") from None
         self.zero_stage = self.engine.zero_optimization_stage()
+        self.state = DeepSpeedState(self.engine, self._client_groups, self.is_main)
         disk = (lambda: swap_bytes(self.nvme_paths, self.rank)) if self.nvme_paths else None
         calls = internals.zero3_sub_group_count(self.engine.optimizer) if self.zero_stage == 3 else 1  # per sub-group
         self.meter = StateMeter(self._base_optimizer(), self._state_tensors, self.dist.device, samples=2 * max(1, calls),
@@ -288,112 +289,24 @@ class DeepSpeed(Strategy):
         """The torch optimizer DeepSpeed steps over its flat fp32 partitions."""
         return internals.base_optimizer(self.engine.optimizer)
 
-    def _link_optimizer_state(self) -> None:
-        """Make sure Adam's moments exist and DeepSpeed's per-parameter views point at them.
-
-        Both are built lazily at the first step (ZeRO-3 creates the moments then; ZeRO-1/2 link their
-        fragments then), and a checkpoint may be read or written before it.
-        """
-        zero_opt = self.engine.optimizer
-        with internals.fp32_partitions_attached(zero_opt):  # ZeRO-3 attaches partitions only to step
-            init_optimizer_state(self._base_optimizer())
-        internals.relink_hp_optimizer_state(zero_opt)
-
-    def _adam_step(self) -> float:
-        for st in self._base_optimizer().state.values():
-            if "step" in st:
-                return float(st["step"])
-        return 0.0
-
     def checkpoint_state(self) -> dict[str, Any]:
-        """Full (unpartitioned) fp32 weights and Adam moments per parameter name.
+        """Each rank's part of every fp32 master and Adam moment, where it lies (:mod:`.deepspeed_state`).
 
-        ZeRO's own checkpoints only reopen under the same stage and world size; gathering each
-        parameter through DeepSpeed's public ``safe_get_full_*`` API gives the layout every strategy
-        shares. Parameters are gathered one at a time, so peak extra memory is one parameter.
+        ZeRO's own checkpoints only reopen under the same stage and world size; this is the layout every strategy
+        shares, written without gathering anything: a save needs no memory beyond the state itself.
         """
-        import torch
-        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
-
-        module = self.engine.module
-        model, states = {}, {}
-        self.sync_buffers()
-        self._link_optimizer_state()
-        step = torch.tensor(self._adam_step())
-        for name, p in module.named_parameters():
-            name = bare_name(name)
-            shape = full_shape(p)
-            full = safe_get_full_fp32_param(p)  # collective under ZeRO-3: same order on every rank
-            model[name] = full.detach().reshape(shape).cpu().clone()
-            entry = {"step": step.clone()}
-            for key in ("exp_avg", "exp_avg_sq"):
-                value = safe_get_full_optimizer_state(p, key)
-                entry[key] = (value.detach().reshape(shape).cpu().clone() if value is not None
-                              else torch.zeros(shape))
-            states[name] = entry
-        for name, b in module.named_buffers():
-            model[bare_name(name)] = b.detach().cpu().clone()
-        names = {id(p): bare_name(n) for n, p in module.named_parameters()}
-        groups = [{**{k: v for k, v in g.items() if k != "params"},
-                   "params": [names[id(p)] for p in g["params"] if id(p) in names]}
-                  for g in self._client_groups]
-        return {"model": model, "optim": {"state": states, "param_groups": groups}}
+        return self.state.checkpoint_state()
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
-        import torch
-        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+        """``state`` was read into DeepSpeed's buffers in place (see :meth:`checkpoint_load_target`); the 16-bit
+        weights follow from the masters."""
+        self.state.finish_load(state)
 
-        module, dev = self.engine.module, self.dist.device
-        saved = state["optim"]["state"]
-        self._link_optimizer_state()
-        for name, p in module.named_parameters():
-            name = bare_name(name)
-            value = state["model"][name].to(dev)
-            self._set_master(p, value, None, safe_set_full_fp32_param)  # the fp32 master partition
-            self._set_model_param(p, value)  # and the copy forward() uses
-            for key in ("exp_avg", "exp_avg_sq"):
-                self._set_master(p, saved[name][key].to(dev), key, safe_set_full_optimizer_state)
-        step = next(iter(saved.values()))["step"]
-        for st in self._base_optimizer().state.values():
-            if "step" in st:
-                st["step"] = step.clone() if torch.is_tensor(st["step"]) else int(step)
-        for name, b in module.named_buffers():
-            b.data.copy_(state["model"][bare_name(name)].to(b.device))
+    def checkpoint_load_target(self) -> dict[str, Any]:
+        return self.state.checkpoint_state(to_load=True)
 
-    def _set_master(self, p, value, key, public_setter) -> None:
-        """Write this rank's slice of ``value`` into the fp32 master (``key=None``) or an Adam moment."""
-        if self.zero_stage != 3:
-            public_setter(p, value) if key is None else public_setter(p, value, key)
-            return
-        # ZeRO-3's public setter slices ``value`` by the padded partition size and fails on the last
-        # rank whenever numel is not a multiple of the world size; write the slice ourselves.
-        part, start = internals.fp32_partition(self.engine.optimizer, p, key)
-        chunk = value.flatten()[start:start + part.numel()]
-        part.data.zero_()
-        part.data[: chunk.numel()].copy_(chunk)
-
-    def _set_model_param(self, p, value) -> None:
-        if self.zero_stage == 3:
-            import deepspeed
-
-            # Gather, overwrite on every rank (they hold the same value), and let DeepSpeed repartition.
-            with deepspeed.zero.GatheredParameters([p], modifier_rank=0):
-                if self.is_main:
-                    p.data.copy_(value.reshape(p.shape))
-        else:
-            p.data.copy_(value.to(p.dtype))
-
-    def full_state_dict(self) -> dict[str, Any] | None:
-        if self.zero_stage == 3:
-            state = internals.zero3_consolidated_state_dict(self.engine)  # collective; rank 0 gets it
-        else:
-            state = self.engine.module.state_dict()
-        if not self.is_main or state is None:
-            return None
-        # Consolidated weights are fp32 whatever the engine computes in (bf16/fp16 weights are upcast), each
-        # 16-bit tensor dropped as its copy is made: the whole model is held once, not in both dtypes.
-        return {bare_name(k): v.detach().cpu().float() if v.is_floating_point() else v.detach().cpu().clone()
-                for k, v in _drain(state)}
+    def model_pieces(self) -> list[ModelPiece]:
+        return self.state.model_pieces()
 
     def teardown(self) -> None:
         if hasattr(self, "engine") and hasattr(self.engine, "destroy"):
@@ -417,13 +330,6 @@ def release_shm_buffer(rank: int) -> None:
         dist.barrier()
     with contextlib.suppress(OSError):
         shm_buffer_path(rank).unlink()
-
-
-def _drain(state: dict[str, Any]):
-    """``state``'s items, each removed from it as it is handed out."""
-    while state:
-        key = next(iter(state))
-        yield key, state.pop(key)
 
 
 def refuse_flattened(ds_config: dict[str, Any], source: str, name: str) -> None:

@@ -27,6 +27,7 @@ BF16 = "deepspeed.runtime.bf16_optimizer.BF16_Optimizer"
 FP16 = "deepspeed.runtime.fp16.fused_optimizer.FP16_Optimizer"
 ENGINE = "deepspeed.runtime.engine.DeepSpeedEngine"
 ZERO_INIT = "deepspeed.runtime.zero.partition_parameters.Init"  # sets the ds_* attributes on each parameter
+FRAGMENT = "deepspeed.utils.tensor_fragment.tensor_fragment"  # ZeRO-1/2's record of a parameter's fp32 fragment
 SHARDED_DDP = "fairscale.nn.data_parallel.sharded_ddp.ShardedDataParallel"
 DS_CONFIG = "deepspeed.runtime.config"  # a module: its removed-key tables
 
@@ -58,7 +59,13 @@ PRIVATE_ATTRIBUTES: tuple[Private, ...] = (
     Private(BF16, "_hp_optimizer_states_linked", "relink_hp_optimizer_state"),
     Private(BF16, "_lazy_init_hp_params_optimizer_state", "relink_hp_optimizer_state"),
     Private(ZERO3, "_get_fp32_opt_state_partition", "fp32_partition"),
-    Private(ZERO3, "_get_param_partition_rank", "fp32_partition"),
+    Private(ZERO3, "_get_param_partition_rank", "zero3_partition_range"),
+    Private(ZERO_INIT, "ds_tensor", "zero3_partition_range"),
+    Private(ZERO_INIT, "ds_numel", "zero3_partition_range"),
+    Private(ZERO12, "_hp_mapping", "hp_fragment"),
+    Private(BF16, "_hp_mapping", "hp_fragment"),
+    Private(FRAGMENT, "lp_fragment_address", "hp_fragment"),
+    Private(FRAGMENT, "get_hp_fragment", "hp_fragment"),
     Private(ENGINE, "_zero3_consolidated_16bit_state_dict", "zero3_consolidated_state_dict"),
     Private(ENGINE, "skipped_steps", "skipped_steps"),
     Private(ZERO3, "cur_scale", "loss_scale"),
@@ -144,11 +151,36 @@ def relink_hp_optimizer_state(zero_opt: Any) -> None:
 
 
 @_relies_on
-def fp32_partition(zero3_opt: Any, param: torch.nn.Parameter, key: str | None = None) -> tuple[torch.Tensor, int]:
+def fp32_partition(zero3_opt: Any, param: torch.nn.Parameter, key: str | None = None,
+                   release: bool = False) -> torch.Tensor:
     """ZeRO-3: this rank's (padded) partition of ``param``'s fp32 master (``key=None``) or of its optimizer state
-    ``key``, and the offset of that partition in the flattened full tensor."""
-    part, _ = zero3_opt._get_fp32_opt_state_partition(param, release_swap_buffers=False, optim_state_key=key)
-    return part, part.numel() * zero3_opt._get_param_partition_rank(param)
+    ``key``, a view of the optimizer's flat buffer. ``release``: under NVMe offload, give the swap buffer back at once
+    (the view is then valid only until the next swap: read it before asking for another)."""
+    return zero3_opt._get_fp32_opt_state_partition(param, release_swap_buffers=release, optim_state_key=key)[0]
+
+
+@_relies_on
+def zero3_partition_range(zero3_opt: Any, param: torch.nn.Parameter) -> tuple[int, int]:
+    """ZeRO-3: where this rank's partition of ``param`` starts in its flat order, and its (padded) size: the ranks'
+    partitions are equal, in rank order, and the last pads past the parameter's end."""
+    size = param.ds_tensor.ds_numel
+    return size * zero3_opt._get_param_partition_rank(param), size
+
+
+def holds_fragments(param: torch.nn.Parameter) -> bool:
+    """Whether a ZeRO-1/2 (or BF16) optimizer records ``param``'s fp32 fragments (see :func:`hp_fragment`)."""
+    return hasattr(param, "_hp_mapping")
+
+
+@_relies_on
+def hp_fragment(param: torch.nn.Parameter, key: str | None = None) -> tuple[torch.Tensor, int] | None:
+    """ZeRO-1/2 (and the BF16 optimizer): this rank's fragment of ``param``'s fp32 master (``key=None``) or of its
+    optimizer state ``key`` (a view of the flat partition), and where it starts in ``param``'s flat order; None when
+    this rank's partition holds none of ``param``."""
+    mapping = param._hp_mapping
+    if mapping is None:
+        return None
+    return mapping.get_hp_fragment(key), mapping.lp_fragment_address.start
 
 
 @_relies_on

@@ -17,7 +17,7 @@ from torch import nn
 
 from scale_ocr.config import OptimConfig, StrategyConfig, TrainConfig
 from scale_ocr.dist.distributed import DistInfo
-from scale_ocr.memory.model import deepspeed_estimate, predict, step_peak
+from scale_ocr.memory.model import deepspeed_estimate, predict, save_peak, step_peak
 
 GB = 2**30  # DeepSpeed's estimators print GB as 2**30 bytes; we use the same unit so the numbers compare
 
@@ -134,7 +134,9 @@ def estimate(size: ModelSize, world: int, precision: str, strategies: list[str],
         row["activations"] = activations.under(layout) if activations else None
         row["resident_state"] = pred.resident
         row["grads_freed"] = layout.grads_freed
-        row["total"] = step_peak(row["resident_state"], pred.grads, row["activations"] or 0, layout.grads_freed)
+        row["step"] = step_peak(row["resident_state"], pred.grads, row["activations"] or 0, layout.grads_freed)
+        row["save"] = save_peak(row["resident_state"], pred.grads, size.largest_layer, layout.grads_freed)
+        row["total"] = max(row["step"], row["save"])
         rows[name] = row
     return {"params": size.params, "largest_layer": size.largest_layer, "world_size": world,
             "ranks_per_node": min(ranks_per_node or world, world), "precision": precision, "strategies": rows}

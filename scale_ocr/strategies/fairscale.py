@@ -10,7 +10,7 @@ from torch import nn
 from scale_ocr.memory.model import StateLayout
 from scale_ocr.models.checkpointing import bare_name
 from scale_ocr.optim import OptimizerSpec
-from scale_ocr.strategies.base import StepStats, Strategy
+from scale_ocr.strategies.base import ModelPiece, StepStats, Strategy, replica_pieces
 from scale_ocr.strategies.common import TorchStepper, init_optimizer_state, torch_state_meter
 from scale_ocr.strategies.deepspeed_internals import ddp_bucket_buffers
 
@@ -92,6 +92,6 @@ class Fairscale(Strategy):
                 if names[id(p)] in saved:
                     local.state[p] = {k: v.to(p.device) if k != "step" else v for k, v in saved[names[id(p)]].items()}
 
-    def full_state_dict(self) -> dict[str, Any] | None:
+    def model_pieces(self) -> list[ModelPiece]:
         # Parameters are replicated (OSS broadcasts them after every step); only the state is sharded.
-        return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()} if self.is_main else None
+        return replica_pieces(self.module.state_dict(), self.is_main)

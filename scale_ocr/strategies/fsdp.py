@@ -4,18 +4,28 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from scale_ocr.memory.model import StateLayout
+from scale_ocr.models.checkpointing import bare_name
 from scale_ocr.models.init import ModelFactory, init_weights
 from scale_ocr.models.registry import capable
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.precision import compute_weight_dtype
-from scale_ocr.strategies.base import StepStats, Strategy, shard_size, single_group_notice
+from scale_ocr.strategies.base import (
+    ModelPiece,
+    StepStats,
+    Strategy,
+    shard_size,
+    single_group_notice,
+    written_dtype,
+)
 from scale_ocr.strategies.common import (
     TorchStepper,
     broadcast_buffers,
@@ -141,11 +151,16 @@ class FSDP(Strategy):
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         torch_load_checkpoint_state(self.model, self.optimizer, state)
 
-    def full_state_dict(self) -> dict[str, Any] | None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    def model_pieces(self) -> list[ModelPiece]:
+        """Each sharded tensor all-gathered on its own (``full_tensor``), then copied to the CPU on rank 0."""
+        self.sync_buffers()
 
-        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return state if self.is_main else None
+        def fetch(t: torch.Tensor) -> torch.Tensor | None:
+            whole = t.full_tensor() if isinstance(t, DTensor) else t  # a collective over the tensor's mesh
+            return whole.detach().to("cpu", written_dtype(t), copy=True) if self.is_main else None
+
+        return [ModelPiece(bare_name(k), tuple(t.shape), written_dtype(t), partial(fetch, t))
+                for k, t in self.model.state_dict().items()]
 
 
 class HSDP(FSDP):

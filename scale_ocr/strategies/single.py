@@ -9,7 +9,7 @@ from torch import nn
 
 from scale_ocr.memory.model import StateLayout
 from scale_ocr.optim import OptimizerSpec
-from scale_ocr.strategies.base import StepStats, Strategy
+from scale_ocr.strategies.base import ModelPiece, StepStats, Strategy, replica_pieces
 from scale_ocr.strategies.common import (
     TorchStepper,
     dense_clip,
@@ -59,8 +59,8 @@ class SingleDevice(Strategy):
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         torch_load_checkpoint_state(self.module, self.optimizer, state)
 
-    def full_state_dict(self) -> dict[str, Any] | None:
-        return self.module.state_dict()
+    def model_pieces(self) -> list[ModelPiece]:
+        return replica_pieces(self.module.state_dict(), True)
 
 
 class DataParallel(SingleDevice):

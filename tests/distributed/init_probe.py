@@ -35,7 +35,7 @@ def probe(strategy, dist, arch: str, width: str, depth: str, compare: str) -> di
         return {"max_abs_diff": None, "peak_rss_growth": growth, "whole_bytes": 4 * n}
     decayed = [len(g["params"]) for g in spec.groups(model) if g["weight_decay"] > 0]  # as the strategy groups them
     strategy.setup(model, spec)
-    whole = strategy.full_state_dict()
+    whole = {piece.name: piece.fetch() for piece in strategy.model_pieces()}  # a collective per piece
     diff = None
     if dist.is_main:
         reference_model = Strategy.build_model(strategy, task.model_factory(), seed=7)  # the base class: built whole

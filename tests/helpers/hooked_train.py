@@ -31,9 +31,9 @@ def stall_saves(seconds: float) -> None:
     write = CheckpointManager.write_shards
     saves = 0
 
-    def write_then_stall(self, strategy, folder) -> None:
+    def write_then_stall(self, strategy, folder, *args) -> None:
         nonlocal saves
-        write(self, strategy, folder)
+        write(self, strategy, folder, *args)
         saves += 1
         if saves > 1:
             time.sleep(seconds)
