@@ -71,6 +71,8 @@ class Search:
     depths: tuple[int, ...] = ()  # probe exactly these depths instead of searching
     lr: float = 1e-4  # a 0.75B ViT at a global batch of 4 diverges at the trainer's default 1e-3
     samples: int | None = None  # words the probes train on (default: a fresh batch per step); fewer repeat
+    saves: bool = True  # probes save as users' runs do (searches before issue 58's fix did not: their search.json
+    # has no such key, and reads as False)
 
 
 @dataclass
@@ -185,9 +187,9 @@ def run_probe(s: Search, strategy: str, checkpointing: bool, depth: int, data_ar
     cfg = Config(s.arch, strategy, s.world_size, s.batch_size, 0, max(1, (os.cpu_count() or 1) // s.world_size),
                  launcher_for(strategy), s.precision)
     on_gpu = _on_gpu()
+    flags = ["--model-width", str(s.width), "--model-depth", str(depth), "--lr", str(s.lr)]
     # What users run: a checkpoint mid-run, and at the end the final one and last_model.pt, all in the peak.
-    flags = ["--model-width", str(s.width), "--model-depth", str(depth), "--lr", str(s.lr),
-             "--save-every", str(max(1, s.steps - 1)), "--keep-last", "1"]
+    flags += ["--save-every", str(max(1, s.steps - 1)), "--keep-last", "1"] if s.saves else ["--no-save-model"]
     flags += ["--activation-checkpointing"] if checkpointing else []
     flags += ["--gpu-memory-cap-gb", str(s.budget_gb)] if on_gpu else []  # on CPU: the runner caps each process
     run_dir = work / "runs" / key
@@ -292,6 +294,7 @@ def _key(strategy: str, checkpointing: bool, depth: int | None = None) -> str:
 
 
 def _search(fields: dict[str, Any]) -> Search:
+    fields = {"saves": False, **fields}  # recorded before probes saved
     return Search(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
@@ -349,6 +352,8 @@ def write_report(out: Path) -> Path:
              f"Host: {header['hardware']['cpu']} ({header['hardware']['cores']} cores); git {header['versions']['git']}"
              + (f"; probes ran with MALLOC_MMAP_THRESHOLD_={header['malloc_mmap_threshold']}"
                 if header.get("malloc_mmap_threshold") else ""),
+             *([f"Every probe saves as a user's run does: a checkpoint at step {max(1, s['steps'] - 1)}, then the final "
+                "checkpoint and last_model.pt; its peak is the whole run's."] if s.get("saves") else []),
              *([f"Predictions: the memory model at git {repredicted}, made again after the probes ran "
                 "(`python -m benchmarks.max_model --repredict --out DIR`); the probes themselves are unchanged."]
                if repredicted else []),

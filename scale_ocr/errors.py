@@ -6,6 +6,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -161,6 +162,14 @@ def is_out_of_memory(exc: BaseException) -> bool:
             or any(isinstance(e, BaseException) and is_out_of_memory(e) for e in inner))
 
 
+def _allocator_words(exc: BaseException) -> str:
+    """What an out-of-memory error says of the allocation (``you tried to allocate N bytes``), without the C++
+    source location torch puts first; else its first line, cut."""
+    found = re.search(r"(DefaultCPUAllocator: can't allocate memory: you tried to allocate \d+ bytes|"
+                      r"CUDA out of memory\. Tried to allocate [\d.]+ \w+)", str(exc))
+    return found.group(1) if found else first_line(exc)[:160]
+
+
 @contextlib.contextmanager
 def memory_for(save: str, then: str) -> Iterator[None]:
     """Around a save: running out of memory in it ends this rank with one line that names the save and its bytes
@@ -172,12 +181,12 @@ def memory_for(save: str, then: str) -> Iterator[None]:
         if isinstance(exc, (KeyboardInterrupt, SystemExit, UserError)) or not is_out_of_memory(exc):
             raise
         rank = os.environ.get("RANK", "0")
-        ranks, first = [rank], first_line(exc)[:160]
+        ranks, first = [rank], _allocator_words(exc)
         failures = getattr(exc, "failures", None)  # DCP: every rank raises, holding each failed rank's exception
         if isinstance(failures, dict):
             failed = {r: v[0] if isinstance(v, tuple) else v for r, v in failures.items()}
             ranks = [str(r) for r, e in sorted(failed.items()) if isinstance(e, BaseException) and is_out_of_memory(e)]
-            first = next((first_line(failed[int(r)])[:160] for r in ranks), first)
+            first = next((_allocator_words(failed[int(r)]) for r in ranks), first)
         stop = RunStopped(f"out of memory on rank {', '.join(ranks)} while writing {save} ({first}); {then}",
                           EXIT_OUT_OF_MEMORY)
         stop.by_this_rank = rank in ranks  # printed by the rank that ran out, whichever it is

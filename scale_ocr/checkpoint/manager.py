@@ -141,7 +141,9 @@ class CheckpointManager:
                 write()
             except (Exception, CheckpointException) as exc:  # noqa: BLE001 - CheckpointException is a BaseException
                 fault = disk_fault(exc, final, "checkpoint", kept, needed)
-                if fault is None:
+                if fault is None:  # another failure (out of memory: every rank's DCP write raises it together)
+                    if self.dist.is_main:
+                        remove_tree(tmp)
                     raise
                 return fault
             return None

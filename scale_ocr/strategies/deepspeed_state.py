@@ -24,7 +24,7 @@ import torch
 from scale_ocr.models.checkpointing import bare_name
 from scale_ocr.models.init import full_shape
 from scale_ocr.strategies import deepspeed_internals as internals
-from scale_ocr.strategies.base import ModelPiece, written_dtype
+from scale_ocr.strategies.base import ModelPiece, replica_pieces
 from scale_ocr.strategies.common import broadcast_buffers, init_optimizer_state
 from scale_ocr.strategies.flat_shard import FlatShard
 
@@ -150,8 +150,7 @@ class DeepSpeedState:
         broadcast_buffers(self.module)
         pieces = [ModelPiece(name, full_shape(p), torch.float32, partial(self._whole_master, p))
                   for name, p in self._params()]
-        pieces += [ModelPiece(name, tuple(b.shape), written_dtype(b), partial(self._on_main, b))
-                   for name, b in self._buffers()]
+        pieces += replica_pieces(dict(self._buffers()), self.is_main)  # whole on every rank
         order = {k: i for i, k in enumerate(bare_name(k) for k in self.module.state_dict(keep_vars=True))}
         return sorted(pieces, key=lambda piece: order.get(piece.name, len(order)))  # the state dict's order
 
@@ -170,6 +169,3 @@ class DeepSpeedState:
 
         with deepspeed.zero.GatheredParameters([p]):
             return p.detach().clone()
-
-    def _on_main(self, t: torch.Tensor) -> torch.Tensor | None:
-        return t.detach().to("cpu", written_dtype(t), copy=True) if self.is_main else None

@@ -95,6 +95,30 @@ def test_resume_matrix(saver, resumer, world, saved, tmp_path, ddp_straight):
 
 
 @pytest.mark.slow
+def test_deepspeed_ranks_write_the_part_of_each_tensor_they_hold(saved):
+    """ZeRO-2 keeps each rank's fp32 masters and Adam moments as a range of one flat partition: each rank writes
+    that range of every tensor, where it lies (before, every rank gathered each whole tensor first). The tensor the
+    partitions' boundary runs through is in both ranks' files, as boxes that tile it exactly."""
+    import math
+
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from scale_ocr.checkpoint.safe_dcp import read_metadata_file
+
+    md = read_metadata_file(saved("zero2") / ".metadata")
+    masters = {k: v for k, v in md.state_dict_metadata.items()
+               if k.startswith("model.") and isinstance(v, TensorStorageMetadata) and "running_" not in k}
+    files = {k: {info.relative_path for index, info in md.storage_data.items() if index.fqn == k} for k in masters}
+    assert set().union(*files.values()) == {"__0_0.distcp", "__1_0.distcp"}
+    split = [k for k, v in masters.items() if len(files[k]) == 2]
+    assert split, "no tensor is written in parts"
+    for k in split:
+        assert sum(math.prod(c.sizes) for c in masters[k].chunks) == math.prod(masters[k].size)
+        moment = f"optim.state.{k[len('model.'):]}.exp_avg"
+        assert {info.relative_path for index, info in md.storage_data.items() if index.fqn == moment} == files[k]
+
+
+@pytest.mark.slow
 def test_resume_at_another_world_size_and_batch_trains_the_rest(saved, tmp_path):
     """ddp x2 (global batch 8) saved at step 4 = 32 samples into epoch 1; one process at batch 4 continues from
     those 32 samples (its step 8) through both epochs (its step 32), not to the saved run's step count."""

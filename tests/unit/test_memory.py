@@ -223,6 +223,24 @@ def test_freed_gradients_and_activations_peak_at_the_larger_of_the_two():
         rows = doc["strategies"]
         fsdp, ddp, zero3 = rows["fsdp"], rows["ddp"], rows["zero3"]
         assert fsdp["grads_freed"] and not ddp["grads_freed"] and not zero3["grads_freed"]
-        assert fsdp["total"] == pytest.approx(fsdp["resident_state"] - fsdp["grads"] + max(fsdp["grads"], acts))
-        assert ddp["total"] == pytest.approx(ddp["resident_state"] + acts)
-        assert zero3["total"] == pytest.approx(zero3["resident_state"] + acts)
+        assert fsdp["step"] == pytest.approx(fsdp["resident_state"] - fsdp["grads"] + max(fsdp["grads"], acts))
+        assert ddp["step"] == pytest.approx(ddp["resident_state"] + acts)
+        assert zero3["step"] == pytest.approx(zero3["resident_state"] + acts)
+
+
+def test_a_save_holds_the_state_between_steps_and_one_tensor_and_auto_plans_for_it():
+    """Every save goes a tensor at a time, so it needs the state training keeps between steps (freed gradients
+    not) plus the one tensor gathered and copied in fp32; a model whose largest layer is large beside its
+    activations peaks there, and --strategy auto plans for that."""
+    from scale_ocr.strategies.auto import rank_need, runtime_margin
+    from scale_ocr.strategies.estimate import Activations, ModelSize, estimate
+
+    size = ModelSize(params=100_000_000, largest_layer=50_000_000)
+    rows = estimate(size, 2, "fp32", ["ddp", "fsdp", "zero3"], activations=Activations(1e6, 1e6))["strategies"]
+    for row in rows.values():
+        between_steps = row["resident_state"] - (row["grads"] if row["grads_freed"] else 0)
+        assert row["save"] == pytest.approx(between_steps + 8 * size.largest_layer)
+        assert row["total"] == max(row["step"], row["save"])
+    ddp = rows["ddp"]
+    assert ddp["save"] > ddp["step"]  # the save is this model's peak: auto counts it
+    assert rank_need(ddp, size.largest_layer, False) == pytest.approx(ddp["save"] + runtime_margin(False))

@@ -264,3 +264,52 @@ def test_a_checkpoint_at_a_validated_step_keeps_that_validation_for_the_resumed_
     assert main([*args, "--output-dir", str(cut)]) == 0
     assert f"at step {rewind}" in capsys.readouterr().out
     assert val_steps(cut) == val_steps(whole) == [2, 4, 6, 8, 10]
+
+
+ALLOCATOR_FAILURE = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
+                     "tried to allocate 37748736 bytes. Error code 12 (Cannot allocate memory)")
+
+
+def test_model_files_that_do_not_fit_in_memory_lose_nothing(tmp_path, capsys, monkeypatch):
+    """The allocator fails while last_model.pt is written (after training, as a 0.76B ZeRO-3 run's rank 0 did when it
+    gathered the whole model): one line naming the file, its bytes and the checkpoint written before it; exit 3."""
+    from scale_ocr.checkpoint import model_files
+    from scale_ocr.checkpoint.export import export
+
+    def put(self, tensor):
+        raise RuntimeError(ALLOCATOR_FAILURE)
+
+    monkeypatch.setattr(model_files.TorchFile, "put", put)
+    run_dir = tmp_path / "run"
+    code = main([*SMALL, "--max-steps", "2", "--output-dir", str(run_dir)])
+    line = _one_line(capsys.readouterr().err)
+    assert code == 3 and "out of memory on rank 0 while writing last_model.pt and best_model.pt (" in line
+    assert " MiB in fp32, a tensor at a time: at most " in line
+    assert "nothing is lost: checkpoints/step_00000002 holds this step's state" in line and "scale-ocr export" in line
+    assert not list(run_dir.glob("*.pt")) and not list(run_dir.glob(".*.tmp*"))  # no file, no partial one
+    monkeypatch.undo()
+    export(run_dir, tmp_path / "model.safetensors")  # the trained model, from the checkpoint written first
+
+
+def test_a_checkpoint_that_does_not_fit_in_memory_keeps_the_last_good_one(tmp_path, capsys, monkeypatch):
+    import torch.distributed.checkpoint as dcp
+
+    save, calls = dcp.save, []
+
+    def save_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError(ALLOCATOR_FAILURE)
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(dcp, "save", save_once)
+    run_dir = tmp_path / "run"
+    code = main([*SMALL, "--max-steps", "4", "--save-every", "2", "--output-dir", str(run_dir)])
+    line = _one_line(capsys.readouterr().err)
+    assert code == 3 and "while writing checkpoint step_00000004 (" in line and "of model and optimizer state" in line
+    assert "checkpoints/step_00000002, the newest complete one, is kept" in line
+    ckpts = run_dir / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000002"]  # the partial one removed
+    monkeypatch.undo()
+    assert main([*SMALL, "--max-steps", "4", "--save-every", "2", "--output-dir", str(run_dir)]) == 0  # resumes
+    assert "resumed from" in capsys.readouterr().out and read_metrics(run_dir)["steps"] == 4
