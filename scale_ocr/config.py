@@ -313,8 +313,8 @@ class TrainConfig:
                                    "value when training started (or resumed; floored at 1) is a bad step, as a NaN "
                                    "is: --lr 1e30 throws weights to 1e28 while loss and gradient are still finite")
     save_model: bool = opt(True, "write last_model.pt (and best_model.pt) at each epoch's end, the whole model in "
-                           "fp32, gathered and written a tensor at a time on rank 0 (after the final checkpoint, "
-                           "so a write that fails loses nothing); resumable checkpoints are separate (--save-every)",
+                           "fp32, gathered and written a tensor at a time on rank 0, after a checkpoint of the same "
+                           "step (so a write that fails loses nothing)",
                            action=argparse.BooleanOptionalAction)
     profile_steps: int = opt(0, "profile the last N optimizer steps with torch.profiler (excluded from samples/s): "
                              "rank 0's Chrome trace in the run directory, and the communication no compute hides "

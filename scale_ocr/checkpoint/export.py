@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -105,8 +104,8 @@ def load_checkpoint_model(path: Path) -> LoadedModel:
     return LoadedModel(model.eval(), task, str(path))
 
 
-def _export_identity(path: Path, layout_only: bool = True) -> tuple[nn.Module, Task, Any]:
-    """An export's model (its layout, or built), task and open safetensors handle's header facts."""
+def _export_identity(path: Path, layout_only: bool = True) -> tuple[nn.Module, Task]:
+    """An export's model (its layout, or built) and task, checked against what its header holds."""
     from safetensors import safe_open
 
     try:
@@ -123,15 +122,14 @@ def _export_identity(path: Path, layout_only: bool = True) -> tuple[nn.Module, T
     damaged = (f"{path} lacks scale-ocr metadata (the model's identity); export it with `scale-ocr export`")
     if identity is None:
         raise UserError(damaged)
-    model, task = _checked(identity, held, path, path, damaged, layout_only=layout_only)
-    return model, task, held
+    return _checked(identity, held, path, path, damaged, layout_only=layout_only)
 
 
 def load_export(path: Path) -> LoadedModel:
     """A model written by :func:`export`."""
     from safetensors.torch import load_file
 
-    model, task, _ = _export_identity(path, layout_only=False)
+    model, task = _export_identity(path, layout_only=False)
     try:
         tensors = load_file(str(path))
     except Exception as exc:  # noqa: BLE001 - truncated or foreign files
@@ -191,12 +189,17 @@ def load_run_weights(path: Path) -> LoadedModel:
     return _with_weights(model, task, state, path)
 
 
-def load_any(path: str | Path) -> LoadedModel:
-    """A checkpoint folder or run directory, a ``.safetensors`` export, or a run's ``best_model.pt``/``last_model.pt``."""
+def _existing(path: str | Path) -> Path:
     p = Path(path)
     if not p.exists():
         raise UserError(f"{p} does not exist; pass a checkpoint folder, a run directory, a .safetensors export "
                         "or a run's best_model.pt")
+    return p
+
+
+def load_any(path: str | Path) -> LoadedModel:
+    """A checkpoint folder or run directory, a ``.safetensors`` export, or a run's ``best_model.pt``/``last_model.pt``."""
+    p = _existing(path)
     if p.is_dir():
         return load_checkpoint_model(p)
     return load_run_weights(p) if p.suffix == ".pt" else load_export(p)
@@ -240,10 +243,7 @@ def open_weights(path: str | Path) -> Iterator[Weights]:
     """A checkpoint folder or run directory, a ``.safetensors`` export, or a run's ``.pt`` model, opened to be read
     a tensor at a time: a checkpoint's tensors through DCP (each rank's pieces of one tensor), an export's through
     safetensors, a ``.pt`` file's from a read-only mapping of it (its pages are the file's, not the process's)."""
-    p = Path(path)
-    if not p.exists():
-        raise UserError(f"{p} does not exist; pass a checkpoint folder, a run directory, a .safetensors export "
-                        "or a run's best_model.pt")
+    p = _existing(path)
     if p.is_dir():
         yield _checkpoint_weights(p)
     elif p.suffix == ".pt":
@@ -252,7 +252,7 @@ def open_weights(path: str | Path) -> Iterator[Weights]:
     else:
         from safetensors import safe_open
 
-        layout, task, _ = _export_identity(p)
+        layout, task = _export_identity(p)
         with safe_open(str(p), framework="pt") as f:
             yield Weights(layout, task, f.get_tensor, str(p))
 

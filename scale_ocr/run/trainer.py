@@ -381,7 +381,8 @@ class Trainer:
         return result
 
     def end_epoch(self) -> None:
-        """Validate (with --eval), then, after the last step, the final checkpoint, then the whole-model files.
+        """Validate (with --eval), then a checkpoint of this step (after the last step, and before the whole-model
+        files), then the whole-model files.
 
         The checkpoint comes first: each rank writes it from what it holds, with no gathering, so it fits wherever
         training fits, and if the model files cannot be written after it, nothing trained is lost.
@@ -394,10 +395,13 @@ class Trainer:
             improved = math.isfinite(score[1]) and (self.state.best is None or score > self.state.best)
             if improved:
                 self.state.best = score
-        if (self.state.step >= self.total_steps and self.checkpoints is not None and self.checkpoints.at_end
+        # A checkpoint of this step: after the last (so `--resume auto` on a finished run knows there is nothing left
+        # to train), and before the model files (so one that fails loses nothing).
+        last = self.state.step >= self.total_steps
+        if ((last or self.cfg.save_model) and self.checkpoints is not None and self.checkpoints.at_end
                 and self.last_saved != self.state.step and self.state.bad_steps == 0
-                and self.weights.fine("the final checkpoint", self.strategy.is_main)):
-            self.save_checkpoint()  # so `--resume auto` on a finished run knows there is nothing left to train
+                and self.weights.fine("the checkpoint" if not last else "the final checkpoint", self.strategy.is_main)):
+            self.save_checkpoint()
         if self.cfg.save_model:
             self._write_models(improved)
         self._end_on_disk_fault(all_reduce_max(float(pending() is not None), self.device) > 0)  # one per epoch

@@ -66,7 +66,6 @@ PRIVATE_ATTRIBUTES: tuple[Private, ...] = (
     Private(BF16, "_hp_mapping", "hp_fragment"),
     Private(FRAGMENT, "lp_fragment_address", "hp_fragment"),
     Private(FRAGMENT, "get_hp_fragment", "hp_fragment"),
-    Private(ENGINE, "_zero3_consolidated_16bit_state_dict", "zero3_consolidated_state_dict"),
     Private(ENGINE, "skipped_steps", "skipped_steps"),
     Private(ZERO3, "cur_scale", "loss_scale"),
     Private(ZERO12, "cur_scale", "loss_scale"),
@@ -190,12 +189,6 @@ def loss_scale(zero_opt: Any) -> float:
 
 
 # --- DeepSpeed: the engine -------------------------------------------------------------------------------------
-
-@_relies_on
-def zero3_consolidated_state_dict(engine: Any) -> dict[str, torch.Tensor] | None:
-    """ZeRO-3's whole 16-bit state dict, gathered to rank 0 (a collective; None on other ranks)."""
-    return engine._zero3_consolidated_16bit_state_dict()
-
 
 @_relies_on
 def skipped_steps(engine: Any) -> int:

@@ -114,9 +114,16 @@ def test_run_weights_file_predicts_and_a_crafted_one_does_not_run(run_dir, tmp_p
     """A run's last_model.pt is a model for predict/export (identity from config.json), read with weights_only."""
     from PIL import Image
 
+    from safetensors.torch import load_file
+
     Image.new("RGB", (128, 32), "white").save(tmp_path / "word.png")
     assert cli_main(["predict", str(run_dir / "last_model.pt"), str(tmp_path / "word.png")]) == 0
     assert capsys.readouterr().out.startswith(str(tmp_path / "word.png"))
+    # Exported a tensor at a time from the mapped file, it is the model the checkpoint of the same step holds.
+    assert cli_main(["export", str(run_dir / "last_model.pt"), str(tmp_path / "from_pt.safetensors")]) == 0
+    assert cli_main(["export", str(run_dir), str(tmp_path / "from_ckpt.safetensors")]) == 0
+    from_pt, from_ckpt = (load_file(str(tmp_path / f"from_{k}.safetensors")) for k in ("pt", "ckpt"))
+    assert from_pt.keys() == from_ckpt.keys() and all(torch.equal(from_pt[k], from_ckpt[k]) for k in from_pt)
     marker = tmp_path / "pwned"
     torch.save({"weight": _RunsCode("os.system", marker)}, run_dir / "last_model.pt")
     line = _one_error_line(cli_main(["export", str(run_dir / "last_model.pt"), str(tmp_path / "m.safetensors")]),
