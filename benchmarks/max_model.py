@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -205,6 +206,10 @@ def run_probe(s: Search, strategy: str, checkpointing: bool, depth: int, data_ar
             metrics["peak_mean_bytes"] = records[-1].get("memory/peak_bytes_mean")  # over ranks, whole run
         except (OSError, ValueError, KeyError) as exc:
             status, error = "failed", f"unreadable metrics: {exc}"
+    # Measured: what the probe saved is scratch (a 0.76B model's checkpoint and model file are 12 GB).
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    for model_file in run_dir.glob("*_model.pt"):
+        model_file.unlink()
     return Probe(strategy, checkpointing, depth, _meta_size(s, depth)[1].params, status, error, metrics)
 
 
