@@ -47,6 +47,7 @@ from benchmarks.harness import (
     step_command,
     versions,
     work_dir,
+    write_command,
 )
 
 GIB = 2**30
@@ -498,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
         repredict(args.out)
     else:
         run_search(search_from(args), args.out, args.wandb_mode, update=args.update)
+        if not args.update:
+            write_command(args.out, "max_model")
         if args.update and (args.out / "predictions.json").exists():
             repredict(args.out)  # the re-measured probes need predictions from the model the others have
     print(f"max-model: report {write_report(args.out)}")

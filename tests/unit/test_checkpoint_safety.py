@@ -113,7 +113,6 @@ def test_a_pointer_naming_a_folder_outside_the_run_is_refused(run_dir, tmp_path,
 def test_run_weights_file_predicts_and_a_crafted_one_does_not_run(run_dir, tmp_path, capsys):
     """A run's last_model.pt is a model for predict/export (identity from config.json), read with weights_only."""
     from PIL import Image
-
     from safetensors.torch import load_file
 
     Image.new("RGB", (128, 32), "white").save(tmp_path / "word.png")
