@@ -45,11 +45,17 @@ def runtime_margin(on_gpu: bool) -> int:
 def rank_need(row: dict, largest_layer: int, on_gpu: bool, activations: float = 0.0) -> float:
     """Bytes a rank needs: the larger of an ``estimate`` row's step peak (``activations`` added to any already in
     it, and the gathered largest unit in flight and the next for engines that gather) and its save peak (the
-    checkpoint and model files written a tensor at a time), plus the runtime margin."""
+    checkpoint and model files written a tensor at a time), plus the runtime margin.
+
+    A row's figures are device memory, less what the engine keeps in host memory; a CPU rank's device is the
+    host, so there offloading keeps nothing off it (measured: zero3_offload peaked at 8.4 GiB per CPU rank where
+    zero3 peaked at 7.0, on the 0.76B ViTSTR of benchmarks/results' large_model record).
+    """
+    on_host = 0.0 if on_gpu else row["host"]
     gathered = 2 * 4 * largest_layer if row["params_sharded"] else 0
     acts = (row["activations"] or 0) + activations
-    step = step_peak(row["resident_state"], row["grads"], acts, row["grads_freed"]) + gathered
-    return max(step, row["save"]) + runtime_margin(on_gpu)
+    step = step_peak(row["resident_state"] + on_host, row["grads"], acts, row["grads_freed"]) + gathered
+    return max(step, row["save"] + on_host) + runtime_margin(on_gpu)
 
 
 def memory_needs(cfg: RunConfig, world: int) -> tuple[dict[str, int], dict[str, float], dict[str, int]]:

@@ -20,9 +20,21 @@ def _choose(gb: float, world: int = 2):
 
 def test_needs_follow_the_memory_model(needs):
     assert list(needs) == list(MULTI_RANK_ORDER)
-    # Sharding parameters needs the least on the device, offload less still; replication the most.
+    # Sharding parameters needs the least on the device; replication the most.
     assert needs["ddp"] > needs["zero2"] > needs["fsdp"]
-    assert needs["zero3_offload"] < needs["zero3"]
+
+
+def test_offload_frees_a_gpus_memory_but_not_a_cpu_ranks():
+    """Offloaded state moves to host memory: off a GPU, but a CPU rank's device is the host, where it stays."""
+    from scale_ocr.strategies.auto import rank_need
+    from scale_ocr.strategies.estimate import ModelSize, estimate
+
+    size = ModelSize(params=765_000_000, largest_layer=9_440_000)
+    rows = estimate(size, 2, "bf16", ["zero3", "zero3_offload"])["strategies"]
+    on_gpu = {name: rank_need(row, size.largest_layer, True) for name, row in rows.items()}
+    on_cpu = {name: rank_need(row, size.largest_layer, False) for name, row in rows.items()}
+    assert on_gpu["zero3_offload"] < on_gpu["zero3"] / 3
+    assert on_cpu["zero3_offload"] >= on_cpu["zero3"]
 
 
 def test_plenty_of_memory_picks_the_fastest(needs):
