@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from scale_ocr.checkpoint.identity import build_checked, dcp_model_elements, safetensors_elements, tensors_elements
-from scale_ocr.checkpoint.piecewise import SafetensorsFile, TensorSpec, TorchFile
+from scale_ocr.checkpoint.piecewise import SafetensorsFile, TensorSpec, TorchFile, TorchFileReader
 from scale_ocr.checkpoint.pointer import checkpoint_folder
 from scale_ocr.config import MODEL_SIZE_FIELDS
 from scale_ocr.errors import UserError
@@ -146,11 +146,11 @@ def _with_weights(model: nn.Module, task: Task, state: dict, path: Path) -> Load
     return LoadedModel(model.eval(), task, str(path))
 
 
-def _run_weights(path: Path, *, mmap: bool) -> tuple[nn.Module, Task, dict]:
+def _run_weights(path: Path, *, layout_only: bool) -> tuple[nn.Module, Task, dict]:
     """A run's ``best_model.pt`` or ``last_model.pt``: a plain state dict, its identity from the run's config.json.
 
-    Read with ``torch.load(weights_only=True)``: tensors and plain containers only, never code. ``mmap``: the file
-    is mapped, not read (for a model read a tensor at a time), and the model is returned as its layout only.
+    Read with ``torch.load(weights_only=True)``: tensors and plain containers only, never code. ``layout_only``: the
+    tensors are loaded to the meta device (to be read a tensor at a time) and the model is returned as its layout.
     """
     from scale_ocr.checkpoint.safe_dcp import load_tensors
 
@@ -169,7 +169,7 @@ def _run_weights(path: Path, *, mmap: bool) -> tuple[nn.Module, Task, dict]:
         raise UserError(f"{config_file} does not describe a model (model.arch, model.input_size); "
                         "the run directory is damaged") from None
     try:
-        state = load_tensors(path, mmap=mmap)  # a refused global (a crafted file) is already one line
+        state = load_tensors(path, meta=layout_only)  # a refused global (a crafted file) is already one line
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - truncated or foreign files raise several types
@@ -179,13 +179,13 @@ def _run_weights(path: Path, *, mmap: bool) -> tuple[nn.Module, Task, dict]:
     # config.json is checked against the registry and the weights' shapes before a build
     model, task = _checked(identity, tensors_elements(state), path, config_file,
                            f"{config_file} does not describe a model (model.arch, model.input_size); the run "
-                           "directory is damaged", layout_only=mmap)
+                           "directory is damaged", layout_only=layout_only)
     return model, task, state
 
 
 def load_run_weights(path: Path) -> LoadedModel:
     """A run's ``best_model.pt`` or ``last_model.pt``, ready for inference."""
-    model, task, state = _run_weights(path, mmap=False)
+    model, task, state = _run_weights(path, layout_only=False)
     return _with_weights(model, task, state, path)
 
 
@@ -242,13 +242,13 @@ class Weights:
 def open_weights(path: str | Path) -> Iterator[Weights]:
     """A checkpoint folder or run directory, a ``.safetensors`` export, or a run's ``.pt`` model, opened to be read
     a tensor at a time: a checkpoint's tensors through DCP (each rank's pieces of one tensor), an export's through
-    safetensors, a ``.pt`` file's from a read-only mapping of it (its pages are the file's, not the process's)."""
+    safetensors, a ``.pt`` file's from where each lies in it (:class:`TorchFileReader`)."""
     p = _existing(path)
     if p.is_dir():
         yield _checkpoint_weights(p)
     elif p.suffix == ".pt":
-        layout, task, state = _run_weights(p, mmap=True)
-        yield Weights(layout, task, state.__getitem__, str(p))
+        layout, task, state = _run_weights(p, layout_only=True)
+        yield Weights(layout, task, TorchFileReader(p, state).read, str(p))
     else:
         from safetensors import safe_open
 

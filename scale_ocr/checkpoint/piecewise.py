@@ -15,7 +15,8 @@ needs is its largest tensor, not the model.
   from the shapes, then the bytes in order).
 
 Both take the tensors in the order of their specs, check each against its spec, and are atomic through the caller's
-:func:`scale_ocr.run.safe_files.atomic_file`.
+:func:`scale_ocr.run.safe_files.atomic_file`. :class:`TorchFileReader` reads such a file (any ``torch.save`` of a
+dict of tensors) back a tensor at a time.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import sys
 import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import BinaryIO
 
 import torch
@@ -150,3 +152,40 @@ class SafetensorsFile(PiecewiseFile):
         base = 8 + len(text)
         self.f.truncate(base + at)  # the gap the bytes fill: sparse, no memory
         return [base + s for s in starts]
+
+
+class TorchFileReader:
+    """The tensors of a ``torch.save`` file of ``{name: tensor}``, read one at a time, never the whole file.
+
+    The layout comes from ``torch.load(weights_only=True, map_location="meta")`` (``layout``: meta tensors, no
+    memory), which records where each storage lies in the file; :meth:`read` then reads one tensor's bytes from
+    there. A mapping of the file would do it too, but a private writable one (torch's) counts the whole file against
+    a data-segment cap.
+
+    Args:
+        path: the file.
+        layout: what the meta load returned (the caller loads it, so that refusing a crafted file is its one line).
+    """
+
+    def __init__(self, path: Path, layout: dict[str, torch.Tensor]) -> None:
+        self.path, self.layout = path, layout
+
+    def read(self, name: str) -> torch.Tensor:
+        meta = self.layout[name]
+        storage = meta.untyped_storage()
+        at = getattr(storage, "_checkpoint_offset", None)  # torch sets it on storages it loads to the meta device
+        if at is None:
+            raise RuntimeError(f"torch {torch.__version__} did not say where {name} lies in {self.path}")
+        if not meta.numel():
+            return torch.empty(meta.shape, dtype=meta.dtype)
+        size = meta.element_size()
+        # The elements a view can reach, from its first: its storage may be larger (a slice saved with its base).
+        span = 1 + sum((n - 1) * st for n, st in zip(meta.shape, meta.stride(), strict=True))
+        raw = torch.empty(span * size, dtype=torch.uint8)
+        with open(self.path, "rb") as f:
+            f.seek(at + meta.storage_offset() * size)
+            if f.readinto(raw.numpy()) != span * size:
+                raise EOFError(f"{self.path} ends inside {name}")
+        values = raw.view(meta.dtype)
+        return values.view(meta.shape) if meta.is_contiguous() else values.as_strided(meta.shape, meta.stride()).clone()
+

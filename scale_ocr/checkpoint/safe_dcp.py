@@ -76,11 +76,11 @@ def read_metadata_file(path: Path) -> Metadata:
     return metadata
 
 
-def load_tensors(path: Path, mmap: bool = False) -> Any:
-    """``torch.load(path, weights_only=True)`` with a refused global reported as one line; ``mmap``: the tensors are
-    views of a private read-only mapping of the file, paged in as they are read."""
+def load_tensors(path: Path, meta: bool = False) -> Any:
+    """``torch.load(path, weights_only=True)`` with a refused global reported as one line; ``meta``: the tensors are
+    loaded to the meta device (shapes and dtypes, no memory; see :class:`scale_ocr.checkpoint.piecewise.TorchFileReader`)."""
     try:
-        return torch.load(path, weights_only=True, mmap=mmap)
+        return torch.load(path, weights_only=True, map_location="meta" if meta else None)
     except pickle.UnpicklingError as exc:
         raise UserError(f"checkpoint file {path} refers to `{_global_of(exc)}`, {_CRAFTED}") from None
 

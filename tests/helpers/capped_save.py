@@ -8,9 +8,11 @@ after its imports plus ``HEADROOM_MIB``, then:
 1. holds the whole model (``PIECES`` fp32 tensors of ``PIECE_MIB`` each, piece ``i`` filled with ``i``), as writing
    it with one ``torch.save`` would: it must run out of memory;
 2. writes the same model to ``OUT`` as ``last_model.pt`` is written, each piece made only when the writer asks for it
-   (as a sharded engine gathers it) and dropped after.
+   (as a sharded engine gathers it) and dropped after;
+3. reads it back a tensor at a time, as ``scale-ocr export`` reads a run's ``.pt``, checking each piece's values.
 
-Prints one JSON line: whether the whole model fitted, the cap, and the data segment's high-water mark over step 2.
+Prints one JSON line: whether the whole model fitted, the cap, and the data segment's high-water marks over steps 2
+and 3.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from pathlib import Path
 import torch
 
 from scale_ocr.checkpoint.model_files import write_whole_model
+from scale_ocr.checkpoint.piecewise import TorchFileReader
+from scale_ocr.checkpoint.safe_dcp import load_tensors
 from scale_ocr.memory.host import return_freed_memory
 from scale_ocr.strategies.base import ModelPiece
 
@@ -60,7 +64,13 @@ def main() -> None:
     model = [ModelPiece(f"blocks.{i}.weight", (rows, 1024), torch.float32, lambda i=i: fetch(i)) for i in range(pieces)]
     start = data_bytes()
     write_whole_model(model, [out], True, kept="nothing")
-    print(json.dumps({"whole_fitted": fitted, "cap": cap, "start": start, "high": high, "piece": rows * 1024 * 4}))
+    written, high = high, 0
+    reader = TorchFileReader(out, load_tensors(out, meta=True))
+    for i in range(pieces):
+        assert bool((reader.read(f"blocks.{i}.weight") == i).all())
+        high = max(high, data_bytes())
+    print(json.dumps({"whole_fitted": fitted, "cap": cap, "start": start, "high": written, "read_high": high,
+                      "piece": rows * 1024 * 4}))
 
 
 if __name__ == "__main__":

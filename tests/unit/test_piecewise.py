@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scale_ocr.checkpoint.piecewise import SafetensorsFile, TensorSpec, TorchFile
+from scale_ocr.checkpoint.piecewise import SafetensorsFile, TensorSpec, TorchFile, TorchFileReader
 from scale_ocr.run.safe_files import atomic_file
 
 HELPER = Path(__file__).resolve().parents[1] / "helpers" / "capped_save.py"
@@ -32,6 +32,8 @@ def test_a_file_written_a_tensor_at_a_time_reads_back_as_a_whole_save(tmp_path, 
         writer.close()
     if kind == "torch":
         read = torch.load(path, weights_only=True)
+        reader = TorchFileReader(path, torch.load(path, weights_only=True, map_location="meta"))
+        assert all(torch.equal(reader.read(k), v) for k, v in tensors.items())
     else:
         from safetensors import safe_open
         from safetensors.torch import load_file
@@ -60,6 +62,18 @@ def test_a_whole_model_file_needs_its_largest_piece_not_the_model(tmp_path):
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     assert not facts["whole_fitted"]  # the model held whole does not fit the cap ...
     assert facts["high"] - facts["start"] < 2 * facts["piece"]  # ... but writing it needs one piece at a time
+    assert facts["read_high"] - facts["start"] < 2 * facts["piece"]  # and so does reading it back, as export does
     written = torch.load(out, weights_only=True, mmap=True)
     assert list(written) == [f"blocks.{i}.weight" for i in range(12)]
     assert all(bool((written[f"blocks.{i}.weight"] == i).all()) for i in range(12))
+
+
+def test_a_torch_file_of_views_reads_back_a_tensor_at_a_time(tmp_path):
+    """torch.save keeps a view with its whole storage (a slice, a transpose): each is read from where it lies."""
+    base = torch.arange(48.0).reshape(6, 8)
+    state = {"rows": base[2:4], "columns": base[:, 1:3], "transposed": base.t(), "alone": torch.ones(3, dtype=torch.int64)}
+    torch.save(state, tmp_path / "views.pt")
+    reader = TorchFileReader(tmp_path / "views.pt", torch.load(tmp_path / "views.pt", weights_only=True,
+                                                                map_location="meta"))
+    assert all(torch.equal(reader.read(k), v) for k, v in state.items())
+
