@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import max_model_report
 from benchmarks.harness import (
     TRAIN,
     Config,
@@ -49,8 +50,8 @@ from benchmarks.harness import (
     work_dir,
     write_command,
 )
+from benchmarks.max_model_report import DEFAULT_LR, GIB, key, probes_of
 
-GIB = 2**30
 PROBE_MMAP_THRESHOLD = 64 << 10  # bytes; see the module docstring
 DEFAULT_STRATEGIES = ("ddp", "fsdp", "zero3")
 
@@ -71,7 +72,7 @@ class Search:
     checkpointing: tuple[bool, ...] = (False, True)
     timeout: int = 1800
     depths: tuple[int, ...] = ()  # probe exactly these depths instead of searching
-    lr: float = 1e-4  # a 0.75B ViT at a global batch of 4 diverges at the trainer's default 1e-3
+    lr: float = DEFAULT_LR  # 1e-4: a 0.75B ViT at a global batch of 4 diverges at the trainer's default 1e-3
     samples: int | None = None  # words the probes train on (default: a fresh batch per step); fewer repeat
     saves: bool = True  # probes save as users' runs do (searches before issue 58's fix did not: their search.json
     # has no such key, and reads as False)
@@ -242,7 +243,7 @@ def run_search(s: Search, out: Path, wandb_mode: str = "disabled", log=print, up
     if update:
         header = json.loads((out / "search.json").read_text())
         redo = {(st, ac) for st in s.strategies for ac in s.checkpointing}
-        kept = [p for p in _probes(results) if (p["strategy"], p["checkpointing"]) not in redo]
+        kept = [p for p in probes_of(results) if (p["strategy"], p["checkpointing"]) not in redo]
         results.write_text("".join(json.dumps(p) + "\n" for p in kept), encoding="utf-8")
         header.setdefault("updates", []).append({"strategies": list(s.strategies), "checkpointing": list(s.checkpointing),
                                                  "git": ver["git"]})
@@ -280,23 +281,19 @@ def repredict(out: Path) -> Path:
     the report then shows these and says at which commit), so a corrected model is checked against probes that
     already ran instead of by running them again."""
     s = _search(json.loads((out / "search.json").read_text())["search"])
-    probes = _probes(out / "results.jsonl")
+    probes = probes_of(out / "results.jsonl")
     doc: dict[str, Any] = {"git": versions()["git"], "largest": {}, "need": {}}
     for checkpointing in s.checkpointing:
         acts = activation_line(s, checkpointing)
         for strategy in s.strategies:
-            doc["largest"][_key(strategy, checkpointing)] = predicted_largest(s, strategy, acts)
+            doc["largest"][key(strategy, checkpointing)] = predicted_largest(s, strategy, acts)
         for p in probes:
             if p["checkpointing"] == checkpointing:
                 need = predicted_need(s, p["strategy"], p["depth"], acts)["need"]
-                doc["need"][_key(p["strategy"], checkpointing, p["depth"])] = need
+                doc["need"][key(p["strategy"], checkpointing, p["depth"])] = need
     path = out / "predictions.json"
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     return path
-
-
-def _key(strategy: str, checkpointing: bool, depth: int | None = None) -> str:
-    return f"{strategy}{'+ac' if checkpointing else ''}" + ("" if depth is None else f"@{depth}")
 
 
 def _search(fields: dict[str, Any]) -> Search:
@@ -304,121 +301,9 @@ def _search(fields: dict[str, Any]) -> Search:
     return Search(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
-def _load_probes(out: Path) -> tuple[list[dict[str, Any]], str | None]:
-    """The probes, with predictions from ``predictions.json`` when :func:`repredict` wrote one; and its commit."""
-    probes = _probes(out / "results.jsonl")
-    path = out / "predictions.json"
-    if not path.exists():
-        return probes, None
-    doc = json.loads(path.read_text())
-    for p in probes:
-        p["metrics"]["predicted"] = {**p["metrics"].get("predicted", {}),
-                                     "need": doc["need"][_key(p["strategy"], p["checkpointing"], p["depth"])],
-                                     "largest_depth": doc["largest"][_key(p["strategy"], p["checkpointing"])]}
-    return probes, doc["git"]
-
-
-def summarize(probes: list[dict[str, Any]], s: Search) -> list[dict[str, Any]]:
-    """Per (strategy, checkpointing): the largest depth that trained, its size and speed, and the prediction."""
-    rows: dict[tuple[str, bool], dict[str, Any]] = {}
-    for p in probes:
-        row = rows.setdefault((p["strategy"], p["checkpointing"]), {
-            "strategy": p["strategy"], "checkpointing": p["checkpointing"], "depth": 0, "params": 0,
-            "samples_per_sec": None, "peak_memory_bytes": None, "failed": [],
-            "predicted_depth": p["metrics"]["predicted"]["largest_depth"], "probes": 0})
-        row["probes"] += 1
-        if p["status"] == "ok" and p["depth"] > row["depth"]:
-            row.update(depth=p["depth"], params=p["params"], samples_per_sec=p["metrics"].get("samples_per_sec"),
-                       peak_memory_bytes=p["metrics"].get("peak_memory_bytes"))
-        if p["status"] not in ("ok", "oom"):
-            row["failed"].append(f"depth {p['depth']}: {p['status']} ({p['error']})")
-    for row in rows.values():
-        ddp = rows.get(("ddp", row["checkpointing"]), {}).get("params")
-        row["over_ddp"] = row["params"] / ddp if ddp else None
-        depth = row["predicted_depth"]
-        row["predicted_params"] = _meta_size(s, depth)[1].params if depth >= 1 else 0
-        row["measured_over_predicted"] = row["params"] / row["predicted_params"] if row["predicted_params"] else None
-    return list(rows.values())
-
-
 def write_report(out: Path) -> Path:
-    """report.md and fits.png from results.jsonl and search.json."""
-    header = json.loads((out / "search.json").read_text())
-    s = header["search"]
-    probes, repredicted = _load_probes(out)
-    rows = summarize(probes, _search(s))
-    lines = [f"# Largest model per strategy: {s['arch']} at width {s['width']}, world size {s['world_size']}, "
-             f"{s['budget_gb']} GiB per rank, {s['precision']}, batch {s['batch_size']} per rank",
-             "", f"Command: `python -m benchmarks.max_model --arch {s['arch']} --width {s['width']} --world-size "
-             f"{s['world_size']} --budget-gb {s['budget_gb']} --batch-size {s['batch_size']} --precision "
-             f"{s['precision']} --steps {s['steps']} --max-depth {s['max_depth']} --strategies {','.join(s['strategies'])} "
-             f"--checkpointing {_checkpointing_flag(s['checkpointing'])} --lr {s.get('lr', Search.lr)}"
-             + (f" --samples {s['samples']}" if s.get("samples") else "")
-             + (f" --depths {','.join(map(str, s['depths']))}" if s.get("depths") else "") + "`  ",
-             f"Host: {header['hardware']['cpu']} ({header['hardware']['cores']} cores); git {header['versions']['git']}"
-             + (f"; probes ran with MALLOC_MMAP_THRESHOLD_={header['malloc_mmap_threshold']}"
-                if header.get("malloc_mmap_threshold") else ""),
-             *([f"Every probe saves as a user's run does: a checkpoint at step {max(1, s['steps'] - 1)}, then the final "
-                "checkpoint and last_model.pt; its peak is the whole run's."] if s.get("saves") else []),
-             *([f"Predictions: the memory model at git {repredicted}, made again after the probes ran "
-                "(`python -m benchmarks.max_model --repredict --out DIR`); the probes themselves are unchanged."]
-               if repredicted else []),
-             *[f"Re-measured at git {u['git']} (`--update --strategies {','.join(u['strategies'])} --checkpointing "
-               f"{_checkpointing_flag(u['checkpointing'])}`): those probes replace the first run's."
-               for u in header.get("updates", [])],
-             "", "| strategy | act. ckpt | largest depth | parameters | ÷ DDP | predicted depth | measured ÷ predicted "
-             "| samples/s | peak/rank | probes |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (r["checkpointing"], s["strategies"].index(r["strategy"]))):
-        fmt = lambda v, f: f.format(v) if v is not None else "-"  # noqa: E731
-        lines.append(f"| {r['strategy']} | {'on' if r['checkpointing'] else 'off'} | {r['depth']} | "
-                     f"{r['params'] / 1e6:.0f}M | {fmt(r['over_ddp'], '{:.2f}')} | {r['predicted_depth']} | "
-                     f"{fmt(r['measured_over_predicted'], '{:.2f}')} | {fmt(r['samples_per_sec'], '{:.2f}')} | "
-                     f"{fmt(r['peak_memory_bytes'] and r['peak_memory_bytes'] / GIB, '{:.2f} GiB')} | {r['probes']} |")
-        lines += [f"  - {f}" for f in r["failed"]]
-    lines += ["", "Every probe (peak: resident memory, the largest rank's and the mean over ranks; loss per step):", "",
-              "| strategy | act. ckpt | depth | parameters | status | predicted need/rank | peak/rank max (mean) "
-              "| samples/s | losses |", "|---|---|---|---|---|---|---|---|---|"]
-    for p in probes:
-        m = p["metrics"]
-        peak = (f"{m['peak_memory_bytes'] / GIB:.2f} ({(m.get('peak_mean_bytes') or 0) / GIB:.2f}) GiB"
-                if m.get("peak_memory_bytes") else "-")
-        losses = " → ".join(f"{v:.3f}" for v in m.get("losses", [])) or (p["error"] or "-")
-        speed = f"{m['samples_per_sec']:.2f}" if m.get("samples_per_sec") else "-"
-        lines.append(f"| {p['strategy']} | {'on' if p['checkpointing'] else 'off'} | {p['depth']} | "
-                     f"{p['params'] / 1e6:.0f}M | {p['status']} | {m['predicted']['need'] / GIB:.2f} GiB | {peak} | "
-                     f"{speed} | {losses} |")
-    (out / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    _plot(rows, s, out / "fits.png")
-    return out / "report.md"
-
-
-def _probes(results: Path) -> list[dict[str, Any]]:
-    return [json.loads(ln) for ln in results.read_text().splitlines() if ln.strip()]
-
-
-def _checkpointing_flag(settings: list[bool]) -> str:
-    return "both" if len(settings) == 2 else "on" if settings[0] else "off"
-
-
-def _plot(rows: list[dict], s: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    names = list(s["strategies"])
-    for i, ac in enumerate(sorted({r["checkpointing"] for r in rows})):
-        by = {r["strategy"]: r["params"] / 1e6 for r in rows if r["checkpointing"] == ac}
-        ax.bar([n + i * 0.4 for n in range(len(names))], [by.get(n, 0) for n in names], width=0.4,
-               label="activation checkpointing" if ac else "plain")
-    ax.set_xticks([n + 0.2 for n in range(len(names))], names)
-    ax.set_ylabel("parameters that fit (M)")
-    ax.set_title(f"{s['budget_gb']} GiB per rank, world size {s['world_size']}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    """report.md and fits.png of the finished search in ``out`` (:mod:`benchmarks.max_model_report`)."""
+    return max_model_report.write_report(out, lambda fields, depth: _meta_size(_search(fields), depth)[1].params)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
