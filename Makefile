@@ -1,18 +1,23 @@
 # Two commands do everything on a fresh machine: `make demo` and `make test`.
 # Both create .venv if it is missing and install scale-ocr with the pinned torch/torchvision (and the doctr and ray
-# extras), and, as root with apt-get, the cluster engines the launcher tests start on this host.
+# extras). The demo needs nothing more; `make test` (and `make install`) adds what the test suite uses: DeepSpeed's
+# prebuilt ops and, as root with apt-get, the cluster engines the launcher tests start on this host and real PDFs.
 
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
+PACKAGE := $(VENV)/.package
 STAMP   := $(VENV)/.installed
 NPROC   ?= 2
 FULL    ?= 0
 
 .PHONY: install ops engines real-pdfs demo test test-fast lint clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(PACKAGE): pyproject.toml constraints.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev,doctr,ray]"
+	@touch $(PACKAGE)
+
+$(STAMP): $(PACKAGE)
 	@$(MAKE) --no-print-directory ops engines real-pdfs
 	@touch $(STAMP)
 
@@ -78,7 +83,10 @@ real-pdfs:
 # 1280 steps of fresh words, 88.9% in 340 s; 1000 steps ended at 78.9%, and 1120 steps over 5 epochs of 14,336
 # words at 72.5% (repeated words teach less than fresh ones). 5 minutes does not reach 85% here.
 # --eval-every draws the accuracy curve; --resume none moves an earlier runs/demo aside, it never deletes it.
-demo: $(STAMP)
+# OMP_NUM_THREADS is scale-ocr's own default for a CPU rank (the cores shared by the ranks), given here so that
+# torchrun does not open the demo with its banner about setting it.
+demo: $(PACKAGE)
+	OMP_NUM_THREADS=$$(( $$(nproc) / $(NPROC) > 0 ? $$(nproc) / $(NPROC) : 1 )) \
 	$(VENV)/bin/torchrun --nproc_per_node $(NPROC) scale_ocr/train.py --strategy ddp \
 		--train-samples 81920 --epochs 1 --eval-every 160 --log-every 64 --resume none --output-dir runs/demo
 	@$(VENV)/bin/scale-ocr summary runs/demo
