@@ -79,9 +79,8 @@ real-pdfs:
 
 # A real 2-rank DDP training on synthetic words (CPU + gloo without GPUs) with the project's own recipe (the
 # CRNN's rate at its reference global batch, 64, and OneCycle), then a one-screen summary and runs/demo/curves.png.
-# Its length is the shortest measured to read 85% of held-out words on 2 cores (2026-12-03, quiet host):
-# 1280 steps of fresh words, 88.9% in 340 s; 1000 steps ended at 78.9%, and 1120 steps over 5 epochs of 14,336
-# words at 72.5% (repeated words teach less than fresh ones). 5 minutes does not reach 85% here.
+# Its length, 1280 steps of fresh words, is the shortest measured to read 85% of held-out words on 2 cores (fewer
+# steps, or repeated words, read less); what it read is quoted once, in README.md.
 # --eval-every draws the accuracy curve; --resume none moves an earlier runs/demo aside, it never deletes it.
 # OMP_NUM_THREADS is scale-ocr's own default for a CPU rank (the cores shared by the ranks), given here so that
 # torchrun does not open the demo with its banner about setting it.
