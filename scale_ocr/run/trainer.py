@@ -102,6 +102,7 @@ class Trainer:
         self.task = task
         self.logger, self.run_dir, self.total_steps = logger, run_dir, total_steps
         self.checkpoints, self.last_saved = checkpoints, -1
+        self.first_step = 0  # the step this job began at (fit() sets it: a resumed job's is its checkpoint's)
         self.control = control or StepControl(StopSignal(), None, strategy.is_main)
         self.watchdog = watchdog
         self.segment_start = 0  # the epoch's optimizer step at which the loader's current order began
@@ -159,6 +160,7 @@ class Trainer:
                    mininterval=1.0)
         bar.update(self.state.step)
         epochs = math.ceil(self.total_steps / self.steps_per_epoch)
+        self.first_step = self.state.step  # where this job began (a resumed one: the checkpoint's step)
         while self.state.epoch < epochs and self.state.step < self.total_steps:
             self.train_epoch(bar)
             self._stop_timing()
@@ -299,13 +301,17 @@ class Trainer:
             print(f"scale-ocr: warning: step {self.state.step}: {what} ({self.state.bad_steps} in a row, "
                   f"--max-bad-steps {self.cfg.max_bad_steps})", file=sys.stderr, flush=True)
         if self.state.bad_steps >= self.cfg.max_bad_steps:
-            name = self.checkpoints.latest_name() if self.checkpoints is not None else None
-            kept = f"the last good checkpoint, {name}{WeightCheck.of_checkpoint(self.run_dir / name)}, is kept" if name else \
-                "no checkpoint was saved"
-            raise RunStopped(f"training diverged: {self.state.bad_steps} consecutive steps up to step "
-                             f"{self.state.step} had a NaN/inf loss or gradient, or weights NaN/inf or past "
-                             f"--max-weight-growth; {kept} and no model was written from this state; lower --lr or "
-                             "--clip-grad and resume from it", EXIT_DIVERGED)
+            raise self._diverged()
+
+    def _diverged(self) -> RunStopped:
+        """The end of a run whose last steps were bad (:meth:`_bad_step`), exit :data:`EXIT_DIVERGED`."""
+        name = self.checkpoints.latest_name() if self.checkpoints is not None else None
+        kept = f"the last good checkpoint, {name}{WeightCheck.of_checkpoint(self.run_dir / name)}, is kept" if name else \
+            "no checkpoint was saved"
+        return RunStopped(f"training diverged: {self.state.bad_steps} consecutive steps up to step "
+                          f"{self.state.step} had a NaN/inf loss or gradient, or weights NaN/inf or past "
+                          f"--max-weight-growth; {kept} and no model was written from this state; lower --lr or "
+                          "--clip-grad and resume from it", EXIT_DIVERGED)
 
     def _preempted(self) -> None:
         name = self.control.stop.received or "a preemption signal on another rank"
@@ -387,6 +393,12 @@ class Trainer:
         The checkpoint comes first: each rank writes it from what it holds, with no gathering, so it fits wherever
         training fits, and if the model files cannot be written after it, nothing trained is lost.
         """
+        last = self.state.step >= self.total_steps
+        # A run that runs out of steps inside a streak shorter than --max-bad-steps did not train what was asked when
+        # no step of this job was good, or when its weights are unfit to write: it ends as the streak would have.
+        if last and self.state.bad_steps and (self.state.bad_steps >= self.state.step - self.first_step
+                                              or not self.weights.ok):
+            raise self._diverged()
         improved = False
         if self.cfg.eval:
             result = self.validate()
@@ -397,7 +409,6 @@ class Trainer:
                 self.state.best = score
         # A checkpoint of this step: after the last (so `--resume auto` on a finished run knows there is nothing left
         # to train), and before the model files (so one that fails loses nothing).
-        last = self.state.step >= self.total_steps
         if ((last or self.cfg.save_model) and self.checkpoints is not None and self.checkpoints.at_end
                 and self.last_saved != self.state.step and self.state.bad_steps == 0
                 and self.weights.fine("the checkpoint" if not last else "the final checkpoint", self.strategy.is_main)):

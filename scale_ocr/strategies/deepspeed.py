@@ -14,7 +14,7 @@ from torch import nn
 from scale_ocr.errors import UserError, first_line
 from scale_ocr.memory.meter import StateMeter, optimizer_tensors
 from scale_ocr.memory.model import StateLayout
-from scale_ocr.models.init import ModelFactory, init_weights
+from scale_ocr.models.init import ModelFactory, full_numel, init_weights
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies import deepspeed_internals as internals
 from scale_ocr.strategies.base import ModelPiece, StepStats, Strategy, single_group_notice, tensor_norm
@@ -268,7 +268,11 @@ class DeepSpeed(Strategy):
 
     def weight_norm(self):
         """ZeRO-0/1/2: every rank holds the whole (16-bit or fp32) module weights. ZeRO-3: the squares of this rank's
-        partitions (``ds_tensor``), summed over the ranks. None under NVMe parameter offload (partitions swapped out)."""
+        partitions (``ds_tensor``), summed over the ranks. None under NVMe parameter offload (partitions swapped out).
+
+        Only a partition's weights count, not the padding after the last one's: DeepSpeed allocates it uninitialized,
+        and counting it made the norm NaN now and then, every step judged bad and the run end without a model (seen
+        twice in a day on a 3-step DBNet test run)."""
         import torch.distributed as tdist
 
         params = [p for p in self.engine.module.parameters() if p.requires_grad]
@@ -276,8 +280,11 @@ class DeepSpeed(Strategy):
             return tensor_norm(params)
         if self.ds_config.get("zero_optimization", {}).get("offload_param", {}).get("device") == "nvme":
             return None  # decided by the config, never by tensors, so every rank takes the same branch
-        parts = [internals.param_partition(p) for p in params]
-        square = tensor_norm(parts).float().square().reshape(1).to(self.dist.device)  # partitions pad with zeros
+        parts = []
+        for p in params:
+            start, size = internals.zero3_partition_range(self.engine.optimizer, p)
+            parts.append(internals.param_partition(p).view(-1)[: max(0, min(size, full_numel(p) - start))])
+        square = tensor_norm(parts).float().square().reshape(1).to(self.dist.device)
         if tdist.is_initialized():
             tdist.all_reduce(square)
         return square.sqrt()[0]

@@ -3,12 +3,16 @@
 ``torchrun --nproc_per_node 2 tests/distributed/init_probe.py OUT.json STRATEGY:ARCH:WIDTH:DEPTH:COMPARE...``
 builds each model in turn, under its strategy. Rank 0 writes one ``{"max_abs_diff": <vs a whole build with the same seed>,
 "peak_rss_growth": <bytes the build added to this rank's peak RSS>, "whole_bytes": <the model's fp32
-bytes>}`` per model; with COMPARE 0 (a model too large to also build whole) ``max_abs_diff`` is null.
+bytes>, "weight_norm": <the strategy's, with any padding of its partitions set to NaN first>, "padded": <partitions so
+poisoned>, "norm": <the whole build's>}`` per model; with COMPARE 0 (a model too large to also build whole) the
+comparisons are null.
 """
 
 import json
 import resource
 import sys
+
+import torch
 
 from scale_ocr.config import ModelConfig, OptimConfig, StrategyConfig, TrainConfig
 from scale_ocr.dist.distributed import destroy_distributed, init_distributed
@@ -35,8 +39,10 @@ def probe(strategy, dist, arch: str, width: str, depth: str, compare: str) -> di
         return {"max_abs_diff": None, "peak_rss_growth": growth, "whole_bytes": 4 * n}
     decayed = [len(g["params"]) for g in spec.groups(model) if g["weight_decay"] > 0]  # as the strategy groups them
     strategy.setup(model, spec)
+    padded = _poison_padding(strategy, model)
+    weight_norm = float(strategy.weight_norm())
     whole = {piece.name: piece.fetch() for piece in strategy.model_pieces()}  # a collective per piece
-    diff = None
+    diff = norm = None
     if dist.is_main:
         reference_model = Strategy.build_model(strategy, task.model_factory(), seed=7)  # the base class: built whole
         reference = reference_model.state_dict()
@@ -44,7 +50,28 @@ def probe(strategy, dist, arch: str, width: str, depth: str, compare: str) -> di
         diff = max((reference[k].float() - whole[k].float()).abs().max().item() for k in reference)
         expected = [len(g["params"]) for g in spec.groups(reference_model) if g["weight_decay"] > 0]
         assert decayed == expected, f"weight decay on {decayed} parameters, {expected} when built whole"
-    return {"max_abs_diff": diff, "peak_rss_growth": growth, "whole_bytes": 4 * n}
+        norm = float(torch.linalg.vector_norm(torch.cat([p.detach().reshape(-1) for p in reference_model.parameters()])))
+    return {"max_abs_diff": diff, "peak_rss_growth": growth, "whole_bytes": 4 * n, "weight_norm": weight_norm,
+            "padded": padded, "norm": norm}
+
+
+def _poison_padding(strategy, model) -> int:
+    """ZeRO-3: set the padding after the last rank's partition of each parameter to NaN (DeepSpeed leaves it
+    uninitialized: whatever memory held before); returns how many partitions have padding, over the ranks."""
+    from scale_ocr.strategies import deepspeed_internals as internals
+
+    if getattr(strategy, "zero_stage", 0) != 3:
+        return 0
+    padded = 0
+    for p in model.parameters():
+        start, size = internals.zero3_partition_range(strategy.engine.optimizer, p)
+        real = max(0, min(size, full_numel(p) - start))
+        if real < size:
+            internals.param_partition(p).view(-1)[real:] = float("nan")
+            padded += 1
+    count = torch.tensor([padded])
+    torch.distributed.all_reduce(count)  # the padding is the last rank's
+    return int(count)
 
 
 def main() -> None:

@@ -97,6 +97,16 @@ def test_resume_auto_is_the_default_and_metrics_are_not_repeated(tmp_path, capsy
     assert code == 2 and "nothing to train" in line and "--max-steps" in line
 
 
+def test_a_run_that_ends_before_its_bad_streak_is_long_enough_to_stop_it_does_not_exit_0(tmp_path, capsys):
+    """Both steps bad, fewer than --max-bad-steps (5): before, the run exited 0 having trained nothing and written no
+    model (seen when ZeRO-3's weight norm counted uninitialized padding)."""
+    run_dir = tmp_path / "run"
+    code = main([*SMALL, "--lr", "1e30", "--max-steps", "2", "--output-dir", str(run_dir)])
+    line = _one_line(capsys.readouterr().err)
+    assert code == 4 and "training diverged: 2 consecutive steps up to step 2" in line
+    assert not (run_dir / "last_model.pt").exists() and not list(run_dir.glob("checkpoints/step_*"))
+
+
 def test_diverging_run_stops_with_its_last_good_checkpoint(tmp_path, capsys):
     # From the first step: --lr 1e30 throws the weights to ~1e28 while that step's loss and gradient are finite.
     # The weight check makes that step bad, so no checkpoint of those weights is ever written.
