@@ -69,7 +69,8 @@ def _damaged(ckpt: Path) -> str:
 
 def _checked(identity: dict, held: tuple[int, int], path: Path, claimed_in: Path, damaged: str, *,
              layout_only: bool = False) -> tuple[nn.Module, Task]:
-    """:func:`build_checked`, an identity that is not one (missing keys, wrong types) as the one line ``damaged``."""
+    """:func:`build_checked`, an identity that is not one (missing keys, wrong types) as the one line ``damaged`` (in
+    which ``{kind}`` becomes the exception's type)."""
     try:
         return build_checked(identity, held, path, claimed_in, layout_only=layout_only)
     except (ValueError, KeyError, TypeError) as exc:
