@@ -24,7 +24,7 @@ $(STAMP): $(PACKAGE)
 install: $(STAMP)
 
 # DeepSpeed compiles C++ ops the first time a job needs them (about a minute each on 2 cores). They are built
-# here, once, into .venv/torch_extensions, where every scale_ocr launch looks (scale_ocr/dist/extensions.py), so
+# here, once, into .venv/torch_extensions, where every scale_ocr launch looks (scale_ocr/distributed/extensions.py), so
 # no job waits on a compiler. NVMe offload's async_io op links against libaio: its headers are installed
 # through apt-get when missing and we are root; without them every other strategy works and
 # --strategy zero3_nvme stops with one line saying what to install.
@@ -37,7 +37,7 @@ ops:
 			echo "note: libaio's headers are missing (apt-get install libaio-dev): --strategy zero3_nvme will not run"; \
 		fi; \
 	fi
-	-@$(PY) -m scale_ocr.dist.extensions 2>&1 | grep "^scale-ocr"
+	-@$(PY) -m scale_ocr.distributed.extensions 2>&1 | grep "^scale-ocr"
 
 # The cluster engines that tests/cluster/ runs for real on this host (docs/launchers.md): a SLURM controller and node
 # daemon with munge, sshd + pdsh (DeepSpeed's default multi-node launcher) and Open MPI. Installed through apt-get

@@ -223,7 +223,7 @@ def record_exact_match(args: argparse.Namespace, model, val: FolderWords, step: 
 
 def main() -> None:
     args = parse_args()
-    from scale_ocr.dist.extensions import use_environment_extensions
+    from scale_ocr.distributed.extensions import use_environment_extensions
     from scale_ocr.models import create_model
 
     use_environment_extensions()  # the DeepSpeed ops `make install` built, as the trainer finds them: no compiling

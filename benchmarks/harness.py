@@ -52,7 +52,7 @@ def launcher_for(strategy: str) -> str:
 
 def launch_command(launcher: str, world_size: int, script: Path, args: list[str]) -> list[str]:
     """``script args`` started by ``launcher`` (python, deepspeed or torchrun) with ``world_size`` local ranks."""
-    from scale_ocr.dist.distributed import free_port
+    from scale_ocr.distributed.process_group import free_port
 
     if launcher == "python":
         return [sys.executable, str(script), *args]

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> Path:
     import torch
 
     from scale_ocr.cli.args import parse_config
-    from scale_ocr.dist.distributed import DistInfo
+    from scale_ocr.distributed.process_group import DistInfo
     from scale_ocr.tasks import create_task
 
     hw = hardware()

@@ -131,7 +131,7 @@ def _task(s: Search, depth: int, checkpointing: bool):
 def _meta_size(s: Search, depth: int):
     import torch
 
-    from scale_ocr.strategies.estimate import model_size
+    from scale_ocr.planning.estimate import model_size
 
     with torch.device("meta"):
         model = _task(s, depth, False).build_model()
@@ -140,14 +140,14 @@ def _meta_size(s: Search, depth: int):
 
 def activation_line(s: Search, checkpointing: bool) -> dict[bool, tuple[float, float]]:
     """Activations per rank as ``a + b * depth``, measured at depths 1 and 2 from real forwards; keyed by
-    whether the engine's autocast casts fp32 weights (:class:`scale_ocr.strategies.estimate.Activations`).
+    whether the engine's autocast casts fp32 weights (:class:`scale_ocr.planning.estimate.Activations`).
 
     With checkpointing, a unit's own activations come back during its backward: one block's worth (the
     difference without checkpointing) is added on top of the inputs checkpointing keeps.
     """
     import torch
 
-    from scale_ocr.strategies.estimate import measure_activations
+    from scale_ocr.planning.estimate import measure_activations
 
     def measure_at(depth: int, ac: bool):
         task = _task(s, depth, ac)
@@ -165,9 +165,9 @@ def activation_line(s: Search, checkpointing: bool) -> dict[bool, tuple[float, f
 
 def predicted_need(s: Search, strategy: str, depth: int, acts: dict[bool, tuple[float, float]]) -> dict[str, float]:
     """Bytes a rank needs at ``depth``: the memory model's state + activations + a unit in flight + margin,
-    as ``--strategy auto`` counts them (:func:`scale_ocr.strategies.auto.rank_need`)."""
-    from scale_ocr.strategies.auto import rank_need
-    from scale_ocr.strategies.estimate import estimate
+    as ``--strategy auto`` counts them (:func:`scale_ocr.planning.auto.rank_need`)."""
+    from scale_ocr.planning.auto import rank_need
+    from scale_ocr.planning.estimate import estimate
 
     model, size = _meta_size(s, depth)
     row = estimate(size, s.world_size, s.precision, [strategy], model=model)["strategies"][strategy]

@@ -146,7 +146,7 @@ def tries_file(run_dir: Path) -> Path:
 
 
 def _write_tries(run_dir: Path, tries: list[dict[str, Any]]) -> None:
-    from scale_ocr.run.safe_files import write_atomic
+    from scale_ocr.disk import write_atomic
 
     write_atomic(tries_file(run_dir), json.dumps(tries) + "\n", what="the job's tries", kept="the run's own files")
 

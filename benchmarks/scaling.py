@@ -143,7 +143,7 @@ def command(cfg: Config, suite: Suite, data_args: list[str], run_dir: Path, grou
 
 def predicted(strategy: str, world_size: int, precision: str, model, size) -> dict[str, float]:
     """The memory model's figures for this job (the engine adapts to the model as at set-up)."""
-    from scale_ocr.strategies.estimate import estimate
+    from scale_ocr.planning.estimate import estimate
 
     return estimate(size, world_size, precision, [strategy], model=model,
                     ranks_per_node=shard_size(strategy, world_size))["strategies"][strategy]
@@ -162,7 +162,7 @@ class Models:
     @classmethod
     def prepare(cls, suite: Suite, work: Path, words: int, log) -> Models:
         from scale_ocr.config import ModelConfig
-        from scale_ocr.strategies.estimate import model_size
+        from scale_ocr.planning.estimate import model_size
         from scale_ocr.tasks import create_task
 
         tasks = {m: create_task(ModelConfig(arch=m)) for m in suite.models}

@@ -6,9 +6,9 @@ tear the process group down.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 if __name__ == "__main__":  # this process is the job, not a program that imports train
@@ -24,9 +24,11 @@ if __package__ in (None, ""):
 import torch
 
 from scale_ocr.checkpoint.manager import CheckpointManager
+from scale_ocr.checkpoint.weights_io import load_initial_weights
 from scale_ocr.cli.args import parse_config
 from scale_ocr.config import RunConfig
-from scale_ocr.dist.distributed import (
+from scale_ocr.distributed.extensions import use_environment_extensions
+from scale_ocr.distributed.process_group import (
     DistInfo,
     destroy_distributed,
     ends_the_rest_on_failure,
@@ -34,18 +36,19 @@ from scale_ocr.dist.distributed import (
     peek_launch,
     rank_zero_at_rendezvous,
 )
-from scale_ocr.dist.extensions import use_environment_extensions
 from scale_ocr.errors import found_by_every_rank, printable, report_user_errors, shown
 from scale_ocr.memory.budget import cap_device_memory
 from scale_ocr.memory.host import return_freed_memory
-from scale_ocr.optim import LRPlan, LRSchedule, build_optimizer_spec, default_warmup, lr_factor, plan_lr
+from scale_ocr.optim import LRPlan, LRSchedule, build_optimizer_spec, lr_factor
+from scale_ocr.planning.auto import resolve_auto
+from scale_ocr.precision import precision_notice
 from scale_ocr.run.control import StepControl, StopSignal
+from scale_ocr.run.plan import RunParts, build_plan, run_lr, scaled_optim
 from scale_ocr.run.run_dir import claim
 from scale_ocr.run.run_info import describe_run, run_summary_line, write_run_config
-from scale_ocr.run.trainer import Trainer, plan_steps
+from scale_ocr.run.trainer import Trainer
 from scale_ocr.run.watchdog import Watchdog
-from scale_ocr.strategies import check_launch, create_strategy
-from scale_ocr.strategies.auto import resolve_auto
+from scale_ocr.strategies import Strategy, check_launch, create_strategy
 from scale_ocr.tasks import Task, create_task
 from scale_ocr.tracking import build_logger
 
@@ -62,15 +65,14 @@ def run(cfg: RunConfig, dist: DistInfo, stop: StopSignal, watchdog: Watchdog | N
     if dist.device.type == "cpu":
         return_freed_memory()  # under a memory cap, a rank's memory follows its live tensors (memory/host.py)
     run_dir = Path(cfg.output.output_dir)
-    # The engines get the rate scaled to this run's global batch; config.json keeps it before scaling (lr_plan).
-    optim = scaled_optim(cfg.optim, lr_plan(cfg, dist))
-    strategy = create_strategy(cfg.strategy, dist, cfg.train, optim, run_dir)  # validates the launch first
+    lr = run_lr(cfg, dist.world_size)  # the engines get the rate at this run's global batch
+    strategy = create_strategy(cfg.strategy, dist, cfg.train, scaled_optim(cfg.optim, lr), run_dir)  # checks the launch
     task = create_task(cfg.model)
     checkpoints = CheckpointManager(cfg.checkpoint, run_dir, dist, task.identity())
     lock, resume_from = claim(run_dir, checkpoints, dist)  # first, so a second job on this directory stops at once
     try:
-        summary = train(cfg, dist, strategy, task, checkpoints, resume_from,
-                        StepControl(stop, cfg.checkpoint.save_minutes or None, dist.is_main), watchdog, argv)
+        control = StepControl(stop, cfg.checkpoint.save_minutes or None, dist.is_main)
+        summary = train(cfg, lr, strategy, task, checkpoints, resume_from, control, watchdog, argv)
     finally:
         strategy.teardown()
         lock.release()
@@ -79,49 +81,37 @@ def run(cfg: RunConfig, dist: DistInfo, stop: StopSignal, watchdog: Watchdog | N
     return summary
 
 
-def lr_plan(cfg: RunConfig, dist: DistInfo) -> LRPlan:
-    """The run's peak rate: the resolved rate carried to this run's global batch by its rule."""
-    return plan_lr(cfg.optim, cfg.train.batch_size * cfg.train.grad_accum * dist.world_size)
-
-
-def scaled_optim(optim, plan: LRPlan):
-    """The optim section the engines build from: ``plan``'s peak rate (this run's global batch), applied as given."""
-    return dataclasses.replace(optim, lr=plan.peak_lr, lr_scaling="none", lr_reference_batch=None)
-
-
-def train(cfg: RunConfig, dist: DistInfo, strategy, task: Task, checkpoints: CheckpointManager,
-          resume_from: Path | None, control: StepControl, watchdog: Watchdog | None,
-          argv: list[str] | None = None) -> dict:
-    factory = task.model_factory()
-    if resume_from is not None:  # the checkpoint holds the weights: an --init-from file is not read
-        factory = dataclasses.replace(factory, load_weights=None)
-    model = strategy.build_model(factory, cfg.train.seed)  # same initial weights on every rank
+def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoints: CheckpointManager,
+          resume_from: Path | None, control: StepControl, watchdog: Watchdog | None, argv: list[str] | None) -> dict:
+    """Build the model, the data, the plan and the loop, and train."""
+    dist = strategy.dist
+    load = None if resume_from is not None or not cfg.model.init_from else initial_weights(cfg.model)
+    model = strategy.build_model(task.model_factory(load), cfg.train.seed)  # same initial weights on every rank
     torch.manual_seed(cfg.train.seed + 1 + dist.rank)  # per-rank augmentation randomness
     data = task.build_data(cfg.data, cfg.train.batch_size, cfg.train.seed, dist)
-    plan = lr_plan(cfg, dist)
-    wrapped, optimizer = strategy.setup(model, build_optimizer_spec(scaled_optim(cfg.optim, plan)))
+    wrapped, optimizer = strategy.setup(model, build_optimizer_spec(scaled_optim(cfg.optim, lr)))
     if cfg.strategy.compile:
         strategy.compile(wrapped)
-    total = plan_steps(len(data.train_loader) // cfg.train.grad_accum, cfg.train.epochs, cfg.train.max_steps)
-    warmup = default_warmup(cfg.optim, total, plan.factor)
-    schedule = LRSchedule(optimizer, plan.peak_lr, lr_factor(cfg.optim.sched, total, warmup), cfg.optim.lr_on_resume,
-                          plan)
+    plan = build_plan(cfg, lr, len(data.train_loader), task, dist)
+    schedule = LRSchedule(optimizer, lr.peak_lr, lr_factor(cfg.optim.sched, plan.total_steps, plan.warmup),
+                          cfg.optim.lr_on_resume, lr)
     if dist.is_main:
-        print(f"scale-ocr: {plan.describe()}, warm-up {warmup} of {total} steps ({cfg.optim.sched})", flush=True)
-    run_dir = checkpoints.dir.parent
+        for line in (precision_notice(cfg.train.precision, dist.device), plan.utilization.line(),
+                     f"scale-ocr: {lr.describe()}, warm-up {plan.warmup} of {plan.total_steps} steps ({cfg.optim.sched})"):
+            if line:
+                print(line, flush=True)
     meta = checkpoints.load(resume_from, strategy, cfg.train.seed) if resume_from else None
-    own = meta is not None and resume_from.resolve().is_relative_to(run_dir.resolve())  # trim its metrics.jsonl
-    lr_record = plan.record(warmup)
+    own = meta is not None and resume_from.resolve().is_relative_to(plan.run_dir.resolve())  # trim metrics.jsonl
+    lr_record = lr.record(plan.warmup)
     if meta is not None:  # the rate a resumed run trains at (--lr-on-resume), as its resume line will say
         lr_record["peak_lr"], lr_record["resume"] = schedule.resumed_peak(meta["schedule"])
-    described = {**describe_run(cfg, dist, strategy, model, data, task), "lr_plan": lr_record, "argv": argv}
+    described = {**describe_run(cfg, plan, strategy, model, data, task), "lr_plan": lr_record, "argv": argv}
     if dist.is_main:
-        write_run_config(run_dir, described)
-    logger = build_logger(cfg.logging, dist.is_main, run_dir, described, resume=meta is not None,
+        write_run_config(plan.run_dir, described)
+    logger = build_logger(cfg.logging, dist.is_main, plan.run_dir, described, resume=meta is not None,
                           keep_records=meta.get("metrics_records") if own else None)
     try:
-        trainer = Trainer(strategy, wrapped, schedule, data, task, cfg.train, logger, run_dir, total, checkpoints,
-                          control, watchdog)
+        trainer = Trainer(plan, RunParts(strategy, wrapped, schedule, data, task, logger, checkpoints, control, watchdog))
         if meta is not None:
             where = trainer.restore(meta)
             if dist.is_main:
@@ -134,6 +124,15 @@ def train(cfg: RunConfig, dist: DistInfo, strategy, task: Task, checkpoints: Che
     finally:
         logger.close()
     return summary
+
+
+def initial_weights(model_cfg) -> Callable[[torch.nn.Module], str]:
+    """``--init-from``: fills a whole built model from the file and returns the line that says so."""
+    def load(model: torch.nn.Module) -> str:
+        count = load_initial_weights(model, model_cfg.init_from, model_cfg.arch)
+        return f"initial weights: {count} tensors from {model_cfg.init_from}"
+
+    return load
 
 
 def job_flags(argv: list[str] | None) -> list[str]:

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from scale_ocr.dist.distributed import free_port
-from scale_ocr.dist.extensions import use_environment_extensions
+from scale_ocr.distributed.extensions import use_environment_extensions
+from scale_ocr.distributed.process_group import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 use_environment_extensions()  # DeepSpeed's ops as `make install` built them, in-process and in every job

@@ -7,7 +7,7 @@
         crnn_mobilenet_v3_small --strategy ddp --max-steps 200 --save-every 50 --output-dir runs/ray
 
 The flags before ``--`` are ``scale-ocr ray-train``'s, those after it ``scale-ocr train``'s. Each worker runs
-scale-ocr's own training (:func:`scale_ocr.dist.ray_train.train_loop_per_worker`) into the one ``--output-dir``,
+scale-ocr's own training (:func:`scale_ocr.cli.ray_train.train_loop_per_worker`) into the one ``--output-dir``,
 which must be a folder every worker reaches (a shared filesystem across nodes): when a worker dies, Ray restarts
 the group up to ``max_failures`` times and it continues from scale-ocr's newest checkpoint there.
 """
@@ -22,7 +22,7 @@ import ray
 from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
-from scale_ocr.dist.ray_train import WORKER_ENV, finish, prepare_train_args, split_args, train_loop_per_worker
+from scale_ocr.cli.ray_train import WORKER_ENV, finish, prepare_train_args, split_args, train_loop_per_worker
 from scale_ocr.errors import report_user_errors
 
 

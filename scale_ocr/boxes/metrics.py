@@ -1,6 +1,6 @@
 """Detection metrics: box IoU, localization recall/precision/IoU and end-to-end word recall/precision.
 
-Like ``scale_ocr.text_metrics.TextMetric``, each metric accumulates plain counts per page; ``sums()`` can be
+Like ``scale_ocr.tasks.text_metrics.TextMetric``, each metric accumulates plain counts per page; ``sums()`` can be
 all-reduced (summed) across ranks and the static ``rates(sums)`` turns the totals into rates, so a metric
 computed on shards equals the metric computed on the whole set.
 """

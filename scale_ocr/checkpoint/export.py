@@ -26,8 +26,8 @@ from scale_ocr.checkpoint.identity import build_checked, dcp_model_elements, saf
 from scale_ocr.checkpoint.piecewise import SafetensorsFile, TensorSpec, TorchFile, TorchFileReader
 from scale_ocr.checkpoint.pointer import checkpoint_folder
 from scale_ocr.config import MODEL_SIZE_FIELDS
+from scale_ocr.disk import atomic_file, write_atomic
 from scale_ocr.errors import UserError
-from scale_ocr.run.safe_files import atomic_file, write_atomic
 from scale_ocr.tasks import Task
 
 
@@ -317,7 +317,7 @@ def write_doctr(weights: Weights, out: str | Path) -> tuple[Path, str]:
     """``weights`` as the plain state dict docTR's class of the architecture loads with ``strict=True``, a tensor
     at a time, and beside it ``OUT.json`` with what that class must be built with (vocabulary, input shape,
     normalisation); returns the file and docTR's architecture."""
-    from scale_ocr.models.weights_io import doctr_layout
+    from scale_ocr.checkpoint.weights_io import doctr_layout
 
     doctr_arch, to_doctr = doctr_layout(weights.layout, weights.task.arch)
     ours = weights.specs()

@@ -28,9 +28,7 @@ import torch.distributed as tdist
 from scale_ocr.checkpoint.manifest import verify_manifest, write_manifest
 from scale_ocr.checkpoint.pointer import POINTER, checkpoint_folder, latest_checkpoint, step_name
 from scale_ocr.config import CheckpointConfig
-from scale_ocr.dist.distributed import DistInfo
-from scale_ocr.errors import UserError, memory_for
-from scale_ocr.run.safe_files import (
+from scale_ocr.disk import (
     DiskFault,
     disk_fault,
     pending,
@@ -40,6 +38,8 @@ from scale_ocr.run.safe_files import (
     tree_bytes,
     write_atomic,
 )
+from scale_ocr.distributed.process_group import DistInfo
+from scale_ocr.errors import UserError, memory_for
 from scale_ocr.strategies import Strategy
 from scale_ocr.strategies.flat_shard import FlatShard, shard_or_default
 
@@ -123,7 +123,7 @@ class CheckpointManager:
 
         Raises:
             DiskFault: on every rank together, when any rank's write (or a rank-0 write held since, see
-                :func:`~scale_ocr.run.safe_files.defer`) met a full disk: the partial ``step_N.tmp`` is
+                :func:`~scale_ocr.disk.defer`) met a full disk: the partial ``step_N.tmp`` is
                 removed and ``latest`` still names the previous checkpoint.
         """
         step = trainer_state["step"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from scale_ocr.checkpoint.piecewise import TensorSpec, TorchFile
-from scale_ocr.run.safe_files import atomic_file
+from scale_ocr.disk import atomic_file
 from scale_ocr.strategies.base import ModelPiece
 
 

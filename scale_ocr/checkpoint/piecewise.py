@@ -15,7 +15,7 @@ needs is its largest tensor, not the model.
   from the shapes, then the bytes in order).
 
 Both take the tensors in the order of their specs, check each against its spec, and are atomic through the caller's
-:func:`scale_ocr.run.safe_files.atomic_file`. :class:`TorchFileReader` reads such a file (any ``torch.save`` of a
+:func:`scale_ocr.disk.atomic_file`. :class:`TorchFileReader` reads such a file (any ``torch.save`` of a
 dict of tensors) back a tensor at a time.
 """
 

@@ -1,6 +1,6 @@
 """``scale-ocr estimate-memory``: per-rank memory of each strategy for a model, before launching.
 
-The planner itself is :mod:`scale_ocr.strategies.estimate`; this module is its command line and table.
+The planner itself is :mod:`scale_ocr.planning.estimate`; this module is its command line and table.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from scale_ocr.cli.estimate_time import add_time_args, format_time, time_document, wants_time
 from scale_ocr.config import MODEL_SIZE_FIELDS
 from scale_ocr.errors import UserError
-from scale_ocr.strategies.estimate import GB, ModelSize, estimate, measure_activations, model_size
+from scale_ocr.planning.estimate import GB, ModelSize, estimate, measure_activations, model_size
 
 
 def format_table(doc: dict[str, Any]) -> str:
@@ -47,7 +47,7 @@ def format_table(doc: dict[str, Any]) -> str:
 def _unbuildable(names: list[str], args: argparse.Namespace) -> dict[str, str]:
     """Of every registered strategy, those that cannot run at this world size (zero3_hpz on one rank per node),
     removed from ``names``, with the reason the table prints."""
-    from scale_ocr.strategies.estimate import build_strategy
+    from scale_ocr.planning.estimate import build_strategy
 
     skipped = {}
     for name in list(names):
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _document(args: argparse.Namespace) -> tuple[dict[str, Any], Any, ModelSize]:
-    """The estimate for parsed ``args``: :func:`~scale_ocr.strategies.estimate.estimate`'s document, the model's task
+    """The estimate for parsed ``args``: :func:`~scale_ocr.planning.estimate.estimate`'s document, the model's task
     (None with ``--params``) and its size."""
     names, skipped = _strategy_names(args)
     try:

@@ -1,5 +1,5 @@
 """``scale-ocr estimate-memory --time``: step time per strategy beside its memory, and ``--scaling`` from 1 to 1,024
-devices. The model is :mod:`scale_ocr.strategies.time_model`; this module is its flags, inputs and tables."""
+devices. The model is :mod:`scale_ocr.planning.time_model`; this module is its flags, inputs and tables."""
 
 from __future__ import annotations
 
@@ -39,13 +39,13 @@ def wants_time(args: argparse.Namespace) -> bool:
 
 
 def _workload(args: argparse.Namespace, task, size) -> Any:
-    from scale_ocr.strategies.time_model import Workload
+    from scale_ocr.planning.time_model import Workload
 
     units = modules = persistent = persistent_numel = 0
     if task is not None:
-        from scale_ocr.models.flops import flops_per_sample
+        from scale_ocr.run.flops import flops_per_sample
 
-        count = flops_per_sample(task, precision=args.precision)
+        count = flops_per_sample(task.create_model, task.dummy_inputs, args.precision)
         fwd, bwd = count.forward, count.backward
         units, modules, persistent, persistent_numel = _granularity(task)
     elif args.flops_per_sample:
@@ -86,7 +86,7 @@ def _granularity(task) -> tuple[int, int, int, int]:
 def _cluster(args: argparse.Namespace, task, work, names: list[str]) -> tuple[Any, float, str, dict[str, Any]]:
     """The cluster, the MFU that applies, a line on where the figures come from, and (on this host) each engine's
     measured one-rank step."""
-    from scale_ocr.strategies import time_model as tm
+    from scale_ocr.planning import time_model as tm
 
     if args.per_node < 1:
         raise UserError("--per-node must be at least 1")
@@ -106,8 +106,8 @@ def _host_cluster(args: argparse.Namespace, task, work, names: list[str]) -> tup
     on one rank (unless ``--no-engine-probe``)."""
     from dataclasses import replace
 
-    from scale_ocr.strategies import host_probe
-    from scale_ocr.strategies import time_model as tm
+    from scale_ocr.planning import host_probe
+    from scale_ocr.planning import time_model as tm
 
     if task is None:
         raise UserError("--device host measures the model's own speed here; give --model (or a --device from the table)")
@@ -141,8 +141,8 @@ def _host_cluster(args: argparse.Namespace, task, work, names: list[str]) -> tup
 
 def time_document(args: argparse.Namespace, task, size, names: list[str]) -> dict[str, Any]:
     """Per-strategy step times at ``--world-size`` and, with ``--scaling``, at every size of :data:`CURVE`."""
-    from scale_ocr.strategies.estimate import build_strategy
-    from scale_ocr.strategies.time_model import predict_step
+    from scale_ocr.planning.estimate import build_strategy
+    from scale_ocr.planning.time_model import predict_step
 
     work = _workload(args, task, size)
     cluster, mfu, source, engines = _cluster(args, task, work, names)

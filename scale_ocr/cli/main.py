@@ -2,7 +2,7 @@
 
 ``scale-ocr train [ARCH] [flags]`` takes exactly the flags of ``scale_ocr/train.py``;
 ``scale-ocr models`` and ``scale-ocr strategies`` list what the registries hold; ``predict --det --reco`` and
-``evaluate-pages`` run page OCR (:mod:`scale_ocr.tasks.page_ocr`).
+``evaluate-pages`` run page OCR (:mod:`scale_ocr.cli.page_ocr`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from scale_ocr.dist.extensions import use_environment_extensions
+from scale_ocr.distributed.extensions import use_environment_extensions
 from scale_ocr.errors import report_user_errors
 
 USAGE = """usage: scale-ocr COMMAND [ARGS]
@@ -65,7 +65,7 @@ def _models(argv: list[str]) -> int:
 
     from scale_ocr.models import doctr_zoo, list_models
     from scale_ocr.models.factory import recommended_lr, reference_batch
-    from scale_ocr.models.flops import flops_per_sample
+    from scale_ocr.run.flops import flops_per_sample
 
     docs = [n for n in doctr_zoo.names() if fnmatch.fnmatch(n, args.pattern)]
     have_doctr = importlib.util.find_spec("doctr") is not None
@@ -80,7 +80,7 @@ def _models(argv: list[str]) -> int:
         except RuntimeError:  # a constructor that reads a tensor's value (docTR's VIPTR): built for real
             model = task.build_model()
         params = sum(p.numel() for p in model.parameters())
-        flops = flops_per_sample(task).total
+        flops = flops_per_sample(task.create_model, task.dummy_inputs).total
         print(f"{name:<30} {task.name:<18} {params / 1e6:>9.2f}M {flops / 1e9:>10.3f} GFLOP/sample  "
               f"lr {recommended_lr(name):g} at global batch {reference_batch(name)}", flush=True)
     return 0
@@ -134,7 +134,7 @@ def _predict(argv: list[str]) -> int:
 def _page_models(args):
     """Both models, refused before any page is read when either is of the wrong kind."""
     from scale_ocr.checkpoint.export import load_any
-    from scale_ocr.tasks.page_ocr import check_models
+    from scale_ocr.cli.page_ocr import check_models
 
     detector, recognizer = load_any(args.det), load_any(args.reco)
     check_models(detector, recognizer)
@@ -222,9 +222,9 @@ def _predict_pages(argv: list[str]) -> int:
     import argparse
     import json
 
+    from scale_ocr.cli.page_ocr import overlay, read_pages
     from scale_ocr.data.files import open_rgb
     from scale_ocr.errors import UserError
-    from scale_ocr.tasks.page_ocr import overlay, read_pages
 
     parser = argparse.ArgumentParser(
         prog="scale-ocr predict", description="Page OCR: prints one JSON object per page, {\"page\": path, "
@@ -257,7 +257,7 @@ def _evaluate_pages(argv: list[str]) -> int:
     import argparse
     import json
 
-    from scale_ocr.tasks.page_ocr import evaluate_pages
+    from scale_ocr.cli.page_ocr import evaluate_pages
 
     parser = argparse.ArgumentParser(
         prog="scale-ocr evaluate-pages", description="Detection recall / precision / mean IoU and end-to-end word "
@@ -324,7 +324,7 @@ def _train(argv: list[str]) -> int:
 
 
 def _ray_train(argv: list[str]) -> int:
-    from scale_ocr.dist.ray_train import main as ray_main
+    from scale_ocr.cli.ray_train import main as ray_main
 
     return ray_main.__wrapped__(argv)  # this entry point already reports user errors
 
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, end="")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    use_environment_extensions()  # inherited by every job a command launches (scale_ocr/dist/extensions.py)
+    use_environment_extensions()  # inherited by every job a command launches (scale_ocr/distributed/extensions.py)
     if command not in COMMANDS:
         print(f"scale-ocr: error: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
         return 2

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from scale_ocr.dist.distributed import free_port
+from scale_ocr.distributed.process_group import free_port
 from scale_ocr.errors import UserError
 
 DEFAULT_STRATEGIES = "ddp,fsdp,fsdp_grad_op,zero1,zero2,zero3,fairscale"

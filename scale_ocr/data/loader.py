@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from scale_ocr.config import DataConfig
-from scale_ocr.dist.distributed import DistInfo
+from scale_ocr.distributed.process_group import DistInfo
 from scale_ocr.errors import UserError
 
 VAL_SEED_OFFSET = 1_000_003  # synthetic validation samples never overlap the training stream's seeds

@@ -277,7 +277,7 @@ class ShardWriter:
             raise UserError(f"no samples to write into {self.out}")
         doc = {"format": FORMAT, "version": VERSION, "task": self.task, "total": sum(s["samples"] for s in self.shards),
                "shards": self.shards, "chars": "".join(sorted(self.chars)), "ctc_frames": self.frames, **self.meta}
-        from scale_ocr.run.safe_files import write_atomic
+        from scale_ocr.disk import write_atomic
 
         index = self.out / INDEX
         write_atomic(index, json.dumps(doc, indent=1, ensure_ascii=False) + "\n", what="the shard set's index",

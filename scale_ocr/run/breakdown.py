@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.autograd.profiler import record_function
 
-from scale_ocr.dist.distributed import all_reduce_max, all_reduce_sum
+from scale_ocr.distributed.process_group import all_reduce_max, all_reduce_sum
 
 PHASES = ("data", "compute", "optimizer", "other")
 NEXT = dict(zip(PHASES, PHASES[1:], strict=False))

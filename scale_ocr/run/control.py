@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 
-from scale_ocr.run.safe_files import DiskFault, pending, take_pending
+from scale_ocr.disk import DiskFault, pending, take_pending
 
 # EX_TEMPFAIL from sysexits.h: "try again later". Schedulers and torchrun treat it as a failure, so a
 # job under `--max-restarts` or a requeueing SLURM script starts again and `--resume auto` continues.
@@ -64,7 +64,7 @@ class Agreement:
     stop: bool = False  # a preemption signal reached some rank
     nonfinite: bool = False  # some rank's loss or the global gradient norm was NaN/inf
     save: bool = False  # rank 0's checkpoint timer fired
-    disk: bool = False  # a rank-0 write met a full disk (scale_ocr.run.safe_files.defer): every rank ends
+    disk: bool = False  # a rank-0 write met a full disk (scale_ocr.disk.defer): every rank ends
     bad_weights: bool = False  # the updated weights are NaN/inf or grew past their bound (see WeightCheck)
 
 

@@ -1,7 +1,7 @@
 """Model FLOPs utilisation: the FLOP/s a run's model work amounts to, over what its devices can do.
 
 ``MFU = counted FLOPs per training sample x samples/s / (peak FLOP/s of one device x devices)``, with the FLOPs
-counted once by :func:`scale_ocr.models.flops.flops_per_sample` and the peak from one of two places:
+counted once by :func:`scale_ocr.run.flops.flops_per_sample` and the peak from one of two places:
 
 - **GPUs**: :data:`GPU_PEAKS`, the vendors' datasheet figures of dense (no sparsity) tensor throughput per
   precision. An fp32 run counts against the TF32 peak where torch lets cuDNN or matmuls use TF32 (cuDNN's
@@ -24,6 +24,8 @@ same cores. Delete the cache file to measure again. Every rank is counted as one
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 import sys
 import time
@@ -33,8 +35,8 @@ from typing import Any
 
 import torch
 
-from scale_ocr.dist.distributed import DistInfo, all_reduce_sum
-from scale_ocr.models.flops import FlopCount, cache_path, flops_per_sample, read_cache, write_cache
+from scale_ocr.distributed.process_group import DistInfo, all_reduce_sum
+from scale_ocr.run.flops import FlopCount, flops_per_sample
 
 # Dense peak FLOP/s per device, (fp32, tf32, bf16/fp16), from each vendor's datasheet; sparsity figures halved.
 # Matched by substring of torch.cuda.get_device_name(), first match wins (so "H100 PCIe" before "H100").
@@ -65,6 +67,32 @@ GPU_PEAKS: tuple[tuple[str, str, tuple[float, float | None, float | None]], ...]
 )
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CACHE_NAME = "peak_flops.json"
+
+
+def cache_path(name: str) -> Path:
+    """A cache file of scale_ocr's: ``$XDG_CACHE_HOME/scale_ocr/NAME`` (default ``~/.cache/scale_ocr/NAME``)."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "scale_ocr" / name
+
+
+def read_cache(path: Path) -> dict[str, Any]:
+    """A JSON cache; an unreadable or damaged file is an empty cache (measured again), never an error."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_cache(path: Path, data: dict[str, Any]) -> None:
+    """Atomically (temp file, rename); a cache that cannot be written is only measured again next time."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -219,7 +247,7 @@ def _count(task, precision: str) -> FlopCount:
     """The run's count, or none with one warning line: a model torch cannot run to count (an operator with no meta
     kernel and a forward that fails on the CPU) trains as it would, without MFU."""
     try:
-        return flops_per_sample(task, precision=precision)
+        return flops_per_sample(task.create_model, task.dummy_inputs, precision)
     except Exception as exc:  # noqa: BLE001 - counting is a measurement; it never stops the run it measures
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
         print(f"scale-ocr: warning: could not count {task.arch}'s FLOPs ({reason}); the run trains without MFU "

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 from scale_ocr.checkpoint.pointer import POINTER
+from scale_ocr.disk import check_entry, clear_pending, disk_fault, open_own
 from scale_ocr.errors import UserError
-from scale_ocr.run.safe_files import check_entry, clear_pending, disk_fault, open_own
 from scale_ocr.run.shared_dir import TOKEN_PREFIX, check_shared
 
 
@@ -157,7 +157,7 @@ def claim(run_dir: Path, checkpoints, dist) -> tuple[RunLock, Path | None]:
     Returns:
         The held lock (release it at the end) and the checkpoint to resume, or None for a fresh start.
     """
-    from scale_ocr.dist.distributed import all_reduce_sum
+    from scale_ocr.distributed.process_group import all_reduce_sum
 
     clear_pending()  # a disk fault held by an earlier run in this process is not this run's
     lock, problem = RunLock(run_dir), None

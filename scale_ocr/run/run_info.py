@@ -12,10 +12,10 @@ import torch.distributed as tdist
 from torch import nn
 
 from scale_ocr.config import RunConfig
-from scale_ocr.dist.distributed import DistInfo
+from scale_ocr.disk import DiskFault, raise_or_defer, write_atomic
+from scale_ocr.distributed.process_group import DistInfo
 from scale_ocr.models.init import full_numel
 from scale_ocr.run.breakdown import compact
-from scale_ocr.run.safe_files import DiskFault, raise_or_defer, write_atomic
 
 
 def library_versions() -> dict[str, str | None]:
@@ -45,12 +45,14 @@ def device_names(dist: DistInfo) -> list[str]:
     return names
 
 
-def describe_run(cfg: RunConfig, dist: DistInfo, strategy, model: nn.Module, data, task) -> dict[str, Any]:
-    """The resolved config plus what was derived at start-up; every rank calls it (it gathers)."""
+def describe_run(cfg: RunConfig, plan, strategy, model: nn.Module, data, task) -> dict[str, Any]:
+    """The resolved config plus what was derived at start-up (``plan``: a :class:`~scale_ocr.run.plan.RunPlan`);
+    every rank calls it (it gathers)."""
+    dist = strategy.dist
     return {
         **cfg.to_dict(),  # model, data, optim, train, strategy, output, logging sections
         "world_size": dist.world_size,
-        "global_batch": cfg.train.batch_size * cfg.train.grad_accum * dist.world_size,
+        "global_batch": plan.global_batch,
         "launcher": dist.launcher,
         "backend": dist.backend,
         "devices": device_names(dist),

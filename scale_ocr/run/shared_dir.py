@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 
+from scale_ocr.disk import write_atomic
 from scale_ocr.errors import UserError, printable, shown
-from scale_ocr.run.safe_files import write_atomic
 
 TOKEN_PREFIX = ".scale-ocr-shared-"  # the run directory's listing ignores these (run_dir.previous_run)
 TOKEN_BYTES = 16

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from scale_ocr.dist.distributed import all_reduce_max, all_reduce_sum
+from scale_ocr.distributed.process_group import all_reduce_max, all_reduce_sum
 from scale_ocr.memory.meter import peak_breakdown
 from scale_ocr.run.breakdown import memory_breakdown, time_breakdown
 

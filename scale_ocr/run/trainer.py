@@ -11,40 +11,25 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 from tqdm import tqdm
 
-from scale_ocr.checkpoint.manager import CheckpointManager
 from scale_ocr.checkpoint.model_files import NonFiniteWeights, whole_bytes, write_whole_model
-from scale_ocr.config import TrainConfig
-from scale_ocr.data.loader import Data
-from scale_ocr.dist.distributed import all_reduce_max, all_reduce_sum
+from scale_ocr.disk import DiskFault, defer, pending, size_text, take_pending
+from scale_ocr.distributed.process_group import all_reduce_max, all_reduce_sum
 from scale_ocr.errors import RunStopped, UserError, memory_for
 from scale_ocr.memory.meter import ActivationProbe
-from scale_ocr.optim import LRSchedule
-from scale_ocr.precision import autocast_factory, emulates_gemm, gemm_factory
+from scale_ocr.precision import autocast_factory, gemm_factory
 from scale_ocr.run.breakdown import StepClock
 from scale_ocr.run.control import EXIT_PREEMPTED, StepControl, StopSignal, WeightCheck
-from scale_ocr.run.mfu import Utilization
+from scale_ocr.run.plan import RunParts, RunPlan
 from scale_ocr.run.profiling import StepProfiler
-from scale_ocr.run.safe_files import DiskFault, defer, pending, size_text, take_pending
 from scale_ocr.run.summary import peak_memory_bytes, run_summary
-from scale_ocr.run.watchdog import Watchdog
-from scale_ocr.strategies import Strategy
-from scale_ocr.tasks import Task
 from scale_ocr.tasks.base import EvalResult
 
 EXIT_DIVERGED = 4  # --max-bad-steps consecutive non-finite steps
-
-
-def plan_steps(steps_per_epoch: int, epochs: int, max_steps: int | None) -> int:
-    """Optimizer steps in the run: ``epochs`` worth, capped by ``max_steps``."""
-    total = steps_per_epoch * epochs
-    return min(total, max_steps) if max_steps else total
 
 
 @dataclass
@@ -78,63 +63,40 @@ class Window:
 
 
 class Trainer:
-    """Trains ``model`` under ``strategy``; rank 0 writes models and metrics to ``run_dir``.
+    """Trains ``parts.model`` under ``parts.strategy`` as ``plan`` says; rank 0 writes models and metrics to
+    ``plan.run_dir``.
 
     Args:
-        strategy: an already set-up strategy (``setup`` returned ``model`` and ``optimizer``).
-        model: the callable returned by ``strategy.setup``.
-        schedule: sets the learning rate for each optimizer step.
-        data: loaders and sampler.
-        task: evaluates the model and names its metrics (recognition, detection).
-        cfg: the train section (batch, accumulation, precision, logging cadence).
-        logger: a JSONL/W&B logger on rank 0, a null logger elsewhere.
-        run_dir: where models and metrics go.
-        total_steps: optimizer steps in the run.
-        checkpoints: saves resumable checkpoints when due; None disables them.
-        control: per-step agreement across ranks (preemption, non-finite steps, timed saves).
-        watchdog: told about each finished step and printed line (heartbeats, hang detection).
+        plan: what the run derived once (global batch, steps, rate plan, run directory, FLOPs).
+        parts: the set-up strategy and model, the schedule, data, task, logger, checkpoints, control and watchdog.
     """
 
-    def __init__(self, strategy: Strategy, model: nn.Module, schedule: LRSchedule, data: Data, task: Task,
-                 cfg: TrainConfig, logger, run_dir: Path, total_steps: int, checkpoints: CheckpointManager | None = None,
-                 control: StepControl | None = None, watchdog: Watchdog | None = None) -> None:
-        self.strategy, self.model, self.schedule, self.data, self.cfg = strategy, model, schedule, data, cfg
-        self.task = task
-        self.logger, self.run_dir, self.total_steps = logger, run_dir, total_steps
-        self.checkpoints, self.last_saved = checkpoints, -1
+    def __init__(self, plan: RunPlan, parts: RunParts) -> None:
+        self.plan, self.cfg = plan, plan.train
+        self.strategy, self.model, self.schedule, self.data = parts.strategy, parts.model, parts.schedule, parts.data
+        self.task, self.logger, self.checkpoints, self.watchdog = parts.task, parts.logger, parts.checkpoints, parts.watchdog
+        self.run_dir, self.total_steps, self.global_batch = plan.run_dir, plan.total_steps, plan.global_batch
+        self.steps_per_epoch, self.utilization = plan.steps_per_epoch, plan.utilization
+        self.last_saved = -1
         self.first_step = 0  # the step this job began at (fit() sets it: a resumed job's is its checkpoint's)
-        self.control = control or StepControl(StopSignal(), None, strategy.is_main)
-        self.watchdog = watchdog
+        self.control = parts.control or StepControl(StopSignal(), None, self.strategy.is_main)
         self.segment_start = 0  # the epoch's optimizer step at which the loader's current order began
-        self.device = strategy.dist.device
-        self.autocast = autocast_factory(cfg.precision, self.device)
-        self.gemm = gemm_factory(cfg.precision, self.device)  # the backward's products, as the forward's
-        if strategy.is_main and emulates_gemm(cfg.precision, self.device):
-            print(f"scale-ocr: this CPU has no {cfg.precision} matrix unit; {cfg.precision} matrix products are computed "
-                  "in fp32 from exactly widened operands and rounded back (torch's fallback is ~300x slower)", flush=True)
-        self.global_batch = cfg.batch_size * cfg.grad_accum * strategy.world_size
-        self.steps_per_epoch = len(data.train_loader) // cfg.grad_accum
-        if self.steps_per_epoch == 0:
-            raise UserError(
-                f"one epoch holds fewer than --grad-accum {cfg.grad_accum} batches per rank; "
-                "add samples or lower --batch-size/--grad-accum"
-            )
+        self.device = self.strategy.dist.device
+        self.autocast = autocast_factory(self.cfg.precision, self.device)
+        self.gemm = gemm_factory(self.cfg.precision, self.device)  # the backward's products, as the forward's
         # Steps up to this one are allocator/engine warm-up and are not timed for samples/s.
-        self.warmup_steps = min(5, max(0, total_steps // 4))
+        self.warmup_steps = min(5, max(0, self.total_steps // 4))
         self.timing_start: tuple[float, int] | None = None
         # The last --profile-steps steps are profiled, and left out of samples/s (the profiler slows them).
-        self.timing_end = total_steps - cfg.profile_steps
-        self.profiler = (StepProfiler(run_dir, self.timing_end + 1, total_steps, self.device, strategy.is_main)
-                         if cfg.profile_steps else None)
+        self.timing_end = self.total_steps - self.cfg.profile_steps
+        self.profiler = (StepProfiler(self.run_dir, self.timing_end + 1, self.total_steps, self.device,
+                                      self.strategy.is_main) if self.cfg.profile_steps else None)
         self.clock = StepClock(self.device)  # data, compute, optimizer and other time of each step
-        self.utilization = Utilization.for_run(task, cfg.precision, strategy.dist)  # counted FLOPs / device peak
-        if strategy.is_main:
-            print(self.utilization.line(), flush=True)
         self.activations = ActivationProbe()  # bytes saved for backward by the first micro-batch
         self.state = RunState()
-        self.weights = WeightCheck(strategy.weight_norm, cfg.max_weight_growth)  # measured again when fit() starts
+        self.weights = WeightCheck(self.strategy.weight_norm, self.cfg.max_weight_growth)  # measured again in fit()
         # A live bar on a terminal; plain log lines (one per --log-every) in files and CI logs.
-        self.interactive = strategy.is_main and sys.stderr.isatty()
+        self.interactive = self.strategy.is_main and sys.stderr.isatty()
 
     def _now(self) -> float:
         if self.device.type == "cuda":
@@ -334,7 +296,7 @@ class Trainer:
             with self.strategy.no_sync() if not sync else contextlib.nullcontext():
                 with self.autocast(), self.activations.watch(self.model):
                     out = self.model(*batch.inputs)
-                loss = out["loss"].mean()  # DataParallel returns one loss per replica
+                loss = out["loss"]
                 with self.gemm():
                     self.strategy.backward(loss)
             self.clock.lap("compute", then="optimizer" if sync else "data")

@@ -47,7 +47,7 @@ class Watchdog:
         world_size: ranks in the job.
         timeout: seconds of silence (``--dist-timeout``) before a peer counts as stopped.
         is_main: rank 0 prints the ``alive`` lines.
-        round_id: :attr:`~scale_ocr.dist.distributed.DistInfo.round_id`, the same on every rank of this round.
+        round_id: :attr:`~scale_ocr.distributed.process_group.DistInfo.round_id`, the same on every rank of this round.
     """
 
     def __init__(self, rank: int, world_size: int, timeout: float, is_main: bool, round_id: str = "") -> None:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from scale_ocr.config import OptimConfig, StrategyConfig, TrainConfig
-from scale_ocr.dist.distributed import DistInfo
+from scale_ocr.distributed.process_group import DistInfo
 from scale_ocr.errors import UserError
 from scale_ocr.memory.meter import StateBytes, StateMeter
 from scale_ocr.memory.model import StateLayout

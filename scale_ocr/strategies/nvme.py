@@ -6,7 +6,7 @@ before the engine needs it (so a host without libaio ends in one line, not a com
 rank's swap folders before a run (a crashed run's files are never read back or counted), measures them
 (the bytes that left memory), and removes them afterwards when the directory was the run's own.
 
-``make install`` builds the op ahead of time with DeepSpeed's other ops (:mod:`scale_ocr.dist.extensions`).
+``make install`` builds the op ahead of time with DeepSpeed's other ops (:mod:`scale_ocr.distributed.extensions`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from scale_ocr.config import OptimConfig, StrategyConfig, TrainConfig
-from scale_ocr.dist.distributed import DistInfo
+from scale_ocr.distributed.process_group import DistInfo
 from scale_ocr.errors import UserError
 from scale_ocr.strategies.base import Strategy, shard_size
 

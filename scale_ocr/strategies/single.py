@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+import torch
 from torch import nn
 
 from scale_ocr.memory.model import StateLayout
@@ -73,8 +74,19 @@ class DataParallel(SingleDevice):
     compiles = False  # the baseline stays as users run it; torch.compile does not trace DataParallel's scatter
 
     def _wrap(self, model: nn.Module) -> nn.Module:
-        return nn.DataParallel(model)
+        return _OneLoss(model)
 
     def state_layout(self) -> StateLayout:
         return StateLayout(ideal_stage=0, grads_freed=True, note="on GPUs, replicas of the weights are re-broadcast to every device "
                            "each forward and gradients are summed on the first one, which holds the optimizer")
+
+
+class _OneLoss(nn.DataParallel):
+    """DataParallel whose output holds one loss, as every other engine's does: the replicas' losses averaged (its
+    gather stacks one per device)."""
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        out = super().forward(*inputs, **kwargs)
+        if isinstance(out, dict) and torch.is_tensor(out.get("loss")) and out["loss"].dim():
+            out = {**out, "loss": out["loss"].mean()}
+        return out

@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from scale_ocr.config import MODEL_SIZE_FIELDS, DataConfig, ModelConfig
-from scale_ocr.dist.distributed import DistInfo
+from scale_ocr.distributed.process_group import DistInfo
 from scale_ocr.errors import UserError
 from scale_ocr.models.factory import create_model, list_models, model_entry, model_vocabs
 from scale_ocr.models.init import ModelFactory
@@ -86,16 +86,10 @@ class Task(ABC):
         """The model of this run: the registry's architecture with this run's options applied."""
         return self.model_factory().build()
 
-    def model_factory(self) -> ModelFactory:
-        """How a strategy builds this run's model: the bare architecture, its options, and ``--init-from``."""
-        return ModelFactory(self.create_model, self.apply_options,
-                            self._load_initial_weights if self.cfg.init_from else None)
-
-    def _load_initial_weights(self, model: nn.Module) -> str:
-        from scale_ocr.models.weights_io import load_initial_weights
-
-        count = load_initial_weights(model, self.cfg.init_from, self.arch)
-        return f"initial weights: {count} tensors from {self.cfg.init_from}"
+    def model_factory(self, load_weights: Callable[[nn.Module], str] | None = None) -> ModelFactory:
+        """How a strategy builds this run's model: the bare architecture and its options; ``load_weights`` (the
+        launch script's ``--init-from`` loader) fills the built model."""
+        return ModelFactory(self.create_model, self.apply_options, load_weights)
 
     def create_model(self) -> nn.Module:
         """The bare architecture at this run's size (an engine may build it inside its own context)."""

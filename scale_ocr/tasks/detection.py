@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from scale_ocr.config import DEFAULT_MAX_PAGE_SIDE, DataConfig, ModelConfig
-from scale_ocr.dist.distributed import DistInfo, all_reduce_sum
+from scale_ocr.distributed.process_group import DistInfo, all_reduce_sum
 from scale_ocr.errors import UserError
 from scale_ocr.tasks.base import EvalResult, Task
 from scale_ocr.tasks.registry import register_task

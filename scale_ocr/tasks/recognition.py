@@ -15,11 +15,11 @@ from torch.utils.data import DataLoader
 from scale_ocr.config import DataConfig, ModelConfig
 from scale_ocr.data.files import WORD_LIMITS, open_rgb
 from scale_ocr.data.transforms import MEAN, STD
-from scale_ocr.dist.distributed import DistInfo, all_reduce_sum
+from scale_ocr.distributed.process_group import DistInfo, all_reduce_sum
 from scale_ocr.errors import UserError, printable
 from scale_ocr.tasks.base import EvalResult, Task
 from scale_ocr.tasks.registry import register_task
-from scale_ocr.text_metrics import TextMetric
+from scale_ocr.tasks.text_metrics import TextMetric
 from scale_ocr.vocab import Vocab
 
 NUM_EXAMPLES = 8  # validation words shown in the W&B table

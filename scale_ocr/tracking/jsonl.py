@@ -10,7 +10,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from scale_ocr.run.safe_files import check_entry, disk_fault, open_own, raise_or_defer, take_pending, write_atomic
+from scale_ocr.disk import check_entry, disk_fault, open_own, raise_or_defer, take_pending, write_atomic
 
 
 def clean(value: Any) -> Any:

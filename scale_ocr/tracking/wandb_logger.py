@@ -6,7 +6,7 @@ instead of ``RUN_DIR/wandb`` when the user sets it). Anything that goes wrong wi
 install, an unreachable server, a failing call - becomes one warning and the run carries on with
 ``metrics.jsonl``, except a full disk: W&B's writer drops records silently when its file system is full (it
 only notes it in its own debug log), so the logger checks the room left before each call and stops the run the way
-every other full-disk write does (:class:`~scale_ocr.run.safe_files.DiskFault`, exit 74).
+every other full-disk write does (:class:`~scale_ocr.disk.DiskFault`, exit 74).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from scale_ocr.config import LoggingConfig
+from scale_ocr.disk import DiskFault, disk_fault, free_bytes, raise_or_defer, size_text, write_atomic
 from scale_ocr.errors import printable
-from scale_ocr.run.safe_files import DiskFault, disk_fault, free_bytes, raise_or_defer, size_text, write_atomic
 from scale_ocr.tracking.jsonl import clean
 
 RUN_ID_FILE = "wandb_run_id"

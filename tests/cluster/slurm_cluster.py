@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scale_ocr.dist.distributed import free_port
+from scale_ocr.distributed.process_group import free_port
 
 # program -> Debian package (``make engines`` installs them)
 PROGRAMS = {"slurmctld": "slurmctld", "slurmd": "slurmd", "sbatch": "slurm-client", "scontrol": "slurm-client",

@@ -20,8 +20,8 @@ from types import SimpleNamespace
 import pytest
 from conftest import REPO, _env, read_metrics, run_cmd
 
-from scale_ocr.dist import distributed as d
-from scale_ocr.dist.distributed import free_port
+from scale_ocr.distributed import process_group as d
+from scale_ocr.distributed.process_group import free_port
 from scale_ocr.errors import UserError
 
 NODES = ("node1", "node2")

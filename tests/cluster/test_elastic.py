@@ -20,7 +20,7 @@ import psutil
 import pytest
 from conftest import BIN, REPO, _env
 
-from scale_ocr.dist.distributed import free_port
+from scale_ocr.distributed.process_group import free_port
 
 SCRIPT = REPO / "examples" / "torchrun" / "elastic.sh"
 FLAGS = shlex.split(SCRIPT.read_text().split("exec torchrun", 1)[1].replace("\\\n", " "))
@@ -158,7 +158,7 @@ def test_elastic_torchrun_sharing_one_store_warns_that_a_join_would_hang(tmp_pat
     ``--nnodes 1:2`` from its agent's command line and says so, once. A real agent; the worker only starts its
     process group, where the warning is given."""
     probe = tmp_path / "probe.py"
-    probe.write_text("from scale_ocr.dist.distributed import destroy_distributed, init_distributed\n"
+    probe.write_text("from scale_ocr.distributed.process_group import destroy_distributed, init_distributed\n"
                      "init_distributed()\ndestroy_distributed()\n")
     cmd = [str(BIN / "torchrun"), "--nnodes", "1:2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
            "--rdzv_endpoint", f"127.0.0.1:{free_port()}", "--rdzv_id", "probe", "--rdzv_conf", "last_call_timeout=1",

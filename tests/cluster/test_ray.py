@@ -25,7 +25,7 @@ import psutil
 import pytest
 from conftest import BIN, REPO, _env, read_jsonl, read_metrics
 
-from scale_ocr.dist.distributed import free_port
+from scale_ocr.distributed.process_group import free_port
 from scale_ocr.errors import UserError
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
@@ -124,8 +124,8 @@ def test_a_user_error_in_a_worker_is_returned_not_raised(tmp_path, monkeypatch):
     """The function Ray calls on every worker, run here as a 1-rank job of its own: a user error (a run directory
     that holds something else) comes back as its exit code and line, which ``finish`` prints on the driver;
     raised, Ray would retry it --max-failures times."""
-    from scale_ocr.dist.distributed import destroy_distributed
-    from scale_ocr.dist.ray_train import train_loop_per_worker
+    from scale_ocr.cli.ray_train import train_loop_per_worker
+    from scale_ocr.distributed.process_group import destroy_distributed
 
     monkeypatch.chdir(tmp_path)  # the worker enters the driver's folder; this test's folder is given back after
     run_dir = tmp_path / "taken"
@@ -143,7 +143,7 @@ def test_a_user_error_in_a_worker_is_returned_not_raised(tmp_path, monkeypatch):
 def test_a_restart_continues_this_jobs_checkpoints_not_the_given_resume(tmp_path, capsys):
     """``--resume PATH`` (or ``none``) is where the job's first attempt starts; once the job has checkpointed, a
     restart continues from there with ``--resume auto``, instead of starting over and moving that work aside."""
-    from scale_ocr.dist.ray_train import continue_own_run
+    from scale_ocr.cli.ray_train import continue_own_run
 
     other, run_dir = tmp_path / "other_run", tmp_path / "run"
     other.mkdir()
@@ -172,7 +172,7 @@ def test_the_example_driver_builds_on_the_package():
 
 def test_mistakes_are_refused_before_ray_is_involved(tmp_path, capsys):
     """Each mistake is found before Ray is imported or a cluster joined: one line, exit 2."""
-    from scale_ocr.dist import ray_train
+    from scale_ocr.cli import ray_train
 
     out = tmp_path / "r"
     assert ray_train.main(["--num-workers", "2", "--", "--strategy", "dp", "--output-dir", str(out)]) == 2
@@ -186,7 +186,7 @@ def test_mistakes_are_refused_before_ray_is_involved(tmp_path, capsys):
 
 
 def test_without_ray_installed_the_line_names_the_extra(monkeypatch, capsys, tmp_path):
-    from scale_ocr.dist import ray_train
+    from scale_ocr.cli import ray_train
 
     monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets where it is not installed
     assert ray_train.main(["--num-workers", "2", "--", "--output-dir", str(tmp_path / "r")]) == 2
@@ -201,7 +201,7 @@ def test_ray_train_v1_is_refused_in_one_line(monkeypatch):
     import ray.air.result
     import ray.train
 
-    from scale_ocr.dist.ray_train import import_ray
+    from scale_ocr.cli.ray_train import import_ray
 
     monkeypatch.setattr(ray.train, "Result", ray.air.result.Result)  # the class `import ray.train` gives under V1
     with pytest.raises(UserError, match="needs Ray Train's V2 API, and Ray .* gives V1 here: unset RAY_TRAIN_V2"):
@@ -216,7 +216,7 @@ def test_a_run_ray_gave_up_on_is_one_line_naming_each_rank():
     from ray.train import ControllerError, WorkerGroupError
     from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
 
-    from scale_ocr.dist.ray_train import failure
+    from scale_ocr.cli.ray_train import failure
     from scale_ocr.errors import RunStopped
 
     reset = UserExceptionWithTraceback(RuntimeError("Connection reset by peer\n(gloo)"), "Traceback ...")
@@ -238,7 +238,7 @@ def test_documented_ray_commands_parse():
     import shlex
 
     from scale_ocr.cli.args import build_parser
-    from scale_ocr.dist.ray_train import split_args
+    from scale_ocr.cli.ray_train import split_args
 
     launch = re.compile(r"(?:scale-ocr ray-train|examples/ray/driver\.py)(?=\s|$)")
     found = 0

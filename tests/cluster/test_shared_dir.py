@@ -12,7 +12,7 @@ import subprocess
 import pytest
 from conftest import BIN, REPO, TRAIN, _env
 
-from scale_ocr.dist.distributed import free_port
+from scale_ocr.distributed.process_group import free_port
 from scale_ocr.run.run_dir import previous_run
 from scale_ocr.run.shared_dir import TOKEN_PREFIX
 

@@ -31,7 +31,7 @@ import pytest
 from conftest import BIN, REPO, _env, read_jsonl, read_metrics
 from slurm_cluster import NODES, SlurmCluster, missing_programs
 
-from scale_ocr.dist.distributed import _slurm_first_host
+from scale_ocr.distributed.process_group import _slurm_first_host
 
 MISSING = missing_programs()
 needs_slurm = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")

@@ -15,7 +15,7 @@ import sys
 import torch
 
 from scale_ocr.config import ModelConfig, OptimConfig, StrategyConfig, TrainConfig
-from scale_ocr.dist.distributed import destroy_distributed, init_distributed
+from scale_ocr.distributed.process_group import destroy_distributed, init_distributed
 from scale_ocr.models.init import full_numel
 from scale_ocr.optim import build_optimizer_spec
 from scale_ocr.strategies import create_strategy

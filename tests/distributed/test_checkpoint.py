@@ -15,7 +15,7 @@ from conftest import BIN, HOOKED_TRAIN, REPO, _env, python_train, read_jsonl, to
 from conftest import CKPT_BASE as BASE  # shared with the `saved` fixture (tests/conftest.py)
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from scale_ocr.dist.distributed import free_port
+from scale_ocr.distributed.process_group import free_port
 
 
 def _losses(run_dir):

@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import BIN, REPO, TRAIN, _env
 
-from scale_ocr.dist.distributed import free_port
+from scale_ocr.distributed.process_group import free_port
 
 ARGS = ["--strategy", "ddp", "--train-samples", "128", "--val-samples", "8", "-b", "4", "--max-chars", "5",
         "--log-every", "1", "--sched", "constant", "--wandb-mode", "disabled", "--epochs", "1"]

@@ -15,7 +15,7 @@ from conftest import HOOKED_TRAIN, read_metrics, run_cmd, torchrun_train
 from test_checkpoint import read_checkpoint
 
 from scale_ocr.config import ModelConfig
-from scale_ocr.strategies.estimate import estimate, model_size
+from scale_ocr.planning.estimate import estimate, model_size
 from scale_ocr.tasks import create_task
 
 STEPS, BATCH, WORLD = 4, 4, 4  # verify's global batch: 4 ranks x 4

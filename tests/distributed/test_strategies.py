@@ -89,7 +89,7 @@ def test_offloaded_zero3_state_counts_the_gradient_of_every_sub_group(tmp_path):
     import json
 
     from scale_ocr.config import ModelConfig
-    from scale_ocr.strategies.estimate import estimate, model_size
+    from scale_ocr.planning.estimate import estimate, model_size
     from scale_ocr.tasks import create_task
 
     config = json.loads((REPO / "ds_configs" / "zero3_offload.json").read_text())

@@ -4,7 +4,7 @@ import pytest
 
 from scale_ocr.cli.args import parse_config
 from scale_ocr.errors import UserError
-from scale_ocr.strategies.auto import GIB, MULTI_RANK_ORDER, choose_strategy, memory_needs
+from scale_ocr.planning.auto import GIB, MULTI_RANK_ORDER, choose_strategy, memory_needs
 
 ARGS = ["vitstr_base", "--strategy", "auto", "-b", "2", "--precision", "bf16"]
 
@@ -26,8 +26,8 @@ def test_needs_follow_the_memory_model(needs):
 
 def test_offload_frees_a_gpus_memory_but_not_a_cpu_ranks():
     """Offloaded state moves to host memory: off a GPU, but a CPU rank's device is the host, where it stays."""
-    from scale_ocr.strategies.auto import rank_need
-    from scale_ocr.strategies.estimate import ModelSize, estimate
+    from scale_ocr.planning.auto import rank_need
+    from scale_ocr.planning.estimate import ModelSize, estimate
 
     size = ModelSize(params=765_000_000, largest_layer=9_440_000)
     rows = estimate(size, 2, "bf16", ["zero3", "zero3_offload"])["strategies"]

@@ -8,7 +8,7 @@ from scale_ocr.data.loader import EvalShard
 from scale_ocr.data.recognition import RecognitionFolder
 from scale_ocr.data.synthetic import SyntheticWords, system_fonts
 from scale_ocr.data.transforms import ResizePad, build_transform
-from scale_ocr.dist.distributed import DistInfo
+from scale_ocr.distributed.process_group import DistInfo
 from scale_ocr.tasks.recognition import Collate, RecognitionTask
 from scale_ocr.vocab import Vocab, resolve_vocab
 

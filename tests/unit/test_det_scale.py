@@ -147,7 +147,7 @@ def test_whole_pages_at_native_scale_map_back_exactly(tmp_path):
 
 def test_page_scale_faults_are_one_line():
     from scale_ocr.cli.args import parse_config
-    from scale_ocr.tasks.page_ocr import check_models  # noqa: F401 - page OCR imports cleanly
+    from scale_ocr.cli.page_ocr import check_models  # noqa: F401 - page OCR imports cleanly
 
     cases = [(["--page-scale", "big"], "--page-scale 'big'"), (["--page-scale", "0"], "between 0.05 and 8"),
              (["--max-page-side", "1000"], "multiple of 32"),
@@ -175,8 +175,8 @@ def test_native_training_end_to_end(tmp_path, capsys):
     model file records how it reads pages, and page OCR reads them that way by default."""
     from scale_ocr.checkpoint.export import LoadedModel, load_any
     from scale_ocr.cli.main import main as cli
+    from scale_ocr.cli.page_ocr import evaluate_pages
     from scale_ocr.data.synthetic_pages import write_detection_folder
-    from scale_ocr.tasks.page_ocr import evaluate_pages
     from scale_ocr.train import main as train_main
 
     folder = write_detection_folder(tmp_path / "pages", 4, seed=1, size=(224, 160), text_scale=0.5)

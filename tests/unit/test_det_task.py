@@ -6,7 +6,7 @@ from torch import nn
 
 from scale_ocr.cli.args import parse_config
 from scale_ocr.config import DataConfig, ModelConfig
-from scale_ocr.dist.distributed import DistInfo
+from scale_ocr.distributed.process_group import DistInfo
 from scale_ocr.errors import UserError
 from scale_ocr.tasks import create_task
 from scale_ocr.tasks.detection import TARGET_KEYS

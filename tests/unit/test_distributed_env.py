@@ -1,6 +1,6 @@
 import pytest
 
-from scale_ocr.dist import distributed as d
+from scale_ocr.distributed import process_group as d
 
 
 @pytest.mark.parametrize("env,launcher", [
@@ -56,7 +56,7 @@ def test_round_store_skips_the_dead_rounds_address(monkeypatch):
 
     import torch.distributed as tdist
 
-    from scale_ocr.dist import round_store as rs
+    from scale_ocr.distributed import round_store as rs
 
     agent = tdist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=10),
                            wait_for_workers=False)
@@ -82,7 +82,7 @@ def test_rank_threads_honour_the_users_choice_but_not_torchruns_default(monkeypa
     import subprocess
     import sys
 
-    from scale_ocr.dist.cores import usable_cores
+    from scale_ocr.distributed.cores import usable_cores
 
     cores = usable_cores().usable  # affinity and cgroup quota, not the host's count
     monkeypatch.setenv("OMP_NUM_THREADS", "3")

@@ -10,10 +10,10 @@ import pytest
 import torch
 from doctr.datasets import VOCABS
 
+from scale_ocr.checkpoint.weights_io import doctr_state_dict, load_initial_weights
 from scale_ocr.config import ModelConfig
 from scale_ocr.errors import UserError
 from scale_ocr.models import create_model, model_entry
-from scale_ocr.models.weights_io import doctr_state_dict, load_initial_weights
 from scale_ocr.tasks import create_task, task_from_identity
 from scale_ocr.tasks.recognition import Collate
 

@@ -74,7 +74,7 @@ def test_zero3_preset_keeps_a_bounded_part_of_the_model_gathered_from_the_second
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
     from scale_ocr.config import ModelConfig, OptimConfig, StrategyConfig, TrainConfig
-    from scale_ocr.dist.distributed import destroy_distributed, init_distributed
+    from scale_ocr.distributed.process_group import destroy_distributed, init_distributed
     from scale_ocr.optim import build_optimizer_spec
     from scale_ocr.strategies import create_strategy
     from scale_ocr.tasks import create_task
@@ -106,7 +106,7 @@ def test_deepspeed_ops_are_found_in_the_environment_unless_the_user_chose_a_fold
     import os
     import sys
 
-    from scale_ocr.dist import extensions
+    from scale_ocr.distributed import extensions
 
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
     monkeypatch.setattr(sys, "base_prefix", "/usr")
@@ -128,7 +128,7 @@ def test_every_op_build_uses_the_environments_ninja(monkeypatch, tmp_path):
     import os
     import sysconfig
 
-    from scale_ocr.dist import extensions
+    from scale_ocr.distributed import extensions
 
     scripts = tmp_path / "bin"
     scripts.mkdir()

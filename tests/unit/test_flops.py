@@ -1,8 +1,6 @@
-"""FLOPs per sample: torch's counter, completed (scale_ocr.models.flops), against an independent hand count."""
+"""FLOPs per sample: torch's counter, completed (scale_ocr.run.flops), against an independent hand count."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
@@ -10,8 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from scale_ocr.config import ModelConfig
-from scale_ocr.models.flops import count_flops, flops_per_sample
 from scale_ocr.models.recognition.vitstr import SelfAttention
+from scale_ocr.run.flops import count_flops, flops_per_sample
 from scale_ocr.tasks import create_task
 
 
@@ -55,12 +53,12 @@ def hand_count(arch: str) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("arch", ["crnn_mobilenet_v3_small", "vitstr_small", "db_mobilenet_v3_large"])
-def test_counted_flops_equal_a_hand_count(arch, tmp_path, monkeypatch):
+def test_counted_flops_equal_a_hand_count(arch):
     """Acceptance 1 of issue 33: torch's counter (completed) and a hand count from module shapes agree within 5%,
     forward and backward (torch alone counts crnn_mobilenet_v3_small's backward 8x too high: depthwise
     convolutions' weight gradient, and none of its LSTM)."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # counted now, not read from the user's cache
-    counted = flops_per_sample(arch)
+    task = create_task(ModelConfig(arch=arch))
+    counted = flops_per_sample(task.create_model, task.dummy_inputs)
     forward, backward = hand_count(arch)
     assert counted.forward == pytest.approx(forward, rel=0.05)
     assert counted.backward == pytest.approx(backward, rel=0.05)
@@ -81,24 +79,3 @@ def test_cpu_kernels_torch_leaves_out_are_counted():
     fwd, bwd = count_flops(attention, [q])
     assert fwd == 2 * 2 * 4 * 12 * 12 * 8  # QK^T and PV per sample
     assert bwd > 2 * fwd  # the flash backward recomputes QK^T as well
-
-
-def test_counts_are_cached_on_disk_by_the_model_fingerprint(tmp_path, monkeypatch):
-    """A count is kept in the user's cache under the model's fingerprint and read back without counting; a damaged
-    cache is counted again and rewritten whole; another size of the model is another entry."""
-    from scale_ocr.models import flops
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(flops, "_COUNTED", {})
-    first = flops_per_sample("vitstr_tiny", (16, 64), width=32, depth=1)
-    path = flops.cache_path(flops.CACHE_NAME)
-    assert [(e["forward"], e["backward"]) for e in json.loads(path.read_text()).values()] == \
-        [(first.forward, first.backward)]
-    monkeypatch.setattr(flops, "_COUNTED", {})
-    monkeypatch.setattr(flops, "_count", lambda task, precision: pytest.fail("counted again"))
-    assert flops_per_sample("vitstr_tiny", (16, 64), width=32, depth=1) == first
-    path.write_text('{"cut sh')
-    monkeypatch.setattr(flops, "_COUNTED", {})
-    monkeypatch.setattr(flops, "_count", lambda task, precision: flops.FlopCount(1, 2, "meta"))
-    assert flops_per_sample("vitstr_tiny", (16, 64), width=32, depth=2) == flops.FlopCount(1, 2, "meta")
-    assert len(json.loads(path.read_text())) == 1

@@ -37,10 +37,10 @@ from test_fuzz_oracle import outcome, warnings_checked
 
 from scale_ocr.cli.args import parse_config
 from scale_ocr.config import SECTIONS, RunConfig
-from scale_ocr.dist.distributed import peek_launch
+from scale_ocr.distributed.process_group import peek_launch
 from scale_ocr.models.factory import list_models
 from scale_ocr.optim import build_optimizer_spec, default_warmup, lr_factor
-from scale_ocr.strategies.auto import resolve_auto
+from scale_ocr.planning.auto import resolve_auto
 from scale_ocr.strategies.ds_config import keep_fp32_weights, load_ds_config, preset_path, resolve_ds_config
 from scale_ocr.strategies.ds_keys import top_level_keys, zero_keys
 from scale_ocr.strategies.nvme import nvme_sections

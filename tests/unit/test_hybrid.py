@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from scale_ocr.config import OptimConfig, StrategyConfig, TrainConfig
-from scale_ocr.dist.distributed import DistInfo
+from scale_ocr.distributed.process_group import DistInfo
 from scale_ocr.errors import UserError
+from scale_ocr.planning.estimate import ModelSize, estimate
 from scale_ocr.strategies import check_launch, strategy_entry
 from scale_ocr.strategies.ds_config import load_ds_config, preset_path, resolve_ds_config
-from scale_ocr.strategies.estimate import ModelSize, estimate
 from scale_ocr.train import main
 
 KW = dict(source="x.json", micro_batch=4, grad_accum=1, world_size=4, clip_grad=1.0, precision="fp32", lr=1e-3,

@@ -16,7 +16,7 @@ import yaml
 from torch.distributed.run import get_args_parser
 
 from scale_ocr.cli.args import parse_config
-from scale_ocr.dist.round_store import join_warning, node_range
+from scale_ocr.distributed.round_store import join_warning, node_range
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "examples" / "k8s" / "pytorchjob.yaml"

@@ -13,7 +13,7 @@ from scale_ocr.cli.estimate_memory import main as estimate_main
 from scale_ocr.memory.meter import count_state
 from scale_ocr.memory.model import ideal_model_state
 from scale_ocr.models import create_model
-from scale_ocr.strategies.estimate import model_size
+from scale_ocr.planning.estimate import model_size
 
 
 def _estimate(*args: str) -> dict:
@@ -215,7 +215,7 @@ def test_freed_tensor_memory_goes_back_to_the_os_under_a_memory_cap(mode, retain
 def test_freed_gradients_and_activations_peak_at_the_larger_of_the_two():
     """Engines whose gradients are set to None after the step (single, FSDP2) never hold them with all the
     activations; DDP's bucket-view gradients and DeepSpeed's partitions live across steps and add up."""
-    from scale_ocr.strategies.estimate import Activations, ModelSize, estimate
+    from scale_ocr.planning.estimate import Activations, ModelSize, estimate
 
     size = ModelSize(params=10_000_000, largest_layer=1_000_000)
     for acts in (1e7, 1e9):  # fewer activation bytes than gradient bytes, then more
@@ -232,8 +232,8 @@ def test_a_save_holds_the_state_between_steps_and_one_tensor_and_auto_plans_for_
     """Every save goes a tensor at a time, so it needs the state training keeps between steps (freed gradients
     not) plus the one tensor gathered and copied in fp32; a model whose largest layer is large beside its
     activations peaks there, and --strategy auto plans for that."""
-    from scale_ocr.strategies.auto import rank_need, runtime_margin
-    from scale_ocr.strategies.estimate import Activations, ModelSize, estimate
+    from scale_ocr.planning.auto import rank_need, runtime_margin
+    from scale_ocr.planning.estimate import Activations, ModelSize, estimate
 
     size = ModelSize(params=100_000_000, largest_layer=50_000_000)
     rows = estimate(size, 2, "fp32", ["ddp", "fsdp", "zero3"], activations=Activations(1e6, 1e6))["strategies"]

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from scale_ocr.dist.distributed import DistInfo
+from scale_ocr.distributed.process_group import DistInfo
 from scale_ocr.run import mfu
 from scale_ocr.train import main
 
@@ -43,7 +43,7 @@ def test_a_tiny_run_reports_mfu_with_its_measured_peak(tmp_path, monkeypatch, ca
     from benchmarks.harness import Config
     from benchmarks.scaling import Models, Suite, job_metrics
     from scale_ocr.config import ModelConfig
-    from scale_ocr.strategies.estimate import model_size
+    from scale_ocr.planning.estimate import model_size
     from scale_ocr.tasks import create_task
 
     built = create_task(ModelConfig(arch=RUN[0])).build_model()
@@ -85,7 +85,7 @@ def test_a_model_that_cannot_be_counted_trains_without_mfu(monkeypatch, capsys):
     monkeypatch.setattr(mfu, "device_peak", lambda device, precision: mfu.Peak(1e11, "test"))
     dist = DistInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"),
                     backend="gloo", launcher="python")
-    use = mfu.Utilization.for_run(SimpleNamespace(arch="odd_model"), "fp32", dist)
+    use = mfu.Utilization.for_run(SimpleNamespace(arch="odd_model", create_model=None, dummy_inputs=None), "fp32", dist)
     err = capsys.readouterr().err.strip()
     assert err == ("scale-ocr: warning: could not count odd_model's FLOPs (NotImplementedError: Could not run "
                    "'aten::some_op' with arguments from the 'Meta' backend.); the run trains without MFU (mfu null "

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from scale_ocr.config import OptimConfig, StrategyConfig, TrainConfig
-from scale_ocr.dist.distributed import DistInfo
+from scale_ocr.distributed.process_group import DistInfo
 from scale_ocr.errors import UserError
 from scale_ocr.optim import LRSchedule, build_optimizer_spec, lr_factor, param_groups
 from scale_ocr.strategies import create_strategy, list_strategies, register_strategy

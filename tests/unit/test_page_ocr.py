@@ -18,6 +18,7 @@ from torch import nn
 from scale_ocr.boxes import box_iou
 from scale_ocr.checkpoint.export import LoadedModel, save_export
 from scale_ocr.cli.main import main
+from scale_ocr.cli.page_ocr import crop_words, evaluate_pages, read_pages
 from scale_ocr.config import ModelConfig
 from scale_ocr.data.det_transforms import build_det_transform
 from scale_ocr.data.detection import DetectionFolder
@@ -25,7 +26,6 @@ from scale_ocr.data.synthetic_pages import write_detection_folder
 from scale_ocr.errors import UserError
 from scale_ocr.models.detection.targets import build_targets
 from scale_ocr.tasks import create_task
-from scale_ocr.tasks.page_ocr import crop_words, evaluate_pages, read_pages
 
 RECO_ARCH, DET_ARCH = "crnn_mobilenet_v3_small", "db_mobilenet_v3_large"
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from scale_ocr.checkpoint.piecewise import SafetensorsFile, TensorSpec, TorchFile, TorchFileReader
-from scale_ocr.run.safe_files import atomic_file
+from scale_ocr.disk import atomic_file
 
 HELPER = Path(__file__).resolve().parents[1] / "helpers" / "capped_save.py"
 REPO = Path(__file__).resolve().parents[2]

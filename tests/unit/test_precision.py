@@ -69,7 +69,7 @@ def test_emulation_is_a_host_capability_not_a_setting():
 ])
 def test_fsdp_gathers_weights_in_the_compute_dtype_and_keeps_fp32_shards(arch, precision, compute):
     from scale_ocr.config import ModelConfig, OptimConfig, StrategyConfig, TrainConfig
-    from scale_ocr.dist.distributed import destroy_distributed, init_distributed
+    from scale_ocr.distributed.process_group import destroy_distributed, init_distributed
     from scale_ocr.optim import build_optimizer_spec
     from scale_ocr.strategies import create_strategy
     from scale_ocr.tasks import create_task

@@ -19,8 +19,8 @@ from conftest import REPO, TRAIN, _env, torchrun_train
 
 from scale_ocr.checkpoint.manifest import verify_manifest
 from scale_ocr.config import LoggingConfig
+from scale_ocr.disk import EXIT_DISK_FULL, DiskFault, write_atomic
 from scale_ocr.errors import UserError
-from scale_ocr.run.safe_files import EXIT_DISK_FULL, DiskFault, write_atomic
 from scale_ocr.tracking.jsonl import JsonlLogger
 from scale_ocr.tracking.wandb_logger import open_wandb
 from scale_ocr.train import main

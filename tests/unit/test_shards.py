@@ -171,7 +171,7 @@ def test_tasks_build_loaders_from_a_set(task, tmp_path, word_folder):
     import torch
 
     from scale_ocr.cli.args import parse_config
-    from scale_ocr.dist.distributed import DistInfo
+    from scale_ocr.distributed.process_group import DistInfo
     from scale_ocr.tasks import create_task
 
     if task == "recognition":

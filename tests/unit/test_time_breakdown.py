@@ -1,4 +1,4 @@
-"""The time breakdown (run/breakdown.py, run/profiling.py), the oversubscription line (dist/cores.py) and the
+"""The time breakdown (run/breakdown.py, run/profiling.py), the oversubscription line (distributed/cores.py) and the
 peak-memory breakdown (memory/meter.py), on hand-made profiles and tiny modules: no process group needed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from scale_ocr.dist.cores import Cores, cgroup_quota, oversubscription
+from scale_ocr.distributed.cores import Cores, cgroup_quota, oversubscription
 from scale_ocr.memory.meter import ActivationProbe, peak_breakdown
 from scale_ocr.run.breakdown import PHASES, RANGE_PREFIX, StepClock, compact, split_exposed
 from scale_ocr.run.profiling import exposed_comm
@@ -114,18 +114,18 @@ def test_activations_are_the_tensors_saved_for_backward_less_the_parameters():
 
 def test_rank_0_says_it_once_when_a_job_starts_oversubscribed(monkeypatch, capsys):
     """The user's OMP_NUM_THREADS is honoured (torch runs 2 threads) and the start-up line says what it costs."""
-    from scale_ocr.dist import distributed
+    from scale_ocr.distributed import process_group
 
     for var in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    monkeypatch.setattr("scale_ocr.dist.cores.usable_cores", lambda: Cores(affinity=1, quota=None))
+    monkeypatch.setattr("scale_ocr.distributed.cores.usable_cores", lambda: Cores(affinity=1, quota=None))
     before = torch.get_num_threads()
     try:
-        distributed.init_distributed("gloo")
+        process_group.init_distributed("gloo")
         assert torch.get_num_threads() == 2
     finally:
-        distributed.destroy_distributed()
+        process_group.destroy_distributed()
         torch.set_num_threads(before)
     err = capsys.readouterr().err.splitlines()
     assert err == ["scale-ocr: warning: OMP_NUM_THREADS=2 x 1 local rank = 2 threads on 1 usable core (affinity 1, "

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from scale_ocr.cli.estimate_memory import main as estimate_main
-from scale_ocr.strategies import time_model as tm
-from scale_ocr.strategies.estimate import build_strategy
+from scale_ocr.planning import time_model as tm
+from scale_ocr.planning.estimate import build_strategy
 
 N = 85e6  # vitstr_base's parameters, about
 
@@ -124,7 +124,7 @@ def test_a_measured_engine_step_replaces_the_flop_estimate_and_small_calls_cost_
 def test_an_engine_that_cannot_be_measured_here_says_why():
     from scale_ocr.config import ModelConfig
     from scale_ocr.errors import UserError
-    from scale_ocr.strategies.host_probe import engine_cost
+    from scale_ocr.planning.host_probe import engine_cost
 
     with pytest.raises(UserError, match=r"measuring no_such_engine's own step on one rank failed \(exit 2: .*no_such"):
         engine_cost("no_such_engine", ModelConfig(arch="crnn_mobilenet_v3_small"), 2, "fp32", 1, steps=2)
@@ -133,7 +133,7 @@ def test_an_engine_that_cannot_be_measured_here_says_why():
 def test_a_strategy_whose_engine_run_fails_is_predicted_from_flops_and_the_output_says_so(monkeypatch):
     """The host's probes stand in with fixed figures here (the real ones run in test_bench's time_check test)."""
     from scale_ocr.errors import UserError
-    from scale_ocr.strategies import host_probe
+    from scale_ocr.planning import host_probe
 
     def engine(name, *args, **kw):
         if name == "zero2":

@@ -1,7 +1,7 @@
 import pytest
 
 from scale_ocr.errors import UserError
-from scale_ocr.text_metrics import TextMetric, edit_distance
+from scale_ocr.tasks.text_metrics import TextMetric, edit_distance
 from scale_ocr.vocab import VOCABS, Vocab, resolve_vocab
 
 

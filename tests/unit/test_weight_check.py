@@ -46,7 +46,7 @@ def test_max_weight_growth_must_exceed_one(growth):
 
 def test_single_strategy_measures_the_norm_of_its_trainable_weights():
     from scale_ocr.config import OptimConfig, StrategyConfig
-    from scale_ocr.dist.distributed import DistInfo
+    from scale_ocr.distributed.process_group import DistInfo
     from scale_ocr.strategies.single import SingleDevice
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))

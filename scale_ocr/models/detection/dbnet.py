@@ -17,8 +17,8 @@ from torchvision import models as tvm
 
 from scale_ocr.models.detection.loss import db_loss
 from scale_ocr.models.detection.sizes import check_input_size
+from scale_ocr.models.keys import rename_prefixes
 from scale_ocr.models.registry import register_model
-from scale_ocr.models.weights_io import rename_prefixes
 
 # features[0:4] ends at index 3 (stride 4), [4:7] at 6 (stride 8), [7:13] at 12 (stride 16), [13:17] at 16
 # (stride 32, the final 960-channel 1x1 conv): the same taps as docTR's db_mobilenet_v3_large.

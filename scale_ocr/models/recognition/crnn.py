@@ -12,9 +12,9 @@ from einops import rearrange
 from torch import nn
 from torchvision import models as tvm
 
+from scale_ocr.models.keys import key_prefix
 from scale_ocr.models.recognition.ctc import ctc_loss
 from scale_ocr.models.registry import register_model
-from scale_ocr.models.weights_io import key_prefix
 
 
 def rectify_strides(features: nn.Module, keep_square: int = 2) -> None:

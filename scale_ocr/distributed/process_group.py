@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from scale_ocr.dist.cores import usable_cores, warn_if_oversubscribed
-from scale_ocr.dist.round_store import round_store, uses_agent_store, warn_if_joins_would_hang
+from scale_ocr.distributed.cores import usable_cores, warn_if_oversubscribed
+from scale_ocr.distributed.round_store import round_store, uses_agent_store, warn_if_joins_would_hang
 from scale_ocr.errors import UserError
 
 
@@ -196,7 +196,7 @@ def _torchrun_default_threads(launcher: str) -> bool:
 
 def rank_threads(requested: int | None, local_world: int, launcher: str) -> tuple[int, str]:
     """Intra-op threads for a CPU rank and where the number came from: ``--threads``, else an ``OMP_NUM_THREADS``
-    the user set, else the cores this job may use (affinity and cgroup quota: :mod:`~scale_ocr.dist.cores`) divided by
+    the user set, else the cores this job may use (affinity and cgroup quota: :mod:`~scale_ocr.distributed.cores`) divided by
     its local ranks (oversubscribed threads slow every rank)."""
     if requested:
         return requested, "--threads"

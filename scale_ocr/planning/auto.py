@@ -60,7 +60,7 @@ def rank_need(row: dict, largest_layer: int, on_gpu: bool, activations: float = 
 
 def memory_needs(cfg: RunConfig, world: int) -> tuple[dict[str, int], dict[str, float], dict[str, int]]:
     """Bytes per rank each candidate needs, fastest first; its model state; its measured activations."""
-    from scale_ocr.strategies.estimate import estimate, measure_activations, model_size
+    from scale_ocr.planning.estimate import estimate, measure_activations, model_size
     from scale_ocr.tasks import create_task
 
     task = create_task(cfg.model)

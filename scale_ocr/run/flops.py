@@ -22,20 +22,12 @@ Three of torch's rules are completed here, each checked against a hand count (te
 Models are counted on the meta device (no memory, well under a second for scale_ocr's models); a model whose
 forward reads values (docTR's, which build their targets from numbers) is counted on the CPU for real. The bare
 architecture is counted: activation checkpointing's recomputation is not model FLOPs (PaLM's MFU convention).
-Counts are cached per (model, input size, precision) for the process, and on disk (``$XDG_CACHE_HOME/scale_ocr/
-flops.json``, ``~/.cache``) under a fingerprint of the model: its identity, precision, torch version, the built
-model's description and the source files of its modules and of this counter, so a changed model is counted again.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-import json
-import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,8 +36,6 @@ from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_back
 
 aten = torch.ops.aten
 COUNT_BATCH = 2  # samples counted at once (BatchNorm refuses one sample of a 1x1 feature map); counts are per sample
-CACHE_NAME = "flops.json"
-CACHE_ENTRIES = 256  # the newest counts kept on disk
 
 
 @dataclass(frozen=True)
@@ -174,26 +164,26 @@ def count_flops(model: nn.Module, inputs: Sequence[Any], backward: Callable[[Any
     return forward // batch, (total - forward) // batch
 
 
-def _on_meta(task) -> FlopCount:
+def _on_meta(create: Callable[[], nn.Module], inputs: Callable[[int], Sequence[Any]]) -> FlopCount:
     """Shapes only: the bare model on the meta device, fed its images (a loss adds no counted FLOPs)."""
     with torch.device("meta"):
-        model = task.create_model().train()
-        images = task.dummy_inputs(COUNT_BATCH)[0]
+        model = create().train()
+        images = inputs(COUNT_BATCH)[0]
     return FlopCount(*count_flops(model, [images]), how="meta")
 
 
-def _on_cpu(task, precision: str) -> FlopCount:
+def _on_cpu(create: Callable[[], nn.Module], inputs: Callable[[int], Sequence[Any]], precision: str) -> FlopCount:
     """A real forward, loss and backward on the CPU at the run's precision (models whose forward reads values)."""
     from scale_ocr.precision import autocast_factory, gemm_factory
 
     cpu = torch.device("cpu")
     with torch.random.fork_rng():  # the run's own random stream is left as it was
         torch.manual_seed(0)
-        model = task.create_model().train()
-        inputs = task.dummy_inputs(COUNT_BATCH)
+        model = create().train()
+        batch = inputs(COUNT_BATCH)
     autocast, gemm = autocast_factory(precision, cpu), gemm_factory(precision, cpu)
     with autocast():
-        fwd, bwd = count_flops(model, inputs, lambda out: _backward_loss(out, gemm))
+        fwd, bwd = count_flops(model, batch, lambda out: _backward_loss(out, gemm))
     return FlopCount(fwd, bwd, how="cpu")
 
 
@@ -202,105 +192,21 @@ def _backward_loss(out: dict[str, torch.Tensor], gemm) -> None:
         out["loss"].mean().backward()
 
 
-def _count(task, precision: str) -> FlopCount:
-    try:
-        return _on_meta(task)
-    except (RuntimeError, NotImplementedError, ValueError, TypeError, KeyError):
-        # A forward that reads a value (a meta tensor has none) or insists on its targets: count it for real.
-        return _on_cpu(task, precision)
-
-
-_COUNTED: dict[str, FlopCount] = {}  # by model identity (architecture, input size, sizes, vocabulary) and precision
-
-
-def cache_path(name: str) -> Path:
-    """A cache file of scale_ocr's: ``$XDG_CACHE_HOME/scale_ocr/NAME`` (default ``~/.cache/scale_ocr/NAME``)."""
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "scale_ocr" / name
-
-
-def read_cache(path: Path) -> dict[str, Any]:
-    """A JSON cache; an unreadable or damaged file is an empty cache (measured again), never an error."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def write_cache(path: Path, data: dict[str, Any]) -> None:
-    """Atomically (temp file, rename); a cache that cannot be written is only measured again next time."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-
-
-def _fingerprint(task, precision: str) -> str | None:
-    """What the count depends on, hashed (see the module doc); None when the model cannot be built on meta."""
-    try:
-        with torch.device("meta"):
-            model = task.create_model()
-    except (RuntimeError, NotImplementedError, ValueError, TypeError):
-        return None
-    digest = hashlib.sha256(json.dumps([task.identity(), precision, torch.__version__], sort_keys=True,
-                                       default=str).encode())
-    digest.update(repr(model).encode())
-    sources = {inspect.getsourcefile(type(m)) for m in model.modules()} | {__file__}
-    for source in sorted(s for s in sources if s):
-        digest.update(Path(source).read_bytes())
-    return digest.hexdigest()
-
-
-def _cached_count(task, precision: str) -> FlopCount:
-    """The disk cache's count of this model, else a new count, written back."""
-    key, path = _fingerprint(task, precision), cache_path(CACHE_NAME)
-    cache = read_cache(path) if key else {}
-    hit = cache.get(key) if key else None
-    try:
-        return FlopCount(int(hit["forward"]), int(hit["backward"]), str(hit["how"]))
-    except (TypeError, KeyError, ValueError):
-        pass  # not cached, or an entry of another shape: counted again
-    count = _count(task, precision)
-    if key:
-        kept = dict(list(cache.items())[-(CACHE_ENTRIES - 1):]) if CACHE_ENTRIES > 1 else {}
-        write_cache(path, {**kept, key: asdict(count)})
-    return count
-
-
-def flops_per_sample(model: Any, input_size: Sequence[int] | None = None, precision: str = "fp32",
-                     **size: Any) -> FlopCount:
-    """Forward and backward FLOPs of one training sample of a registered or docTR model.
-
-    The stable entry point (the time model and ``scale-ocr models --params`` call it).
+def flops_per_sample(create: Callable[[], nn.Module], inputs: Callable[[int], Sequence[Any]],
+                     precision: str = "fp32") -> FlopCount:
+    """Forward and backward FLOPs of one training sample of the model ``create`` builds.
 
     Args:
-        model: a model name (``"crnn_mobilenet_v3_small"``, ``"doctr:parseq"``), a
-            :class:`~scale_ocr.config.ModelConfig` or a :class:`~scale_ocr.tasks.Task` (the run's: its input size,
-            vocabulary and size overrides).
-        input_size: (height, width); default: the model config's or the task's default.
+        create: builds the bare model (a task's ``create_model``: the run's architecture, size and vocabulary).
+        inputs: a training batch of ``n`` samples as the model's arguments (a task's ``dummy_inputs``).
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``. The counted FLOPs do not depend on it; it picks the
-            kernels a model counted on the CPU runs, and keys the cache.
-        **size: size overrides for a name (``width=1536, depth=27``, as ``--model-width/--model-depth``).
+            kernels a model counted on the CPU runs.
 
     Returns:
-        a :class:`FlopCount` per sample.
+        a :class:`FlopCount` per sample: counted on the meta device, or, for a forward that reads values, on the CPU.
     """
-    from scale_ocr.config import ModelConfig
-    from scale_ocr.tasks import create_task
-
-    if isinstance(model, str):
-        names = {"width": "model_width", "depth": "model_depth", "heads": "model_heads", "mlp_ratio": "mlp_ratio"}
-        model = ModelConfig(arch=model, **{names.get(k, k): v for k, v in size.items()})
-    task = create_task(model) if isinstance(model, ModelConfig) else model
-    if input_size is not None and tuple(input_size) != tuple(task.input_size):
-        import dataclasses
-
-        task = create_task(dataclasses.replace(task.cfg, input_size=tuple(input_size)))
-    key = json.dumps([task.identity(), precision], sort_keys=True, default=str)
-    if key not in _COUNTED:
-        _COUNTED[key] = _cached_count(task, precision)
-    return _COUNTED[key]
+    try:
+        return _on_meta(create, inputs)
+    except (RuntimeError, NotImplementedError, ValueError, TypeError, KeyError):
+        # A forward that reads a value (a meta tensor has none) or insists on its targets: count it for real.
+        return _on_cpu(create, inputs, precision)

@@ -6,7 +6,7 @@ offload) into ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``
 host shares: a job waits about a minute on a compiler the first time, and again whenever a venv with another
 torch rebuilt the op there. Every scale_ocr entry point calls :func:`use_environment_extensions`, which points
 an unset ``TORCH_EXTENSIONS_DIR`` at the active venv's own ``torch_extensions`` folder, and ``make install``
-(``python -m scale_ocr.dist.extensions``) builds the ops there, so no job compiles anything.
+(``python -m scale_ocr.distributed.extensions``) builds the ops there, so no job compiles anything.
 
 torch runs whichever ``ninja`` comes first on ``PATH``. Two ninjas with different build-log formats (a
 system 1.11 and the venv's 1.13 that DeepSpeed depends on) each discard the other's log and rebuild every

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from scale_ocr.config import OptimConfig, StrategyConfig, TrainConfig
-from scale_ocr.dist.distributed import DistInfo
+from scale_ocr.distributed.process_group import DistInfo
 from scale_ocr.memory.model import deepspeed_estimate, predict, save_peak, step_peak
 
 GB = 2**30  # DeepSpeed's estimators print GB as 2**30 bytes; we use the same unit so the numbers compare

@@ -9,7 +9,7 @@ anything), then hands them to ``TorchTrainer(train_loop_per_worker, ScalingConfi
 RunConfig(failure_config=FailureConfig(max_failures=K)))``. Ray starts N workers, sets ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` in each, and starts the process group
 (gloo on CPU, NCCL with GPUs) before the training function runs, in a thread of the worker.
-:func:`~scale_ocr.dist.distributed.init_distributed` sees that group (launcher ``ray``) and trains in it; Ray, which
+:func:`~scale_ocr.distributed.process_group.init_distributed` sees that group (launcher ``ray``) and trains in it; Ray, which
 made it, tears it down.
 
 The source of truth is scale_ocr's checkpoint, not Ray's: every worker trains into the same ``--output-dir`` with
@@ -233,12 +233,12 @@ def _train(argv: list[str]) -> dict:
     Ray's to handle (its workers are restarted and resume from the last checkpoint), so no SIGTERM handler is set.
     """
     from scale_ocr.cli.args import parse_config
-    from scale_ocr.dist.distributed import init_distributed, peek_launch
-    from scale_ocr.dist.extensions import use_environment_extensions
+    from scale_ocr.distributed.extensions import use_environment_extensions
+    from scale_ocr.distributed.process_group import init_distributed, peek_launch
+    from scale_ocr.planning.auto import resolve_auto
     from scale_ocr.run.control import StopSignal
     from scale_ocr.run.watchdog import Watchdog
     from scale_ocr.strategies import check_launch
-    from scale_ocr.strategies.auto import resolve_auto
     from scale_ocr.train import run
 
     use_environment_extensions()
@@ -358,7 +358,7 @@ def fit(opts: RayOptions, train_argv: list[str]) -> int:
 
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
-    """``scale-ocr ray-train`` / ``python -m scale_ocr.dist.ray_train``."""
+    """``scale-ocr ray-train`` / ``python -m scale_ocr.cli.ray_train``."""
     opts, train_argv = split_args(list(sys.argv[1:] if argv is None else argv))
     return fit(opts, train_argv)
 

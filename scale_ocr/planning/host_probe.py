@@ -1,4 +1,4 @@
-"""Measurements of this host for the time model (:mod:`scale_ocr.strategies.time_model`), a few seconds each.
+"""Measurements of this host for the time model (:mod:`scale_ocr.planning.time_model`), a few seconds each.
 
 * :func:`compute_rate`: the model's own training FLOP/s here, forward and backward timed at the batch and thread
   count a rank will have (counted FLOPs / seconds: what peak x MFU stands for on a GPU); with ``ranks`` > 1, in
@@ -176,7 +176,7 @@ def gloo_link(world: int = 2) -> tuple[float, float, float]:
 
 
 def engine_cost(strategy: str, model_cfg, batch: int, precision: str, threads: int, steps: int = 10):
-    """:class:`~scale_ocr.strategies.time_model.EngineCost` of ``strategy`` on this host: a short training run of the
+    """:class:`~scale_ocr.planning.time_model.EngineCost` of ``strategy`` on this host: a short training run of the
     model on one rank (no communication), ``threads`` threads, synthetic samples, read back from its metrics.json
     time breakdown (``steps`` optimizer steps, the first quarter untimed). About 5-20 s each."""
     import json
@@ -185,7 +185,7 @@ def engine_cost(strategy: str, model_cfg, batch: int, precision: str, threads: i
 
     from scale_ocr.config import MODEL_SIZE_FIELDS
     from scale_ocr.errors import UserError
-    from scale_ocr.strategies.time_model import EngineCost
+    from scale_ocr.planning.time_model import EngineCost
 
     script = Path(__file__).resolve().parents[1] / "train.py"
     size = [] if model_cfg.input_size is None else ["--input-size", "x".join(map(str, model_cfg.input_size))]

@@ -1,9 +1,9 @@
 """The time model: a training step's time per strategy, before launching, from counted FLOPs and bytes moved.
 
-Beside the memory model (:mod:`scale_ocr.strategies.estimate`), per strategy and per rank at a fixed per-rank
+Beside the memory model (:mod:`scale_ocr.planning.estimate`), per strategy and per rank at a fixed per-rank
 batch (weak scaling, as data parallelism grows):
 
-* **compute**: the model's counted training FLOPs per sample (:func:`scale_ocr.models.flops.flops_per_sample`,
+* **compute**: the model's counted training FLOPs per sample (:func:`scale_ocr.run.flops.flops_per_sample`,
   torch's own counter) x batch, at the device's peak for the precision x an assumed MFU. With activation
   checkpointing the forward runs twice.
 * **communication**: the bytes each engine moves per step, as its :class:`~scale_ocr.memory.model.StateLayout`
@@ -24,7 +24,7 @@ batch (weak scaling, as data parallelism grows):
   ZeRO-3 trained 4.9% faster with overlap_comm off, benchmarks/results/engine-knobs-vm-20261202).
 
 On a measured CPU host (:func:`with_host`, ``--device host``) two things a FLOP and byte count misses are measured
-instead (:mod:`scale_ocr.strategies.host_probe`): each engine's own step on one rank (:class:`EngineCost`: its
+instead (:mod:`scale_ocr.planning.host_probe`): each engine's own step on one rank (:class:`EngineCost`: its
 hooks, casts and copies, its optimizer step, shared out as the engine shards the optimizer state), and what a
 call costs when ranks compute between calls (``Link.busy``: they wait for the slower rank and for a core), with
 gloo's calls counted one by one where NCCL coalesces them (``Cluster.coalesces``).
