@@ -1,4 +1,6 @@
-"""The documentation: the CLI reference matches the CLI, the site builds in strict mode, the README's links resolve."""
+"""The documentation: the CLI reference matches the CLI, the site builds in strict mode, the README's links resolve,
+and the lists kept in several places (pages, benchmarks) match their one source: mkdocs.yml's nav for the pages,
+the results index's sections (benchmarks/results/README.md) for the benchmarks."""
 
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ from scale_ocr.cli import reference
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 MKDOCS_YML = REPO / "mkdocs.yml"
-README_MAX_LINES = 220
+DOCS_HOME = REPO / "docs" / "index.md"
+RESULTS_INDEX = REPO / "benchmarks" / "results" / "README.md"
+BENCHMARKS_README = REPO / "benchmarks" / "README.md"
+README_MAX_LINES = 200
 
 
 def _mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:
@@ -123,3 +128,84 @@ def test_link_check_finds_broken_links(tmp_path):
     page.write_text("# Page\n\n[a](other.md#the-x-part-y) [b](other.md#nope) [c](gone.md) [d](#page) "
                     "`[e](in-code.md)` [f](https://example.com/x)\n", encoding="utf-8")
     assert _broken_links(page) == ["other.md#nope: other.md has no heading with that anchor", "gone.md: no such file"]
+
+
+# The lists kept in several places. Each page list (the README's, the docs home page's) is a table of links to
+# docs/ pages under one heading; each benchmark list links to the results index's sections under one heading.
+PAGE_LISTS = {"README.md": (README, "Documentation", "docs/"), "docs/index.md": (DOCS_HOME, "Pages", "")}
+BENCHMARK_LISTS = {"README.md": (README, "Benchmarks", "benchmarks/results/README.md#"),
+                   "docs/index.md": (DOCS_HOME, "Benchmarks", "../benchmarks/results/README.md#")}
+
+
+def _nav() -> list[tuple[str, str]]:
+    """``(title, page)`` of every page in mkdocs.yml's nav, in order, sections flattened."""
+    def walk(items):
+        for item in items:
+            for title, value in item.items():
+                yield from walk(value) if isinstance(value, list) else [(title, value)]
+    return list(walk(yaml.safe_load(MKDOCS_YML.read_text(encoding="utf-8"))["nav"]))
+
+
+def _section(text: str, heading: str) -> str:
+    """The body of the ``## heading`` section (up to the next ``##``), code blocks left out."""
+    match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", _FENCE.sub("", text), flags=re.S | re.M)
+    assert match, f"no '## {heading}' section"
+    return match.group(1)
+
+
+def _listed(text: str, heading: str, prefix: str) -> list[tuple[str, str]]:
+    """``(link text, target without prefix)`` of the links under ``## heading`` whose target starts with ``prefix``."""
+    body = _section(text, heading)
+    return [(label, target[len(prefix):]) for label, target in re.findall(r"\[([^\]]+)\]\(([^)\s]+)\)", body)
+            if target.startswith(prefix)]
+
+
+def _page_list(text: str, heading: str, prefix: str) -> list[tuple[str, str]]:
+    """The page table's rows under ``heading``: ``(title, page)`` of each row's first-cell link to a .md page."""
+    rows = [row for row in _section(text, heading).splitlines() if row.startswith("| [")]
+    return [link for row in rows for link in _listed(f"## x\n{row.split(' | ')[0]}\n", "x", prefix)]
+
+
+def _index_benchmarks() -> list[str]:
+    return re.findall(r"^## (.+)$", RESULTS_INDEX.read_text(encoding="utf-8"), flags=re.M)
+
+
+def test_every_docs_page_is_in_the_nav():
+    pages = {p.name for p in (REPO / "docs").glob("*.md")}
+    nav = {page for _, page in _nav()}
+    assert pages == nav, f"docs/ pages not in mkdocs.yml's nav: {sorted(pages - nav)}; nav pages missing from " \
+                         f"docs/: {sorted(nav - pages)}"
+
+
+@pytest.mark.parametrize("where", PAGE_LISTS)
+def test_a_page_list_names_every_page_of_the_nav_in_its_order(where):
+    path, heading, prefix = PAGE_LISTS[where]
+    listed = [page for _, page in _page_list(path.read_text(encoding="utf-8"), heading, prefix)]
+    nav = [page for _, page in _nav() if page != "index.md"]  # the home page lists the others
+    missing, extra = [p for p in nav if p not in listed], [p for p in listed if p not in nav]
+    assert listed == nav, (f"{where}'s '{heading}' table differs from mkdocs.yml's nav: missing {missing}, not in "
+                           f"the nav {extra}, or in another order")
+
+
+@pytest.mark.parametrize("where", PAGE_LISTS)
+def test_a_page_list_uses_the_navs_titles(where):
+    path, heading, prefix = PAGE_LISTS[where]
+    titles = dict((page, title) for title, page in _nav())
+    wrong = [(title, page, titles.get(page)) for title, page in _page_list(path.read_text(encoding="utf-8"), heading,
+                                                                           prefix) if titles.get(page) != title]
+    assert wrong == [], f"{where}: (title, page, mkdocs.yml's title) {wrong}"
+
+
+@pytest.mark.parametrize("where", BENCHMARK_LISTS)
+def test_a_benchmark_list_names_every_benchmark_of_the_results_index(where):
+    path, heading, prefix = BENCHMARK_LISTS[where]
+    listed = {target for _, target in _listed(path.read_text(encoding="utf-8"), heading, prefix)}
+    index = _index_benchmarks()
+    assert set(index) == listed, (f"{where}'s '{heading}' misses {[b for b in index if b not in listed]} of "
+                                  f"benchmarks/results/README.md, and names {sorted(listed - set(index))} it has not")
+
+
+def test_benchmarks_readme_has_one_section_per_benchmark_of_the_results_index():
+    headings = re.findall(r"^## (.+)$", _FENCE.sub("", BENCHMARKS_README.read_text(encoding="utf-8")), flags=re.M)
+    assert sorted(headings) == sorted(_index_benchmarks())
+
