@@ -319,7 +319,8 @@ class TrainConfig:
     profile_steps: int = opt(0, "profile the last N optimizer steps with torch.profiler (excluded from samples/s): "
                              "rank 0's Chrome trace in the run directory, and the communication no compute hides "
                              "(exposed_comm in metrics.json's time_breakdown; docs/time-breakdown.md)")
-    gpu_memory_cap_gb: float | None = opt(None, "cap each rank's GPU memory at this many GiB, as if the device were that "
+    gpu_memory_cap_gb: float | None = opt(None, "cap each rank's GPU memory at this many GiB, as if the device were "
+                                                "that "
                                           "small (memory experiments: benchmarks.max_model); GPUs only")
 
     def __post_init__(self) -> None:
@@ -469,7 +470,8 @@ class RunConfig:
         # Checks across sections that need no registry; defaults that depend on the model's task and registry
         # entry are filled in once, above the registries, by scale_ocr.run.resolve.resolve.
         if self.strategy.static_graph and self.train.grad_accum > 1:  # torch 2.14: an internal assert in backward
-            raise UserError(f"--static-graph cannot be combined with --grad-accum {self.train.grad_accum}: DDP's static "
+            raise UserError(f"--static-graph cannot be combined with --grad-accum {self.train.grad_accum}: DDP's "
+                            "static "
                             "graph does not support skipping the all-reduce between micro-batches; drop one of them")
 
     def to_dict(self) -> dict[str, Any]:

@@ -97,7 +97,8 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
                           cfg.optim.lr_on_resume, lr)
     if dist.is_main:
         for line in (precision_notice(cfg.train.precision, dist.device), plan.utilization.line(),
-                     f"scale-ocr: {lr.describe()}, warm-up {plan.warmup} of {plan.total_steps} steps ({cfg.optim.sched})"):
+                     f"scale-ocr: {lr.describe()}, warm-up {plan.warmup} of {plan.total_steps} steps "
+                     f"({cfg.optim.sched})"):
             if line:
                 print(line, flush=True)
     meta = checkpoints.load(resume_from, strategy, cfg.train.seed) if resume_from else None
@@ -111,7 +112,8 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
     logger = build_logger(cfg.logging, dist.is_main, plan.run_dir, described, resume=meta is not None,
                           keep_records=meta.get("metrics_records") if own else None)
     try:
-        trainer = Trainer(plan, RunParts(strategy, wrapped, schedule, data, task, logger, checkpoints, control, watchdog))
+        parts = RunParts(strategy, wrapped, schedule, data, task, logger, checkpoints, control, watchdog)
+        trainer = Trainer(plan, parts)
         if meta is not None:
             where = trainer.restore(meta)
             if dist.is_main:

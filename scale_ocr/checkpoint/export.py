@@ -89,7 +89,8 @@ def _read_dcp(ckpt: Path, load: Callable[[], None]) -> None:
         raise
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - damaged or foreign files raise several
         # types; CheckpointException derives from BaseException
-        raise UserError(f"checkpoint {ckpt} cannot be read ({type(exc).__name__}); it is damaged or incomplete") from None
+        raise UserError(f"checkpoint {ckpt} cannot be read ({type(exc).__name__}); it is damaged or "
+                        "incomplete") from None
 
 
 def load_checkpoint_model(path: Path) -> LoadedModel:
@@ -199,7 +200,8 @@ def _existing(path: str | Path) -> Path:
 
 
 def load_any(path: str | Path) -> LoadedModel:
-    """A checkpoint folder or run directory, a ``.safetensors`` export, or a run's ``best_model.pt``/``last_model.pt``."""
+    """A checkpoint folder or run directory, a ``.safetensors`` export, or a run's
+    ``best_model.pt``/``last_model.pt``."""
     p = _existing(path)
     if p.is_dir():
         return load_checkpoint_model(p)
@@ -290,7 +292,8 @@ def write_export(weights: Weights, out: str | Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     specs = weights.specs()
-    kept = "the model it was exported from is untouched" + (f" and the previous {out.name} is kept" if out.exists() else "")
+    kept = "the model it was exported from is untouched" + (f" and the previous {out.name} is "
+                                                            "kept" if out.exists() else "")
     # Whole or not at all (a temp file renamed over OUT), never through a link; a full disk is one line.
     with atomic_file(out, what="the export", kept=kept, needed=sum(s.nbytes for s in specs)) as f:
         writer = SafetensorsFile(f, specs, meta)

@@ -159,7 +159,8 @@ class CheckpointManager:
         tmp.mkdir(parents=True)
 
     def _complete(self, tmp: Path, final: Path, trainer_state: dict[str, Any]) -> None:
-        """Rank 0, once every rank's files are on disk: trainer.json and the manifest, then the rename and ``latest``."""
+        """Rank 0, once every rank's files are on disk: trainer.json and the manifest, then the rename and
+        ``latest``."""
         meta = {**trainer_state, **self.identity, "world_size": self.dist.world_size, "format": 1}
         (tmp / "trainer.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         write_manifest(tmp)  # after the barrier: it covers every rank's files, and trainer.json

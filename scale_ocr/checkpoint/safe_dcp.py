@@ -78,7 +78,8 @@ def read_metadata_file(path: Path) -> Metadata:
 
 def load_tensors(path: Path, meta: bool = False) -> Any:
     """``torch.load(path, weights_only=True)`` with a refused global reported as one line; ``meta``: the tensors are
-    loaded to the meta device (shapes and dtypes, no memory; see :class:`scale_ocr.checkpoint.piecewise.TorchFileReader`)."""
+    loaded to the meta device (shapes and dtypes, no memory; see
+    :class:`scale_ocr.checkpoint.piecewise.TorchFileReader`)."""
     try:
         return torch.load(path, weights_only=True, map_location="meta" if meta else None)
     except pickle.UnpicklingError as exc:

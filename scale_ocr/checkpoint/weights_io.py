@@ -93,7 +93,10 @@ def fp32_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
             for k, v in model.state_dict().items()}
 
 
-def doctr_layout(model: nn.Module, arch: str) -> tuple[str, Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]]:
+StateDict = dict[str, torch.Tensor]
+
+
+def doctr_layout(model: nn.Module, arch: str) -> tuple[str, Callable[[StateDict], StateDict]]:
     """``(docTR architecture, a function that puts a state dict, or any part of one, in docTR's layout)`` for a model
     (built or on the meta device), or one line when it has no docTR twin."""
     from scale_ocr.models.registry import PREFIX
@@ -103,7 +106,8 @@ def doctr_layout(model: nn.Module, arch: str) -> tuple[str, Callable[[dict[str, 
     if capable(model, "to_doctr_state_dict"):
         return model.to_doctr_state_dict({})[0], lambda state: model.to_doctr_state_dict(state)[1]
     raise UserError(f"{arch} has no docTR counterpart to export to (scale_ocr's CRNNs and DBNets and docTR's own "
-                    "doctr: models have; scale_ocr's ViTSTRs are CTC models, docTR's decode tokens); export it as .safetensors (the default format)")
+                    "doctr: models have; scale_ocr's ViTSTRs are CTC models, docTR's decode tokens); export it as "
+                    ".safetensors (the default format)")
 
 
 def doctr_state_dict(model: nn.Module, arch: str) -> tuple[str, dict[str, torch.Tensor]]:

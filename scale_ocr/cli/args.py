@@ -86,7 +86,8 @@ def build_parser(prog: str = "scale-ocr train") -> argparse.ArgumentParser:
         hints = typing.get_type_hints(section)
         for f in dataclasses.fields(section):
             meta = dict(f.metadata)
-            text = meta["help"].replace("%", "%%")  # argparse formats help with %: a literal "13%" must not break --help
+            # argparse formats help with %: a literal "13%" must not break --help
+            text = meta["help"].replace("%", "%%")
             flags = list(meta["flags"]) or [_flag(f.name)]
             if flags == ["arch"]:
                 group.add_argument("arch", nargs="?", help=text, default=argparse.SUPPRESS)

@@ -32,7 +32,8 @@ def format_table(doc: dict[str, Any]) -> str:
         lines.append(f"{name:<14}{gb(r['params']):>8}{gb(r['grads']):>8}{gb(r['optimizer']):>8}{gb(r['other']):>8}"
                      f"{gb(r['model_state']):>8}{gb(r['ideal']):>8}{gb(r['host']):>9}{gb(r['disk']):>9}{gb(r['activations']):>8}"
                      f"{gb(r['save']):>8}{gb(r['total']):>8}{gb(ds):>9}")
-    lines.append("state = params+grads+optim at the optimizer step; device = the larger of the step's peak (state + other"
+    lines.append("state = params+grads+optim at the optimizer step; device = the larger of the step's peak (state + "
+                 "other"
                  " - on host - on disk + staged + activations) and a save's (what stays between steps + the one tensor"
                  " a checkpoint or model file is written with: the largest layer, fp32, twice); ideal = ZeRO paper;"
                  " DS est. = DeepSpeed's estimator (device)")
@@ -66,7 +67,8 @@ def _strategy_names(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
     if args.world_size < 1:
         raise UserError("--world-size must be at least 1")
     if args.shard_size is not None and (args.shard_size < 1 or args.world_size % args.shard_size):
-        raise UserError(f"--shard-size {args.shard_size} does not divide --world-size {args.world_size}; give a divisor")
+        raise UserError(f"--shard-size {args.shard_size} does not divide --world-size {args.world_size}; give a "
+                        "divisor")
     if args.strategies:
         return args.strategies.split(","), {}
     names = [n for n in list_strategies() if n != "deepspeed" or args.ds_config]
@@ -126,7 +128,8 @@ def _document(args: argparse.Namespace) -> tuple[dict[str, Any], Any, ModelSize]
         from scale_ocr.config import ModelConfig
         from scale_ocr.tasks import create_task
 
-        task = create_task(ModelConfig(arch=args.model, input_size=size_hw, **{f: getattr(args, f) for f in MODEL_SIZE_FIELDS},
+        sizes = {f: getattr(args, f) for f in MODEL_SIZE_FIELDS}
+        task = create_task(ModelConfig(arch=args.model, input_size=size_hw, **sizes,
                                        activation_checkpointing=args.activation_checkpointing))
         # Counting needs no memory: on the meta device any size builds at once. A forward needs real weights.
         with torch.device("cpu" if args.activations else "meta"):

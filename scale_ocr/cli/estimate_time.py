@@ -110,9 +110,11 @@ def _host_cluster(args: argparse.Namespace, task, work, names: list[str]) -> tup
     from scale_ocr.planning import time_model as tm
 
     if task is None:
-        raise UserError("--device host measures the model's own speed here; give --model (or a --device from the table)")
+        raise UserError("--device host measures the model's own speed here; give --model (or a --device from the "
+                        "table)")
     if args.link not in (None, "host"):
-        raise UserError(f"--device host runs over gloo on this machine; drop --link {args.link} (or give a GPU --device)")
+        raise UserError(f"--device host runs over gloo on this machine; drop --link {args.link} (or give a GPU "
+                        "--device)")
     threads = max(1, (os.cpu_count() or 1) // min(args.world_size, os.cpu_count() or 1))
     ranks = min(args.world_size, 8)  # a job's local ranks share the host: they step at once
     per_sample = work.flops_forward + work.flops_backward

@@ -55,7 +55,8 @@ def _models(argv: list[str]) -> int:
     parser.add_argument("--params", action="store_true", help="also each model's task, parameter count at its "
                         "default input size and vocabulary (built on the meta device: no memory, no time), training "
                         "FLOPs per sample (forward + backward, counted by torch's FLOP counter at the default input "
-                        "size; docTR's models run once on the CPU to be counted, a detector at 1024x1024 about 40 s on 2 cores, "
+                        "size; docTR's models run once on the CPU to be counted, a detector at 1024x1024 about 40 s on "
+                        "2 cores, "
                         "then cached) and the "
                         "learning rate --lr defaults to, with the global batch it is stated at (--lr-scaling "
                         "linear or sqrt carries it to a run's)")

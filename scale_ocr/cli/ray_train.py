@@ -9,7 +9,8 @@ anything), then hands them to ``TorchTrainer(train_loop_per_worker, ScalingConfi
 RunConfig(failure_config=FailureConfig(max_failures=K)))``. Ray starts N workers, sets ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` in each, and starts the process group
 (gloo on CPU, NCCL with GPUs) before the training function runs, in a thread of the worker.
-:func:`~scale_ocr.distributed.process_group.init_distributed` sees that group (launcher ``ray``) and trains in it; Ray, which
+:func:`~scale_ocr.distributed.process_group.init_distributed` sees that group (launcher ``ray``) and trains in it; Ray,
+which
 made it, tears it down.
 
 The source of truth is scale_ocr's checkpoint, not Ray's: every worker trains into the same ``--output-dir`` with

@@ -149,7 +149,8 @@ def summarize(run_dir: Path, plot: Path | None) -> list[str]:
         f"  model        {arch} ({config.get('task')}), {config.get('num_params', 0) / 1e6:.2f}M parameters",
         f"  strategy     {metrics['strategy']}, world size {metrics['world_size']} ({metrics.get('launcher')}, "
         f"{metrics.get('backend')}, {metrics.get('device')}), global batch {metrics['global_batch']}",
-        f"  trained      {metrics['steps']} steps, {metrics['epochs']} epochs in {_duration(metrics.get('wall_seconds'))}"
+        f"  trained      {metrics['steps']} steps, {metrics['epochs']} epochs in "
+        f"{_duration(metrics.get('wall_seconds'))}"
         f" ({metrics.get('samples_per_sec') or 0:.0f} samples/s)" + (f"; {plan}" if plan else ""),
         f"  accuracy     {headline} {fmt(value)} at the end (best {fmt(best)}) on {num_val} held-out samples; "
         + task.format_metrics(metrics),

@@ -170,7 +170,8 @@ def format_table(rows: list[Row], reference: str) -> str:
         else:
             verdict = "reference" if r.strategy == reference else ("pass" if r.passed else "FAIL")
             lines.append(f"{r.strategy:<15} {r.loss_diff:>13.2e} {r.norm_diff:>13.2e} {r.param_diff:>14.2e}  {verdict}")
-    lines.append(f"tolerances: loss rel {LOSS_RTOL:g} (every step), grad norm rel {NORM_RTOL:g} (steps 1-{NORM_STEPS}), "
+    lines.append(f"tolerances: loss rel {LOSS_RTOL:g} (every step), grad norm rel {NORM_RTOL:g} (steps "
+                 f"1-{NORM_STEPS}), "
                  f"params rel L2 {PARAM_RTOL:g} (after the last step)")
     return "\n".join(lines)
 

@@ -48,7 +48,8 @@ class TensorWords(Dataset):
             data = torch.load(path, weights_only=True)
             self.images, self.labels = data["images"], list(data["labels"])
         except FileNotFoundError:
-            raise UserError(f"--data-cache {path} does not exist; build it with `python -m scale_ocr.data.cache`") from None
+            raise UserError(f"--data-cache {path} does not exist; build it with `python -m "
+                            "scale_ocr.data.cache`") from None
         except Exception as exc:  # noqa: BLE001 - truncated or foreign files raise several types
             raise UserError(f"--data-cache {path} is not a scale-ocr image cache ({type(exc).__name__})") from None
         if tuple(self.images.shape[2:]) != tuple(input_size):

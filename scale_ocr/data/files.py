@@ -193,7 +193,8 @@ def reload_image(path: Path, limits: ImageLimits) -> Image.Image:
     try:
         return load_image(path, limits)
     except BadImage as exc:
-        raise UserError(f"{shown(path, PATH_LIMIT)} {exc} although it passed the start-up check; it changed during the run, "
+        raise UserError(f"{shown(path, PATH_LIMIT)} {exc} although it passed the start-up check; it changed during the "
+                        "run, "
                         "restore it and resume from the last checkpoint") from None
 
 

@@ -415,13 +415,15 @@ def _jobs(documents: Sequence[Document], splits: dict[tuple[str, int], str], opt
 def _summary(documents: Sequence[Document], repeats: Sequence[str], opts: Options) -> dict:
     no_text = sum(1 for d in documents for p in d.pages if not p[2])
     return {"options": {"dpi": opts.dpi, "vocab": opts.vocab, "reco_width": opts.reco_width,
-                        "split_by": opts.split_by, "val_fraction": opts.val_fraction, "val_count": opts.val_count, "seed": opts.seed},
+                        "split_by": opts.split_by, "val_fraction": opts.val_fraction, "val_count": opts.val_count,
+                        "seed": opts.seed},
             "documents": [{"path": d.path, "sha256": d.sha256, "pages": len(d.pages)}
                           for d in sorted(documents, key=lambda d: d.path)],
             "repeated_documents": list(repeats),
             "pages": {"in_documents": sum(len(d.pages) for d in documents), "written": 0,
                       "skipped": {"no_text_layer": no_text} if no_text else {}},
-            "words": {"in_text_layer": 0, "detection": 0, "recognition": 0, "left_out": {}, "left_out_of_recognition": {}},
+            "words": {"in_text_layer": 0, "detection": 0, "recognition": 0, "left_out": {},
+                      "left_out_of_recognition": {}},
             "splits": {s: {"documents": [], "pages": [], "recognition_words": 0} for s in SPLITS}}
 
 
@@ -469,7 +471,8 @@ def make_dataset(pdfs: Sequence[Path], out: Path, opts: Options,
             writer.add(samples)
             _count(summary, samples, job.path)
         if not summary["pages"]["written"]:
-            raise UserError(f"none of the {len(jobs)} page(s) with text has a visible word ({summary['pages']['skipped']});"
+            raise UserError(f"none of the {len(jobs)} page(s) with text has a visible word "
+                            f"({summary['pages']['skipped']});"
                             " make-dataset needs born-digital pages whose text is drawn")
         writer.close()
         for split in summary["splits"].values():  # the same whatever order the PDFs were named in

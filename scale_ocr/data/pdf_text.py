@@ -70,7 +70,8 @@ def _load_error(path: Path, exc: pdfium.PdfiumError) -> UserError:
     if getattr(exc, "err_code", None) == pdfium_c.FPDF_ERR_PASSWORD:
         return UserError(f"{shown(path)} is encrypted; decrypt it first (e.g. `qpdf --decrypt --password=PW IN OUT`) "
                          "or leave it out")
-    return UserError(f"{shown(path)} cannot be read as a PDF ({str(exc).rstrip('.')}); pass only PDF files, or repair it "
+    return UserError(f"{shown(path)} cannot be read as a PDF ({str(exc).rstrip('.')}); pass only PDF files, or repair "
+                     "it "
                      "(e.g. `qpdf IN OUT`)")
 
 
@@ -235,7 +236,8 @@ def page_errors(path: str | Path, index: int) -> Iterator[None]:
     try:
         yield
     except pdfium.PdfiumError as exc:
-        raise UserError(f"{shown(str(path))} page {index + 1} cannot be read ({str(exc).rstrip('.')}); repair the PDF (e.g. "
+        raise UserError(f"{shown(str(path))} page {index + 1} cannot be read ({str(exc).rstrip('.')}); repair the PDF "
+                        "(e.g. "
                         "`qpdf IN OUT`) or leave it out") from None
 
 

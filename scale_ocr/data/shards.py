@@ -103,7 +103,8 @@ def _entry(root: Path, index: Path, i: int, entry: object) -> ShardInfo:
     except OSError:
         raise UserError(f"{path_text(path)}, listed in {index}, is missing; copy the whole set, or {REBUILD}") from None
     if size != entry["bytes"]:
-        raise UserError(f"{path_text(path)} holds {size} bytes but {index} says {entry['bytes']}: it is truncated or was "
+        raise UserError(f"{path_text(path)} holds {size} bytes but {index} says {entry['bytes']}: it is truncated or "
+                        "was "
                         f"replaced; copy it again from the original set, or {REBUILD}")
     return ShardInfo(entry["name"], path, entry["samples"], entry["bytes"], entry["sha256"])
 
@@ -178,11 +179,13 @@ def parse_shard(data: bytes, info: ShardInfo, task: str) -> list[Member]:
     for key, got in parts.items():
         images = [e for e in got if e in IMAGE_EXTS]
         if len(images) != 1 or label_ext not in got:
-            raise UserError(f"{path_text(info.path)}: the sample {shown(key)} has members {sorted(got)}; a {task} sample is "
+            raise UserError(f"{path_text(info.path)}: the sample {shown(key)} has members {sorted(got)}; a {task} "
+                            "sample is "
                             f"one image and a .{label_ext} label; {REBUILD}")
         members.append(Member(key, images[0], got[images[0]], got[label_ext], offsets[key]))
     if len(members) != info.samples:
-        raise UserError(f"{path_text(info.path)} holds {len(members)} samples but the index says {info.samples}; {REBUILD}")
+        raise UserError(f"{path_text(info.path)} holds {len(members)} samples but the index says {info.samples}; "
+                        f"{REBUILD}")
     return members
 
 
@@ -193,7 +196,8 @@ def read_shard(info: ShardInfo, task: str) -> list[Member]:
     except OSError as exc:
         raise UserError(f"{path_text(info.path)} cannot be read ({exc.strerror}); copy the set again") from None
     if hashlib.sha256(data).hexdigest() != info.sha256:
-        raise UserError(f"{path_text(info.path)} does not match the SHA-256 its index lists: it was damaged or replaced "
+        raise UserError(f"{path_text(info.path)} does not match the SHA-256 its index lists: it was damaged or "
+                        "replaced "
                         f"after the set was written; copy it again from the original set, or {REBUILD}")
     return parse_shard(data, info, task)
 

@@ -144,7 +144,8 @@ def render_page_word(word: str, rng: np.random.Generator, fonts: tuple[str, ...]
     img = sensor_noise(img, rng)
     (x0, y0), (x1, y1) = turned[0].min(axis=0), turned[0].max(axis=0)
     error = (BOX_ERROR_MEAN + BOX_ERROR_STD * rng.standard_normal(4).clip(-2, 2)) * max(1, bottom - top)
-    box = _box(x0 - error[0], y0 - error[1], max(x1 + error[2], x0 - error[0] + 1), max(y1 + error[3], y0 - error[1] + 1))
+    left, top = x0 - error[0], y0 - error[1]
+    box = _box(left, top, max(x1 + error[2], left + 1), max(y1 + error[3], top + 1))
     (crop,) = crop_words(img, [box])
     return crop
 

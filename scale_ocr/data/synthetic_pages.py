@@ -157,7 +157,8 @@ def write_detection_folder(path: str | Path, num_pages: int, seed: int, size: tu
         img.save(buf, format="PNG")
         name = f"page_{i:05d}.png"
         (root / "images" / name).write_bytes(buf.getvalue())
-        labels[name] = {"img_dimensions": [img.height, img.width], "img_hash": hashlib.sha256(buf.getvalue()).hexdigest(),
+        labels[name] = {"img_dimensions": [img.height, img.width],
+                        "img_hash": hashlib.sha256(buf.getvalue()).hexdigest(),
                         "polygons": np.round(polygons.astype(np.float64), 2).tolist(), "words": words}
     (root / "labels.json").write_text(json.dumps(labels), encoding="utf-8")
     return root
@@ -178,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from scale_ocr.errors import UserError
 
-    p = argparse.ArgumentParser(prog="python -m scale_ocr.data.synthetic_pages", description=main.__doc__.split("``:")[1]
+    p = argparse.ArgumentParser(prog="python -m "
+                                     "scale_ocr.data.synthetic_pages", description=main.__doc__.split("``:")[1]
                                 .strip())
     p.add_argument("out", type=Path, help="a new folder (images/, labels.json)")
     p.add_argument("--pages", type=int, default=10)

@@ -62,7 +62,8 @@ class WordTransform:
 
 
 def build_transform(input_size: tuple[int, int], train: bool, augment: bool = True,
-                    mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD, fill: int | None = None) -> WordTransform:
+                    mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD,
+                    fill: int | None = None) -> WordTransform:
     """PIL image -> float tensor (3, H, W) normalised by ``mean``/``std``; augmentations only when training;
     ``fill`` pads as :class:`ResizePad` does."""
     augmented = train and augment

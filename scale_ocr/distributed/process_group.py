@@ -196,7 +196,8 @@ def _torchrun_default_threads(launcher: str) -> bool:
 
 def rank_threads(requested: int | None, local_world: int, launcher: str) -> tuple[int, str]:
     """Intra-op threads for a CPU rank and where the number came from: ``--threads``, else an ``OMP_NUM_THREADS``
-    the user set, else the cores this job may use (affinity and cgroup quota: :mod:`~scale_ocr.distributed.cores`) divided by
+    the user set, else the cores this job may use (affinity and cgroup quota: :mod:`~scale_ocr.distributed.cores`)
+    divided by
     its local ranks (oversubscribed threads slow every rank)."""
     if requested:
         return requested, "--threads"

@@ -12,7 +12,8 @@ sets it) keeps the peak at the live tensors, which is what the memory model and 
 It costs speed, though: every large buffer is then a fresh mapping whose pages the kernel faults in and zeroes
 at each step (work no Python profile shows). Measured on 2 cores (while other jobs ran, alternating), the
 hand-written loop of benchmarks.overhead trained crnn_mobilenet_v3_small at 27.8, 27.7 and 32.3 samples/s with
-it and at 30.2, 44.2 and 38.5 without (one thread, batch 16). So it is applied only where memory decides whether a run fits
+it and at 30.2, 44.2 and 38.5 without (one thread, batch 16). So it is applied only where memory decides whether a run
+fits
 at all: when the process runs under a memory limit (``RLIMIT_DATA``/``RLIMIT_AS``, which is how the benchmarks
 give a CPU rank a device-sized budget); everywhere else glibc's default stands, unless the user sets
 ``MALLOC_MMAP_THRESHOLD_`` (glibc reads it itself, and it always wins).

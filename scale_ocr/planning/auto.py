@@ -88,7 +88,8 @@ def choose_strategy(cfg: RunConfig, world: int, local_world: int) -> tuple[str, 
         best = min(needs, key=needs.get)
         raise UserError(
             f"--strategy auto: nothing fits {capacity / GIB:.1f} GiB per rank ({source}); the smallest, {best}, needs "
-            f"{needs[best] / GIB:.1f} GiB with activations {acts[best] / GIB:.1f} GiB at --batch-size {cfg.train.batch_size}; "
+            f"{needs[best] / GIB:.1f} GiB with activations {acts[best] / GIB:.1f} GiB at --batch-size "
+            f"{cfg.train.batch_size}; "
             "lower the batch size or add ranks")
     pick = fits[0]
     skipped = order[: order.index(pick)]

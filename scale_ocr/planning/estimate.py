@@ -126,7 +126,8 @@ def estimate(size: ModelSize, world: int, precision: str, strategies: list[str],
         row: dict[str, Any] = {**pred.as_dict(), "world_size": ranks, "shard_group": layout.shard_group,
                                "note": layout.note, "deepspeed": None,
                                "params_sharded": layout.params_sharded, "casts_weights": layout.casts_weights}
-        if layout.master_bytes and layout.ideal_stage >= 2 and layout.mixed:  # DeepSpeed ZeRO-2/3, as its estimators assume
+        # DeepSpeed ZeRO-2/3, as its estimators assume
+        if layout.master_bytes and layout.ideal_stage >= 2 and layout.mixed:
             host, dev = deepspeed_estimate(layout.ideal_stage, size.params, size.largest_layer, ranks,
                                            offload_optimizer="optimizer" in layout.host + layout.disk,
                                            offload_params="params" in layout.host + layout.disk)

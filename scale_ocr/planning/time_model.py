@@ -110,7 +110,8 @@ def link(name: str) -> Link:
 
 def device(name: str) -> Device:
     if name not in DEVICES:
-        raise UserError(f"unknown device {name!r}; pick one of {', '.join(DEVICES)} (or this host's CPU: --device host)")
+        raise UserError(f"unknown device {name!r}; pick one of {', '.join(DEVICES)} (or this host's CPU: --device "
+                        "host)")
     return DEVICES[name]
 
 
@@ -141,7 +142,8 @@ class Workload:
     """One rank's work per optimizer step: FLOPs of a training sample, samples, parameters and the largest
     layer (the unit engines gather and reduce at once), the precision, activation checkpointing, and how many
     sharding units (FSDP's) the model has and how many all-gathers ZeRO-3 issues a step (``modules``), which set
-    how many collectives those engines issue (0: estimated from the sizes), and how many weights are too small for ZeRO-3 to
+    how many collectives those engines issue (0: estimated from the sizes), and how many weights are too small for
+    ZeRO-3 to
     partition (``persistent``, of ``persistent_numel`` elements in all: DeepSpeed all-gathers each of them after
     every optimizer step, one call each)."""
 
@@ -248,7 +250,8 @@ def comm_volumes(layout: StateLayout, n: int, world: int,
     if group < world:  # HSDP: the shard's gradients all-reduced across the replica groups
         replicas = world // group
         volume = 2 * (replicas - 1) / replicas * 4 * n / group
-        phases.append(("all-reduce grads across groups", volume, world, calls(volume, "unit" if layout.gathers_per else "")))
+        phases.append(("all-reduce grads across "
+                       "groups", volume, world, calls(volume, "unit" if layout.gathers_per else "")))
     return phases
 
 

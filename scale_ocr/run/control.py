@@ -140,7 +140,8 @@ class WeightCheck:
     def describe(self) -> str:
         """What is wrong with the weights, for a message."""
         if self.norm is not None and math.isfinite(self.norm):
-            return f"have a norm of {self.norm:.3g}, past {self.bound:.3g} (--max-weight-growth x {max(self.start, 1.0):.3g})"
+            return (f"have a norm of {self.norm:.3g}, past {self.bound:.3g} (--max-weight-growth x "
+                    f"{max(self.start, 1.0):.3g})")
         if self.norm is not None and math.isnan(self.norm):
             return "hold NaN"
         return "have an infinite norm (a weight is inf, or beyond ~1e19, whose square fp32 cannot hold)"
@@ -158,12 +159,14 @@ class WeightCheck:
         try:
             meta = json.loads((folder / "trainer.json").read_text(encoding="utf-8"))
             w, loss = meta["weights"], meta["loss"]
-            return f" (weights finite, norm {w['norm']:.3g}; loss {loss:.4g})" if w["finite"] and w["within_bound"] else ""
+            fine = w["finite"] and w["within_bound"]
+            return f" (weights finite, norm {w['norm']:.3g}; loss {loss:.4g})" if fine else ""
         except (OSError, ValueError, KeyError, TypeError):  # written by an older version, or not measured
             return ""
 
     def record(self) -> dict[str, float | bool | None]:
-        """For trainer.json, so a checkpoint's weights can be checked: finite, their norm, the bound (None: unmeasured)."""
+        """For trainer.json, so a checkpoint's weights can be checked: finite, their norm, the bound (None:
+        unmeasured)."""
         finite = None if self.norm is None else math.isfinite(self.norm)
         return {"finite": finite, "norm": self.norm if finite else None,
                 "bound": self.bound if math.isfinite(self.bound) else None, "within_bound": self.ok}

@@ -19,7 +19,8 @@ counted once by :func:`scale_ocr.run.flops.flops_per_sample` and the peak from o
 
 The peak is what a matrix product reaches, not the chip's theoretical figure: a CPU's MFU says how far the
 model's kernels (depthwise convolutions, LSTM steps, small products) are from the best dense product on the
-same cores. Delete the cache file to measure again. Every rank is counted as one device (``dp``'s one process over several GPUs is counted as one).
+same cores. Delete the cache file to measure again. Every rank is counted as one device (``dp``'s one process over
+several GPUs is counted as one).
 """
 
 from __future__ import annotations

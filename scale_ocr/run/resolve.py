@@ -18,7 +18,8 @@ from scale_ocr.tasks.base import check_size_overrides
 
 def resolve(cfg: RunConfig) -> RunConfig:
     """``cfg`` with the task's and model's defaults filled in (input size, page scale, synthetic sample counts,
-    augmentation, schedule, learning rate), after the checks that need the registries; a UserError names what is wrong."""
+    augmentation, schedule, learning rate), after the checks that need the registries; a UserError names what is
+    wrong."""
     check_size_overrides(cfg.model)
     task = task_class(cfg.model.arch)
     train, val = task.default_samples

@@ -74,7 +74,8 @@ class Trainer:
     def __init__(self, plan: RunPlan, parts: RunParts) -> None:
         self.plan, self.cfg = plan, plan.train
         self.strategy, self.model, self.schedule, self.data = parts.strategy, parts.model, parts.schedule, parts.data
-        self.task, self.logger, self.checkpoints, self.watchdog = parts.task, parts.logger, parts.checkpoints, parts.watchdog
+        self.task, self.logger, self.checkpoints = parts.task, parts.logger, parts.checkpoints
+        self.watchdog = parts.watchdog
         self.run_dir, self.total_steps, self.global_batch = plan.run_dir, plan.total_steps, plan.global_batch
         self.steps_per_epoch, self.utilization = plan.steps_per_epoch, plan.utilization
         self.last_saved = -1
@@ -268,8 +269,8 @@ class Trainer:
     def _diverged(self) -> RunStopped:
         """The end of a run whose last steps were bad (:meth:`_bad_step`), exit :data:`EXIT_DIVERGED`."""
         name = self.checkpoints.latest_name() if self.checkpoints is not None else None
-        kept = f"the last good checkpoint, {name}{WeightCheck.of_checkpoint(self.run_dir / name)}, is kept" if name else \
-            "no checkpoint was saved"
+        kept = (f"the last good checkpoint, {name}{WeightCheck.of_checkpoint(self.run_dir / name)}, is kept" if name
+                else "no checkpoint was saved")
         return RunStopped(f"training diverged: {self.state.bad_steps} consecutive steps up to step "
                           f"{self.state.step} had a NaN/inf loss or gradient, or weights NaN/inf or past "
                           f"--max-weight-growth; {kept} and no model was written from this state; lower --lr or "
@@ -395,7 +396,8 @@ class Trainer:
                 try:
                     write_whole_model(pieces, [self.run_dir / n for n in names], self.strategy.is_main, kept=kept)
                 except NonFiniteWeights as bad:
-                    print(f"scale-ocr: warning: not writing {names[0]}: {bad.name} holds NaN/inf; the previous file, if "
+                    print(f"scale-ocr: warning: not writing {names[0]}: {bad.name} holds NaN/inf; the previous file, "
+                          "if "
                           "any, is kept", file=sys.stderr, flush=True)
                 except DiskFault as fault:
                     defer(fault)

@@ -42,4 +42,5 @@ register_strategy("zero3_nvme", DeepSpeed, "DeepSpeed ZeRO-3 with parameters and
 register_strategy("deepspeed", DeepSpeed, "DeepSpeed with the JSON given by --ds-config", preset=None)
 register_strategy("fairscale", Fairscale, "fairscale OSS + ShardedDataParallel: optimizer state and grads sharded")
 
-__all__ = ["StepStats", "Strategy", "check_launch", "create_strategy", "list_strategies", "register_strategy", "strategy_entry"]
+__all__ = ["StepStats", "Strategy", "check_launch", "create_strategy", "list_strategies", "register_strategy",
+           "strategy_entry"]

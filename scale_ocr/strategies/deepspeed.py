@@ -148,8 +148,8 @@ class DeepSpeed(Strategy):
         self.state = DeepSpeedState(self.engine, self._client_groups, self.is_main)
         disk = (lambda: swap_bytes(self.nvme_paths, self.rank)) if self.nvme_paths else None
         calls = internals.zero3_sub_group_count(self.engine.optimizer) if self.zero_stage == 3 else 1  # per sub-group
-        self.meter = StateMeter(self._base_optimizer(), self._state_tensors, self.dist.device, samples=2 * max(1, calls),
-                                disk=disk)
+        self.meter = StateMeter(self._base_optimizer(), self._state_tensors, self.dist.device,
+                                samples=2 * max(1, calls), disk=disk)
         return self.engine, self.optimizer
 
     def _state_tensors(self) -> dict[str, list]:
@@ -213,7 +213,8 @@ class DeepSpeed(Strategy):
                      "is allocated up front")
         elif stage == 3:
             note += (f", one sub-group ({zero.get('sub_group_size', 1e9):.0e} elements) at a time; a reduce bucket "
-                     f"of reduce_bucket_size ({zero.get('reduce_bucket_size', 5e8):.0e}) elements is allocated up front")
+                     f"of reduce_bucket_size ({zero.get('reduce_bucket_size', 5e8):.0e}) elements is allocated up "
+                     "front")
         if where("nvme"):
             note += ("; NVMe offload: swap files hold the offloaded state (parameter partitions under 1 MiB stay "
                      "in memory), host memory a sub-group and buffer_count x buffer_size staging buffers")

@@ -27,7 +27,8 @@ def preset_path(name: str) -> Path:
     for d in PRESET_DIRS:
         if (d / f"{name}.json").is_file():
             return d / f"{name}.json"
-    raise UserError(f"DeepSpeed preset {name}.json not found in {', '.join(map(str, PRESET_DIRS))}; reinstall scale-ocr")
+    raise UserError(f"DeepSpeed preset {name}.json not found in {', '.join(map(str, PRESET_DIRS))}; reinstall "
+                    "scale-ocr")
 
 
 def _not_json(name: str) -> float:

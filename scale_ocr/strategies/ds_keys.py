@@ -206,10 +206,13 @@ def check_keys(raw: dict[str, Any], source: str) -> None:
                 raise UserError(f"{source}: {_shown(where + key)}: {removed[key].strip()}")
             if key not in allowed and where:
                 raise UserError(f"{source}: unknown key {_shown(where + key)}; did you mean "
-                                f"{where + closest(key, allowed)!r}? (DeepSpeed refuses unknown zero_optimization keys)")
+                                f"{where + closest(key, allowed)!r}? (DeepSpeed refuses unknown zero_optimization "
+                                "keys)")
     unknown = [key for key in raw if key not in known]
     if unknown and os.environ.get("RANK", "0") == "0":
-        print(f"scale-ocr: warning: {printable(source, 400)}: DeepSpeed ignores the unknown top-level key{'s' * (len(unknown) > 1)} "
+        print(f"scale-ocr: warning: {printable(source, 400)}: DeepSpeed ignores the unknown top-level "
+              f"key{'s' * (len(unknown) > 1)} "
               f"{', '.join(f'{_shown(k)} (did you mean {closest(k, known)!r}?)' for k in unknown[:3])}"
-              f"{f' and {len(unknown) - 3} more' if len(unknown) > 3 else ''}; remove or respell {'them' if len(unknown) > 1 else 'it'}",
+              f"{f' and {len(unknown) - 3} more' if len(unknown) > 3 else ''}; remove or respell "
+              f"{'them' if len(unknown) > 1 else 'it'}",
               file=sys.stderr, flush=True)

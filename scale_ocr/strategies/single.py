@@ -77,7 +77,8 @@ class DataParallel(SingleDevice):
         return _OneLoss(model)
 
     def state_layout(self) -> StateLayout:
-        return StateLayout(ideal_stage=0, grads_freed=True, note="on GPUs, replicas of the weights are re-broadcast to every device "
+        return StateLayout(ideal_stage=0, grads_freed=True, note="on GPUs, replicas of the weights are re-broadcast to "
+                                                                 "every device "
                            "each forward and gradients are summed on the first one, which holds the optimizer")
 
 

@@ -150,4 +150,5 @@ def _size(width: int, depth: int, heads: int, name: str, about: str):
 vitstr_tiny = _size(192, 12, 3, "vitstr_tiny", "ViT-Tiny width (192, 3 heads), 12 blocks: about 5.4M parameters.")
 vitstr_small = _size(384, 12, 6, "vitstr_small", "ViT-Small width (384, 6 heads), 12 blocks: about 21M parameters.")
 vitstr_base = _size(768, 12, 12, "vitstr_base", "ViT-Base width (768, 12 heads), 12 blocks: about 85M parameters.")
-vitstr_large = _size(1024, 24, 16, "vitstr_large", "ViT-Large width (1024, 16 heads), 24 blocks: about 303M parameters.")
+vitstr_large = _size(1024, 24, 16, "vitstr_large", "ViT-Large width (1024, 16 heads), 24 blocks: about 303M "
+                                                   "parameters.")
