@@ -208,11 +208,28 @@ def channels_last(args: argparse.Namespace) -> bool:
     return getattr(args, "layout", "channels-last") == "channels-last"
 
 
+def task_data(task, work: Path, samples: int, log: Callable[[str], None] = print) -> list[str]:
+    """train.py flags that feed a benchmark ``samples`` training samples cheaply. A recognizer reads a pre-rendered
+    word cache held in memory, so data loading never limits the measured steps; a detector's synthetic pages are drawn
+    by the loader (tens of milliseconds a page against seconds of DBNet compute on CPU; a cache of 512x512 pages would
+    not fit in memory at scale)."""
+    if not hasattr(task, "cache_tag"):  # pages, not words
+        return ["--train-samples", str(samples), "--val-samples", "8"]
+    from scale_ocr.data.cache import build_cache
+
+    h, w = task.input_size
+    cache = work / f"words-{samples}-{h}x{w}{task.cache_tag}.pt"  # the tag tells differently prepared images apart
+    if not cache.is_file():
+        log(f"bench: rendering {samples} words into {cache}")
+        build_cache(cache, samples, task.input_size, task.vocab.chars, transform=task.transform(train=False))
+    return ["--data-cache", str(cache)]
+
+
 def data_args(args: argparse.Namespace, task, work: Path) -> tuple[list[str], list[str]]:
     """Train.py's and the hand loop's flags for the same words (``args.data``: cache or folder)."""
     words = args.batch_size * args.world_size * args.steps
     if args.data == "cache":
-        cache = task.benchmark_data(work, words, print)[1]
+        cache = task_data(task, work, words)[1]
         return ["--data-cache", cache], ["--data-cache", cache]
     folder = str(write_folder(work / f"folder-{words}", words, task.vocab.chars))
     h, w = task.input_size

@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.harness import bench_main, hardware, parser, run_main, versions, work_dir, write_folder
+from benchmarks.harness import bench_main, hardware, parser, run_main, task_data, versions, work_dir, write_folder
 
 SOURCES = ("synthetic", "synthetic-plain", "folder", "folder-plain", "cache", "shards")
 GPU_TFLOPS = 1.0  # assumed sustained training throughput of one GPU rank on this model (see the docstring)
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> Path:
         from scale_ocr.cli.make_shards import make_shards
 
         make_shards([folder], shards, "recognition", 1000, seed=0, on_bad="error")
-    cache = task.benchmark_data(work, samples, print)[1]
+    cache = task_data(task, work, samples)[1]
     train_sps, flops = training_rate(parse_config([*base, "--data-cache", cache]), task, dist, args.train_steps)
     gpu_sps = GPU_TFLOPS * 1e12 / flops
     print(f"loader: training consumes {train_sps:.1f} samples/s per rank ({threads} threads); {flops / 1e9:.3f} "

@@ -46,6 +46,7 @@ from benchmarks.harness import (
     run_job,
     run_main,
     step_command,
+    task_data,
     versions,
     work_dir,
     write_command,
@@ -236,7 +237,7 @@ def run_search(s: Search, out: Path, wandb_mode: str = "disabled", log=print, up
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
     work = work_dir(out)
-    data_args = _task(s, 1, False).benchmark_data(work, s.samples or s.batch_size * s.world_size * s.steps, log)
+    data_args = task_data(_task(s, 1, False), work, s.samples or s.batch_size * s.world_size * s.steps, log)
     if not _on_gpu():
         os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(PROBE_MMAP_THRESHOLD))  # inherited by every probe
     ver = versions()

@@ -36,6 +36,7 @@ from benchmarks.harness import (
     run_job,
     run_main,
     step_command,
+    task_data,
     versions,
     work_dir,
     write_command,
@@ -168,7 +169,7 @@ class Models:
         tasks = {m: create_task(ModelConfig(arch=m)) for m in suite.models}
         built = {m: tasks[m].build_model() for m in suite.models}
         return cls(tasks, built, sizes={m: model_size(built[m]) for m in suite.models},
-                   data_args={m: tasks[m].benchmark_data(work, words, log) for m in suite.models})
+                   data_args={m: task_data(tasks[m], work, words, log) for m in suite.models})
 
 
 def job_metrics(cfg: Config, suite: Suite, models: Models, run_dir: Path, status: str, error: str | None,

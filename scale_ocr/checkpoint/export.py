@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -339,13 +340,17 @@ def write_doctr(weights: Weights, out: str | Path) -> tuple[Path, str]:
             ((_, tensor),) = to_doctr({spec.name: weights.tensor(spec)}).items()
             writer.put(tensor)
         writer.close()
-    write_atomic(out.with_suffix(".json"), json.dumps({"doctr_arch": doctr_arch, **weights.task.doctr_info()},
+    write_atomic(out.with_suffix(".json"), json.dumps({"doctr_arch": doctr_arch, **doctr_info(weights.task)},
                                                       ensure_ascii=False, indent=1) + "\n",
                  what="the export's sidecar", kept=kept)
     return out, doctr_arch
 
 
-@torch.no_grad()
-def predict(loaded: LoadedModel, images: list[str], batch_size: int = 64) -> list[dict]:
-    """The task's prediction for each image file, in batches."""
-    return loaded.task.predict(loaded.model, images, batch_size)
+def doctr_info(task) -> dict[str, Any]:
+    """What docTR's class must be built with to hold the task's model weights, and how to feed it: the input shape
+    and normalisation, and a recognizer's vocabulary and padding."""
+    info: dict[str, Any] = {"input_shape": [3, *task.input_size], "mean": list(task.mean), "std": list(task.std)}
+    if hasattr(task, "vocab"):
+        info = {"vocab": task.vocab.chars, **info,
+                "padding": "black" if task.pad_fill == 0 else "the crop's border colour (docTR pads black)"}
+    return info

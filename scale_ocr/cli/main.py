@@ -118,7 +118,8 @@ PAGE_OCR_FLAGS = ("--det", "--reco", "--overlay", "--overlay-dir", "-h", "--help
 
 
 def _predict(argv: list[str]) -> int:
-    from scale_ocr.checkpoint.export import load_any, predict
+    from scale_ocr.checkpoint.export import load_any
+    from scale_ocr.cli.page_ocr import predict, prediction_line
 
     if any(a.split("=", 1)[0] in PAGE_OCR_FLAGS for a in argv):
         return _predict_pages(argv)
@@ -128,7 +129,7 @@ def _predict(argv: list[str]) -> int:
         return 2
     loaded = load_any(argv[0])
     for result in predict(loaded, argv[1:]):
-        print(loaded.task.format_prediction(result))
+        print(prediction_line(result))
     return 0
 
 

@@ -8,19 +8,47 @@ them to the recognizer and puts the results back together. ``scale-ocr predict -
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from scale_ocr.boxes import LocalizationMetric, OCRMetric, reading_order
 from scale_ocr.boxes.crop import PAD, crop_words
 from scale_ocr.checkpoint.export import LoadedModel
-from scale_ocr.errors import UserError
+from scale_ocr.data.files import WORD_LIMITS, open_rgb
+from scale_ocr.errors import UserError, printable
 
 LABEL_COLOUR = (220, 0, 0)
+
+
+@torch.no_grad()
+def predict(loaded: LoadedModel, images: list[str], batch_size: int = 64) -> list[dict[str, Any]]:
+    """One result per image file, a batch of files at a time: a recognizer's ``{"image", "word", "confidence"}``,
+    a detector's ``{"image", "boxes": [{"polygon": [[x, y] x 4] in the page's pixels, "score"}]}``."""
+    task, results = loaded.task, []
+    for i in range(0, len(images), batch_size):  # a folder can be large
+        chunk = images[i:i + batch_size]
+        if hasattr(task, "recognize"):
+            words = task.recognize(loaded.model, [open_rgb(name, WORD_LIMITS) for name in chunk], batch_size)
+            results += [{"image": n, "word": w, "confidence": c} for n, (w, c) in zip(chunk, words, strict=True)]
+            continue
+        found = task.detect(loaded.model, [open_rgb(n) for n in chunk], batch_size)
+        results += [{"image": name, "boxes": [{"polygon": np.round(poly, 1).tolist(), "score": round(float(s), 4)}
+                                              for poly, s in boxes]} for name, boxes in zip(chunk, found, strict=True)]
+    return results
+
+
+def prediction_line(result: dict[str, Any]) -> str:
+    """One result of :func:`predict` as ``scale-ocr predict`` prints it: a word as ``image<TAB>word<TAB>confidence``
+    (one line whatever the file name holds: a newline would forge a line), boxes as JSON."""
+    if "word" in result:
+        return f"{printable(result['image'])}\t{printable(result['word'])}\t{result['confidence']:.4f}"
+    return json.dumps(result)
 
 
 def check_models(detector: LoadedModel, recognizer: LoadedModel) -> None:

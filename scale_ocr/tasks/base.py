@@ -8,12 +8,10 @@ methods and never ask which task it is, exactly as they never ask which strategy
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -111,10 +109,6 @@ class Task(ABC):
         """A training batch's model arguments with random images (memory and FLOP measurements)."""
 
     @abstractmethod
-    def benchmark_data(self, work: Path, samples: int, log: Callable[[str], None]) -> list[str]:
-        """``train.py`` flags that feed a benchmark ``samples`` training samples cheaply (built under ``work``)."""
-
-    @abstractmethod
     def build_data(self, cfg: DataConfig, batch_size: int, seed: int, dist: DistInfo):
         """Train and validation loaders for this rank (a :class:`~scale_ocr.data.loader.Data`)."""
 
@@ -154,15 +148,6 @@ class Task(ABC):
         """The model section an identity describes: architecture, input size and any size overrides."""
         return ModelConfig(arch=identity["arch"], input_size=tuple(identity["input_size"]),
                            **{k: identity[k] for k in MODEL_SIZE_FIELDS if identity.get(k) is not None})
-
-    def format_prediction(self, result: dict[str, Any]) -> str:
-        """One result of :meth:`predict` as printed by ``scale-ocr predict`` (JSON unless the task says otherwise)."""
-        return json.dumps(result)
-
-    @abstractmethod
-    def predict(self, model: nn.Module, images: list[str], batch_size: int = 16) -> list[dict[str, Any]]:
-        """One result per image file (the task decides its fields), in batches, on CPU."""
-
 
 def check_size_overrides(model: ModelConfig) -> None:
     """Refuse a size override (``--model-width`` ...) that the model's builder does not take, or a size or input side

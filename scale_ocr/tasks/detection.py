@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -182,11 +181,6 @@ class DetectionTask(Task):
         maps[0][:, h // 4: h // 2, w // 4: 3 * w // 4] = 1  # one "word", so every loss term is exercised
         return (torch.randn(batch, 3, h, w), *maps)
 
-    def benchmark_data(self, work: Path, samples: int, log: Callable[[str], None]) -> list[str]:
-        """Synthetic pages rendered by the loader: a page costs tens of milliseconds to draw against seconds
-        of DBNet compute on CPU, and a page cache of 512x512 images would not fit in memory at scale."""
-        return ["--train-samples", str(samples), "--val-samples", "8"]
-
     def build_data(self, cfg: DataConfig, batch_size: int, seed: int, dist: DistInfo):
         from scale_ocr.data.files import ScanReport
         from scale_ocr.data.loader import VAL_SEED_OFFSET, build_loaders, labels_digest
@@ -219,10 +213,6 @@ class DetectionTask(Task):
 
         return build_det_transform(self.input_size, train=train, augment=augment, mean=self.mean, std=self.std,
                                    page_scale=self.page_scale, max_side=self.max_page_side)
-
-    def doctr_info(self) -> dict[str, Any]:
-        """What docTR's class is built with to hold this model's weights, and how to feed it."""
-        return {"input_shape": [3, *self.input_size], "mean": list(self.mean), "std": list(self.std)}
 
     def probabilities(self, out: dict[str, torch.Tensor]) -> np.ndarray:
         """The model's output -> the (B, H, W) text probability maps."""
@@ -315,19 +305,6 @@ class DetectionTask(Task):
                     found = self.boxes(prob)
                 out.append([(b.polygon * back, b.score) for b in found])
         return out
-
-    def predict(self, model: nn.Module, images: list[str], batch_size: int = 4) -> list[dict[str, Any]]:
-        """``{"image", "boxes": [{"polygon": [[x, y] x 4] in the page's pixels, "score"}]}`` per page."""
-        from scale_ocr.data.files import open_rgb
-
-        results = []
-        for i in range(0, len(images), batch_size):
-            chunk = images[i:i + batch_size]
-            for name, boxes in zip(chunk, self.detect(model, [open_rgb(n) for n in chunk], batch_size), strict=True):
-                results.append({"image": name, "boxes": [{"polygon": np.round(poly, 1).tolist(),
-                                                          "score": round(float(s), 4)} for poly, s in boxes]})
-        return results
-
 
 def _polygons(boxes: list) -> np.ndarray:
     return np.array([b.polygon for b in boxes], dtype=np.float64).reshape(-1, 4, 2)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,10 +12,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from scale_ocr.config import DataConfig, ModelConfig
-from scale_ocr.data.files import WORD_LIMITS, open_rgb
 from scale_ocr.data.transforms import MEAN, STD
 from scale_ocr.distributed.process_group import DistInfo, all_reduce_sum
-from scale_ocr.errors import UserError, printable
+from scale_ocr.errors import UserError
 from scale_ocr.tasks.base import EvalResult, Task
 from scale_ocr.tasks.registry import register_task
 from scale_ocr.tasks.text_metrics import TextMetric
@@ -127,35 +125,12 @@ class RecognitionTask(Task):
         task.vocab = Vocab(identity["vocab"])  # the characters themselves, never re-read as a vocabulary name
         return task
 
-    def benchmark_data(self, work: Path, samples: int, log: Callable[[str], None]) -> list[str]:
-        """A pre-rendered word cache held in memory, so data loading never limits the measured steps."""
-        from scale_ocr.data.cache import build_cache
-
-        h, w = self.input_size
-        cache = work / f"words-{samples}-{h}x{w}{self.cache_tag}.pt"
-        if not cache.is_file():
-            log(f"bench: rendering {samples} words into {cache}")
-            build_cache(cache, samples, self.input_size, self.vocab.chars, transform=self.transform(train=False))
-        return ["--data-cache", str(cache)]
-
     def transform(self, train: bool, augment: bool = True):
         """PIL crop -> the model's input tensor (augmented when training)."""
         from scale_ocr.data.transforms import build_transform
 
         return build_transform(self.input_size, train=train, augment=augment, mean=self.mean, std=self.std,
                                fill=self.pad_fill)
-
-    def show(self, image: torch.Tensor):
-        """A normalised input tensor as an (H, W, 3) uint8 array, for the W&B table."""
-        from scale_ocr.data.transforms import denormalize
-
-        return (denormalize(image.float().cpu(), self.mean, self.std).permute(1, 2, 0) * 255).round().byte().numpy()
-
-    def doctr_info(self) -> dict[str, Any]:
-        """What docTR's class must be built with to hold this model's weights, and how to feed it."""
-        return {"vocab": self.vocab.chars, "input_shape": [3, *self.input_size], "mean": list(self.mean),
-                "std": list(self.std),
-                "padding": "black" if self.pad_fill == 0 else "the crop's border colour (docTR pads black)"}
 
     def decode(self, logits: torch.Tensor) -> list[tuple[str, float]]:
         """The model's output -> ``(word, confidence)`` per item (greedy CTC decoding)."""
@@ -219,24 +194,11 @@ class RecognitionTask(Task):
             keep = [i for i, v in enumerate(batch.valid.tolist()) if v]
             metric.update([preds[i] for i in keep], [batch.words[i] for i in keep])
             for i in keep[: max(0, NUM_EXAMPLES - len(examples))]:
-                examples.append({"image": self.show(batch.images[i]), "target": batch.words[i], "prediction": preds[i],
-                                 "correct": preds[i] == batch.words[i]})
+                examples.append({"image": _image(batch.images[i], self.mean, self.std), "target": batch.words[i],
+                                 "prediction": preds[i], "correct": preds[i] == batch.words[i]})
         model.train()
         sums = all_reduce_sum([loss_sum, *metric.sums()], device)
         return EvalResult({"val_loss": sums[0] / max(sums[-1], 1), **TextMetric.rates(sums[1:])}, examples)
-
-    def predict(self, model: nn.Module, images: list[str], batch_size: int = 64) -> list[dict[str, Any]]:
-        """``{"image", "word", "confidence"}`` for each image file."""
-        results = []
-        for i in range(0, len(images), batch_size):  # decoded a batch at a time: a folder can be large
-            chunk = images[i:i + batch_size]
-            words = self.recognize(model, [open_rgb(name, WORD_LIMITS) for name in chunk], batch_size)
-            results += [{"image": n, "word": w, "confidence": c} for n, (w, c) in zip(chunk, words, strict=True)]
-        return results
-
-    def format_prediction(self, result: dict[str, Any]) -> str:
-        # Tab-separated, one line per image whatever its file name holds (a newline would forge a line).
-        return f"{printable(result['image'])}\t{printable(result['word'])}\t{result['confidence']:.4f}"
 
     def recognize(self, model: nn.Module, crops: list, batch_size: int = 64) -> list[tuple[str, float]]:
         """Words and confidences for PIL crops (page OCR feeds the detector's crops here)."""
@@ -246,3 +208,10 @@ class RecognitionTask(Task):
             for i in range(0, len(crops), batch_size):
                 out += self.decode(model(torch.stack([tf(c) for c in crops[i:i + batch_size]]))["logits"])
         return out
+
+
+def _image(image: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]):
+    """A normalised input tensor as an (H, W, 3) uint8 array, for the W&B table."""
+    from scale_ocr.data.transforms import denormalize
+
+    return (denormalize(image.float().cpu(), mean, std).permute(1, 2, 0) * 255).round().byte().numpy()

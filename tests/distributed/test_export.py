@@ -7,8 +7,9 @@ import json
 import pytest
 from conftest import make_folder
 
-from scale_ocr.checkpoint.export import load_any, predict
+from scale_ocr.checkpoint.export import load_any
 from scale_ocr.cli.main import main as cli_main
+from scale_ocr.cli.page_ocr import predict
 from scale_ocr.errors import UserError
 
 
