@@ -92,7 +92,7 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
     wrapped, optimizer = strategy.setup(model, build_optimizer_spec(scaled_optim(cfg.optim, lr)))
     if cfg.strategy.compile:
         strategy.compile(wrapped)
-    plan = build_plan(cfg, lr, len(data.train_loader), task, dist)
+    plan = build_plan(cfg, checkpoints.dir.parent, lr, len(data.train_loader), task, dist)
     schedule = LRSchedule(optimizer, lr.peak_lr, lr_factor(cfg.optim.sched, plan.total_steps, plan.warmup),
                           cfg.optim.lr_on_resume, lr)
     if dist.is_main:

@@ -79,15 +79,16 @@ class RunPlan:
         return self.lr.global_batch
 
 
-def build_plan(cfg: RunConfig, lr: LRPlan, train_batches: int, task: Task, dist: DistInfo) -> RunPlan:
-    """The plan of a run whose loader yields ``train_batches`` micro-batches per rank and epoch; counts the model's
-    FLOPs (rank 0) and measures the device peak, once."""
+def build_plan(cfg: RunConfig, run_dir: Path, lr: LRPlan, train_batches: int, task: Task,
+               dist: DistInfo) -> RunPlan:
+    """The plan of a run in ``run_dir`` at peak rate ``lr`` whose loader yields ``train_batches`` micro-batches per
+    rank and epoch; counts the model's FLOPs (rank 0) and measures the device peak, once."""
     steps_per_epoch = train_batches // cfg.train.grad_accum
     if steps_per_epoch == 0:
         raise UserError(f"one epoch holds fewer than --grad-accum {cfg.train.grad_accum} batches per rank; "
                         "add samples or lower --batch-size/--grad-accum")
     total = plan_steps(steps_per_epoch, cfg.train.epochs, cfg.train.max_steps)
-    return RunPlan(cfg.train, Path(cfg.output.output_dir), lr, steps_per_epoch, total,
+    return RunPlan(cfg.train, run_dir, lr, steps_per_epoch, total,
                    default_warmup(cfg.optim, total, lr.factor),
                    Utilization.for_run(task, cfg.train.precision, dist))
 
