@@ -85,7 +85,8 @@ def job(args: argparse.Namespace, recipe: str, train: Path, val: Path, epochs: i
     """The launch command of one recipe and the file its curve is read from."""
     run_dir.mkdir(parents=True, exist_ok=True)
     if recipe == "defaults":
-        cli = [ARCH, "--strategy", "ddp", "--train-path", str(train), "--val-path", str(val), "-b", str(args.batch_size),
+        cli = [ARCH, "--strategy", "ddp", "--train-path", str(train), "--val-path", str(val),
+               "-b", str(args.batch_size),
                "--epochs", str(epochs), "--max-steps", str(steps), "--eval-every", str(args.eval_every),
                "--workers", str(args.workers),
                "--resume", "none", "--output-dir", str(run_dir), "--run-name", run_dir.name,
@@ -237,7 +238,8 @@ def build_report(out_dir: Path) -> Path:
     if rows:
         r0 = rows[0]
         lines += [f"{r0['arch']}, DDP on {r0['world_size']} ranks x {r0['threads_per_rank']} thread(s), batch "
-                  f"{r0['batch_size']} per rank (global batch {r0['world_size'] * r0['batch_size']}), exact match on the validation folder every {r0['eval_every']} steps; "
+                  f"{r0['batch_size']} per rank (global batch {r0['world_size'] * r0['batch_size']}), exact match on "
+                  f"the validation folder every {r0['eval_every']} steps; "
                   f"seconds from the launch. Bare loop: {' '.join(BARE)}, AdamW, no augmentation. "
                   f"{r0['hardware'].get('cpu')}.", ""]
     lines += ["| set | recipe | epochs (steps) | 50% | 80% | 90% | final | best | wall | git |",
@@ -261,7 +263,8 @@ def build_report(out_dir: Path) -> Path:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = parser("convergence", __doc__)
-    p.add_argument("--sets", default=None, help="comma-separated (default: synthetic,real, and crops with --real-crops)")
+    p.add_argument("--sets", default=None,
+                   help="comma-separated (default: synthetic,real, and crops with --real-crops)")
     p.add_argument("--recipes", default=",".join(RECIPES))
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("-b", "--batch-size", type=int, default=32, help="per rank")

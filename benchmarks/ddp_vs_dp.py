@@ -129,7 +129,8 @@ def write_report(out_dir: Path) -> Path:
           f"{first['steps']} optimizer steps per job (the first {min(5, first['steps'] // 4)} untimed), "
           f"{first['workers']} loader workers per rank, fp32; trainer with `--no-augment`, else its defaults. "
           "Efficiency = 2-rank samples/s / (2 x 1-rank samples/s), same threads per rank.", "",
-          "| job | what | ranks x threads | batch/rank | samples/s (median) | min - max | runs |", "|---|---|---|---|---|---|---|"]
+          "| job | what | ranks x threads | batch/rank | samples/s (median) | min - max | runs |",
+          "|---|---|---|---|---|---|---|"]
     what = {"dp": "train.py --strategy dp", "ddp1": "train.py --strategy ddp", "ddp2": "train.py --strategy ddp",
             "hand1": "hand_loop.py --engine ddp", "hand2": "hand_loop.py --engine ddp"}
     for name in JOBS:
@@ -142,7 +143,8 @@ def write_report(out_dir: Path) -> Path:
         md.append(f"| {name} | `{what[name]}` | {ln['ranks']} x {ln['threads_per_rank']} | {ln['batch_per_rank']} | "
                   f"{cells} | {len(sps)}/{len(mine)} |")
     r = ratios(lines)
-    md += ["", "| per repeat | " + " | ".join(str(i) for i in range(max(map(len, r.values()), default=0))) + " | median |",
+    md += ["",
+           "| per repeat | " + " | ".join(str(i) for i in range(max(map(len, r.values()), default=0))) + " | median |",
            "|---|" + "---|" * (max(map(len, r.values()), default=0) + 1)]
     for key, vals in r.items():
         md.append(f"| {key.replace('_', ' ')} | " + " | ".join(f"{v:.3f}" for v in vals)

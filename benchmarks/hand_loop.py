@@ -7,7 +7,8 @@
 Written the way the engines' own tutorials drive them, and deliberately not through scale_ocr: the same
 model (``create_model``) and the same words (a ``--data-cache`` file of pre-rendered ones, or a docTR
 recognition ``--folder`` decoded and resized per sample as docTR's reference scripts do, normalised per
-batch), read with a plain ``DataLoader`` and ``DistributedSampler``, then forward, CTC loss (the model's), backward, optimizer step,
+batch), read with a plain ``DataLoader`` and ``DistributedSampler``, then forward, CTC loss (the model's), \
+backward, optimizer step,
 nothing else: no clipping, no schedule, no metering, no logging, no checks. DeepSpeed gets the preset JSON
 scale_ocr ships for the same name, so both sides run the same engine settings. The first ``--warmup``
 steps are not timed, like the trainer's; rank 0 writes samples/s of the rest to ``--out``.
@@ -134,7 +135,8 @@ def parse_args() -> argparse.Namespace:
                    help="also time each N-step window after the warm-up (the trainer's --log-every windows)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--channels-last", action="store_true",
-                   help="feed a convolutional model (one whose class sets channels_last) NHWC images, as the trainer does")
+                   help="feed a convolutional model (one whose class sets channels_last) NHWC images, "
+                        "as the trainer does")
     p.add_argument("--sched", choices=("constant", "onecycle"), default="constant",
                    help="onecycle: torch's OneCycleLR (max_lr=--lr) over --steps")
     p.add_argument("--val-folder", help="a docTR folder to measure exact match on (single and ddp)")
@@ -232,7 +234,8 @@ def main() -> None:
     data, val, size, norm = words(args, device)
     torch.manual_seed(args.seed)
     model = create_model(args.arch, num_classes=len(data.index) + 1, input_size=size).to(device)
-    layout = torch.channels_last if args.channels_last and getattr(model, "channels_last", False) else torch.contiguous_format
+    layout = (torch.channels_last if args.channels_last and getattr(model, "channels_last", False)
+              else torch.contiguous_format)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True, collate_fn=collate,
                         num_workers=args.workers, persistent_workers=args.workers > 0, pin_memory=cuda)

@@ -156,7 +156,8 @@ def step_command(cfg: Config, steps: int, data_args: list[str], extra: list[str]
     args = [cfg.model, "--strategy", cfg.strategy, "--precision", cfg.precision, "-b", str(cfg.batch_size),
             "--max-steps", str(steps), "--epochs", "1000", *data_args, *extra, "--no-eval",
             "--profile-steps", str(profile_steps),
-            "--log-every", "1", "--sched", "constant", "--workers", "0", "--resume", "none", "--output-dir", str(run_dir),
+            "--log-every", "1", "--sched", "constant", "--workers", "0", "--resume", "none",
+            "--output-dir", str(run_dir),
             "--wandb-mode", wandb_mode, "--wandb-group", group, "--run-name", cfg.key.replace("/", "-")]
     return launch_command(cfg.launcher, cfg.world_size, TRAIN, args)
 
@@ -234,12 +235,15 @@ def data_args(args: argparse.Namespace, task, work: Path) -> tuple[list[str], li
     folder = str(write_folder(work / f"folder-{words}", words, task.vocab.chars))
     h, w = task.input_size
     return (["--train-path", folder, "--val-path", folder, "--no-augment", "--workers", str(args.workers)],
-            ["--folder", folder, "--chars", task.vocab.chars, "--input-size", f"{h}x{w}", "--workers", str(args.workers)])
+            ["--folder", folder, "--chars", task.vocab.chars, "--input-size", f"{h}x{w}",
+             "--workers", str(args.workers)])
 
 
 def trainer_job(args: argparse.Namespace, strategy: str, ws: int, data: list[str], run_dir: Path,
-                batch: int | None = None, launcher: str | None = None, extra: tuple[str, ...] = ()) -> tuple[list[str], Path]:
-    """Train.py's command (``batch`` per rank, default ``args.batch_size``; ``extra`` flags) and the summary it writes."""
+                batch: int | None = None, launcher: str | None = None,
+                extra: tuple[str, ...] = ()) -> tuple[list[str], Path]:
+    """Train.py's command (``batch`` per rank, default ``args.batch_size``; ``extra`` flags) and the summary \
+it writes."""
     cli = [args.arch, "--strategy", strategy, "-b", str(batch or args.batch_size), "--max-steps", str(args.steps),
            "--epochs", "1000", *data, "--lr", str(args.lr), "--no-eval", "--no-save-model", "--resume", "none",
            "--output-dir", str(run_dir), "--wandb-mode", args.wandb_mode, "--run-name", run_dir.name,

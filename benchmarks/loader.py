@@ -139,7 +139,8 @@ def run(args: argparse.Namespace) -> Path:
                          "workers_for_gpu": gpu_sps / (max(rates) / max(workers, 1)),
                          "headroom": [r / train_sps for r in rates],
                          "serial_share": [(1 / r) / (1 / r + 1 / train_sps) for r in rates]})
-            print(f"loader: {source}, {workers} workers: " + ", ".join(f"pass {i + 1} {r:.1f}" for i, r in enumerate(rates))
+            print(f"loader: {source}, {workers} workers: "
+                  + ", ".join(f"pass {i + 1} {r:.1f}" for i, r in enumerate(rates))
                   + f" samples/s (headroom {max(rates) / train_sps:.2f})", flush=True)
     doc = {"arch": args.arch, "batch_size": args.batch_size, "world_size": args.world_size, "threads": threads,
            "flops_per_sample": flops, "gpu_tflops_assumed": GPU_TFLOPS, "gpu_sps_estimate": gpu_sps,
@@ -158,16 +159,16 @@ def write_report(out_dir: Path) -> Path:
           f"{doc['threads']} torch threads", "",
           f"Command: `{doc['command']}`  ",
           f"Host: {hw['cpu']} ({hw['cores']} cores); git {ver.get('git')}, torch {ver.get('torch')}", "",
-          f"Training consumes {doc['rows'][0]['train_sps']:.1f} samples/s per rank (forward, loss, backward, step on one "
-          "fixed batch: no waiting, no communication). Headroom = loader samples/s / training samples/s; with 0 "
+          f"Training consumes {doc['rows'][0]['train_sps']:.1f} samples/s per rank (forward, loss, backward, step on "
+          "one fixed batch: no waiting, no communication). Headroom = loader samples/s / training samples/s; with 0 "
           "workers loading runs between steps and takes the step share given. Pass 2 reads the same words again "
           "(synthetic-plain: from the memo of rendered words).", ""]
     gpu = doc.get("gpu_sps_estimate")
     if gpu:
         md += [f"A GPU rank would consume about {gpu:.0f} samples/s: an estimate, not a measurement (no GPU here, no "
-               f"gpu_check report committed): {doc['flops_per_sample'] / 1e9:.3f} GFLOP a training sample (3x the forward "
-               f"torch's FlopCounterMode counts) at an assumed sustained {doc['gpu_tflops_assumed']:g} TFLOP/s (the "
-               "basis: benchmarks/loader.py's docstring). "
+               f"gpu_check report committed): {doc['flops_per_sample'] / 1e9:.3f} GFLOP a training sample (3x the "
+               f"forward torch's FlopCounterMode counts) at an assumed sustained {doc['gpu_tflops_assumed']:g} TFLOP/s "
+               "(the basis: benchmarks/loader.py's docstring). "
                "'Workers for a GPU rank' divides it by the best pass's rate per worker.", ""]
     md += ["| source | workers | " + " | ".join(f"loader samples/s, pass {i + 1}" for i in range(passes))
            + " | per worker (best pass) | headroom (best pass) | share of a step if serial (pass 1 / last) "

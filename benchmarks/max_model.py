@@ -97,7 +97,8 @@ def search_largest(fits: Callable[[int], str], lo: int, hi: int, start: int) -> 
 
     ``fits`` is assumed monotone (a deeper model needs more memory). The search starts at ``start`` (the memory
     model's prediction) and moves away from it by a seventh of it, then by steps that double while the answer
-    stays the same, then bisects: a prediction within 15% costs at most five probes, a wrong one a few more. A status other than ok or oom (a crash, a timeout) stops the search: the answer is then the largest
+    stays the same, then bisects: a prediction within 15% costs at most five probes, a wrong one a few more. \
+A status other than ok or oom (a crash, a timeout) stops the search: the answer is then the largest
     depth known to fit.
     """
     good, bad, tried = lo - 1, hi + 1, []
@@ -246,8 +247,8 @@ def run_search(s: Search, out: Path, wandb_mode: str = "disabled", log=print, up
         redo = {(st, ac) for st in s.strategies for ac in s.checkpointing}
         kept = [p for p in probes_of(results) if (p["strategy"], p["checkpointing"]) not in redo]
         results.write_text("".join(json.dumps(p) + "\n" for p in kept), encoding="utf-8")
-        header.setdefault("updates", []).append({"strategies": list(s.strategies), "checkpointing": list(s.checkpointing),
-                                                 "git": ver["git"]})
+        header.setdefault("updates", []).append({"strategies": list(s.strategies),
+                                                 "checkpointing": list(s.checkpointing), "git": ver["git"]})
     else:
         if results.exists():
             results.unlink()

@@ -65,15 +65,16 @@ def write_report(out: Path, params_at: Callable[[dict[str, Any], int], int]) -> 
              f"{s['budget_gb']} GiB per rank, {s['precision']}, batch {s['batch_size']} per rank",
              "", f"Command: `python -m benchmarks.max_model --arch {s['arch']} --width {s['width']} --world-size "
              f"{s['world_size']} --budget-gb {s['budget_gb']} --batch-size {s['batch_size']} --precision "
-             f"{s['precision']} --steps {s['steps']} --max-depth {s['max_depth']} --strategies {','.join(s['strategies'])} "
+             f"{s['precision']} --steps {s['steps']} --max-depth {s['max_depth']} "
+             f"--strategies {','.join(s['strategies'])} "
              f"--checkpointing {checkpointing_flag(s['checkpointing'])} --lr {s.get('lr', DEFAULT_LR)}"
              + (f" --samples {s['samples']}" if s.get("samples") else "")
              + (f" --depths {','.join(map(str, s['depths']))}" if s.get("depths") else "") + "`  ",
              f"Host: {header['hardware']['cpu']} ({header['hardware']['cores']} cores); git {header['versions']['git']}"
              + (f"; probes ran with MALLOC_MMAP_THRESHOLD_={header['malloc_mmap_threshold']}"
                 if header.get("malloc_mmap_threshold") else ""),
-             *([f"Every probe saves as a user's run does: a checkpoint at step {max(1, s['steps'] - 1)}, then the final "
-                "checkpoint and last_model.pt; its peak is the whole run's."] if s.get("saves") else []),
+             *([f"Every probe saves as a user's run does: a checkpoint at step {max(1, s['steps'] - 1)}, then the "
+                "final checkpoint and last_model.pt; its peak is the whole run's."] if s.get("saves") else []),
              *([f"Predictions: the memory model at git {repredicted}, made again after the probes ran "
                 "(`python -m benchmarks.max_model --repredict --out DIR`); the probes themselves are unchanged."]
                if repredicted else []),

@@ -102,7 +102,8 @@ def summarize(lines: list[dict]) -> list[dict]:
             "window_min": min(windows) if windows else None, "window_max": max(windows) if windows else None,
             "trainer_sps": statistics.median(trainer) if trainer else None,
             "hand_sps": statistics.median(hand) if hand else None,
-            "failed": [f"{ln['side']} p{ln['pair']}: {ln['status']} {ln['error']}" for ln in mine if ln["status"] != "ok"],
+            "failed": [f"{ln['side']} p{ln['pair']}: {ln['status']} {ln['error']}"
+                       for ln in mine if ln["status"] != "ok"],
         })
     return rows
 
@@ -123,8 +124,8 @@ def write_report(out_dir: Path) -> Path:
     first = lines[0]
     command = command_line(out_dir)
     hw, ver = first["hardware"], first["versions"]
-    data = ("a docTR folder decoded at every step, " f"{first['workers']} loader workers" if first.get("data") == "folder"
-            else "pre-rendered words in memory")
+    data = ("a docTR folder decoded at every step, " f"{first['workers']} loader workers"
+            if first.get("data") == "folder" else "pre-rendered words in memory")
     md = [f"# Trainer overhead: {first['arch']}, batch {first['batch_size']} per rank, {first['precision']}, "
           f"{first['steps']} steps ({first['warmup']} untimed), {data}, "
           f"{first.get('layout', 'nchw')} images on both sides", "",
@@ -136,8 +137,9 @@ def write_report(out_dir: Path) -> Path:
           f"Two measures of each run: its samples/s over all timed steps, and the median of its {WINDOW}-step windows "
           f"after the warm-up (each window holds the trainer's per-step work and one log line; the median is not moved "
           f"by a few seconds in which the shared host runs slow). Target: median over pairs of a / b >= {TARGET}.", "",
-          "| strategy | world size | threads/rank | trainer samples/s | hand loop samples/s | trainer / hand, whole runs "
-          f"(median, min - max) | trainer / hand, {WINDOW}-step windows (median, min - max) | pairs | meets target |",
+          "| strategy | world size | threads/rank | trainer samples/s | hand loop samples/s | trainer / hand, "
+          f"whole runs (median, min - max) | trainer / hand, {WINDOW}-step windows (median, min - max) | pairs "
+          "| meets target |",
           "|---|---|---|---|---|---|---|---|---|"]
 
     def span(r: dict, prefix: str) -> str:
@@ -163,7 +165,8 @@ def write_report(out_dir: Path) -> Path:
         for pair in sorted({x["pair"] for x in lines if x["strategy"] == r["strategy"]}):
             got = {x["side"]: x for x in lines if x["strategy"] == r["strategy"] and x["pair"] == pair}
             t, h = got.get("trainer", {}), got.get("hand", {})
-            cells = [f"{x.get('samples_per_sec') or 0:.1f} / {x.get('window_samples_per_sec') or 0:.1f}" for x in (t, h)]
+            cells = [f"{x.get('samples_per_sec') or 0:.1f} / {x.get('window_samples_per_sec') or 0:.1f}"
+                     for x in (t, h)]
             ratios = [f"{t[k] / h[k]:.3f}" if t.get(k) and h.get(k) else "-"
                       for k in ("samples_per_sec", "window_samples_per_sec")]
             md.append(f"| {r['strategy']} | {pair} | {cells[0]} | {cells[1]} | {ratios[0]} | {ratios[1]} |")
@@ -197,7 +200,8 @@ def check(args: argparse.Namespace) -> None:
 
     unknown = sorted(set(args.strategies) - set(STRATEGIES))
     if unknown:
-        raise UserError(f"--strategies: {', '.join(unknown)} has no hand-written loop; choose from {', '.join(STRATEGIES)}")
+        raise UserError(f"--strategies: {', '.join(unknown)} has no hand-written loop; "
+                        f"choose from {', '.join(STRATEGIES)}")
     if args.steps < 8 or args.pairs < 1 or args.world_size < 1:
         raise UserError("--steps must be at least 8 (a few untimed), --pairs and --world-size at least 1")
 

@@ -348,7 +348,8 @@ def build_report(out_dir: Path) -> Path:
              f"- Software: torch {ver['torch']}, deepspeed {ver['deepspeed']}, fairscale {ver['fairscale']}, "
              f"python {ver['python']}, scale-ocr {ver['scale-ocr']} (git {_gits(results)})",
              f"- {len(results)} jobs, {cfg['warmup']} warm-up + {cfg['steps']} timed steps each, precision "
-             f"{_precisions(results)}; samples/s is the median over timed steps (p25–p75 in brackets), then over repeats.",
+             f"{_precisions(results)}; samples/s is the median over timed steps (p25–p75 in brackets), "
+             "then over repeats.",
              "- DataParallel baseline: one process driving every device (on CPU: every core, the largest world "
              "size's global batch); an N-rank job gets cores ÷ (largest world size) threads per rank at every "
              "world size, so the largest world uses the same cores as the baseline. Scaling efficiency = "

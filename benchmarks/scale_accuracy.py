@@ -1,7 +1,8 @@
 """Does accuracy hold as the global batch grows? The same recipe at global batches 32..512 under each rate rule.
 
     python -m benchmarks.scale_accuracy --preset smoke --out /tmp/scale-accuracy-smoke
-    python -m benchmarks.scale_accuracy --preset record [--real-crops DIR] --out benchmarks/results/scale-accuracy-HOST-DATE
+    python -m benchmarks.scale_accuracy --preset record [--real-crops DIR] \
+--out benchmarks/results/scale-accuracy-HOST-DATE
     python -m benchmarks.scale_accuracy --preset record --estimate     # the plan and its CPU time, nothing run
     python -m benchmarks.scale_accuracy --report DIR                   # rebuild report.md, summary.json, the plots
 
@@ -177,7 +178,8 @@ def run_one(args: argparse.Namespace, job: Job, data: list[str], sizes: tuple[in
     if status == "ok" and (not curve or curve[-1]["step"] != job.steps):
         status, error = "failed", f"the curve ends at step {curve[-1]['step'] if curve else None}, not {job.steps}"
     plan_ = lr_plan(run_dir)
-    return {**asdict(job), "steps": job.steps, "status": status, "error": error, "wall_seconds": round(before + wall, 1),
+    return {**asdict(job), "steps": job.steps, "status": status, "error": error,
+            "wall_seconds": round(before + wall, 1),
             "resumed_at": [t["from_step"] for t in tries[1:]], "train_size": sizes[0], "val_size": sizes[1],
             "metric": metric, "curve": curve, "peak_lr": plan_.get("peak_lr"), "lr_factor": plan_.get("factor"),
             "lr_line": plan_.get("line"), "warmup_steps": plan_.get("warmup_steps"),
@@ -271,7 +273,8 @@ def print_estimate(args: argparse.Namespace, jobs: list[Job], todo: list[Job], r
     parts = []
     for m in dict.fromkeys(j.model for j in jobs):
         mine = [j for j in todo if j.model == m]
-        parts.append(f"{m}: {len(mine)} jobs, {estimate(mine, rows)[0] / 3600:.1f} h at {rates.get(m, OTHER_RATE):.1f} samples/s")
+        parts.append(f"{m}: {len(mine)} jobs, {estimate(mine, rows)[0] / 3600:.1f} h "
+                     f"at {rates.get(m, OTHER_RATE):.1f} samples/s")
     bound, less = (("about", "") if args.train_all else  # else skips can only shorten the run
                    ("at most", "; less where a batch learns nothing: the batches above it are not trained"))
     print(f"scale_accuracy: preset {args.preset}: {len(jobs)} jobs, {done} done, "
@@ -288,14 +291,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--estimate", action="store_true", help="print the plan's size and CPU time, run nothing")
     p.add_argument("--train-all", action="store_true",
                    help="train every planned job, also those above a batch of their group at which every rule ended "
-                        f"under {LEARNED * 100:.0f}%% (by default not trained: a larger batch takes fewer steps to the same samples)")
+                        f"under {LEARNED * 100:.0f}%% (by default not trained: a larger batch takes fewer steps to "
+                        "the same samples)")
     p.add_argument("--supersede", action="store_true",
                    help="train again the jobs --out holds lines of trained with other settings (a changed budget); "
                         "once a job's new line is in, the same command resumes without it")
     lists = {"models": "recognizers", "sets": f"of {', '.join(SETS)}", "batches": "global batches",
              "rules": f"of {', '.join(RULES)}", "det_batches": "detection's global batches (pages)"}
     for name, what in lists.items():
-        p.add_argument(f"--{name.replace('_', '-')}", default=None, help=f"comma-separated {what} (default: the preset's)")
+        p.add_argument(f"--{name.replace('_', '-')}", default=None,
+                       help=f"comma-separated {what} (default: the preset's)")
     for name in ("samples", "eval_samples", "synthetic_train", "real_train", "val", "det_samples", "det_train",
                  "det_val"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,

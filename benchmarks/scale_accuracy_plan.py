@@ -29,8 +29,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # (196608 samples, convergence-real-vm-20261204's 3072 steps at batch 64, where the CRNN reaches 75.6%; at 98304
     # it ended at 10% at batch 64 and 34% at 32, before it had learned the set).
     "record": {"models": [CRNN, VIT], "sets": ["synthetic", "real"], "batches": [32, 64, 128, 256, 512],
-               "rules": list(RULES), "samples": 98304, "set_samples": {"real": 196608}, "eval_samples": 8192, "synthetic_train": 32768, "val": 512,
-               "real_train": 8192, "det_batches": [4, 32], "det_samples": 2048, "det_train": 1024, "det_val": 64},
+               "rules": list(RULES), "samples": 98304, "set_samples": {"real": 196608}, "eval_samples": 8192,
+               "synthetic_train": 32768, "val": 512, "real_train": 8192, "det_batches": [4, 32], "det_samples": 2048,
+               "det_train": 1024, "det_val": 64},
 }
 
 
@@ -157,7 +158,8 @@ def finished(jobs: list[Job], rows: list[dict[str, Any]], supersede: bool = Fals
             last[key] = r
     done = set()
     for key, r in last.items():
-        differ = [f for f in ("samples", "world_size", "micro_batch", "grad_accum", "eval_every") if r[f] != planned[key][f]]
+        differ = [f for f in ("samples", "world_size", "micro_batch", "grad_accum", "eval_every")
+                  if r[f] != planned[key][f]]
         if differ and not supersede:
             raise UserError(f"the results folder already holds {'/'.join(map(str, key_of(r)))} trained with other "
                             f"{', '.join(differ)} ({', '.join(f'{f} {r[f]}' for f in differ)}); resume with the flags "

@@ -71,7 +71,8 @@ def unlearned_below(planned: list[dict[str, Any]], jobs: dict[tuple, dict[str, A
     group = (p["kind"], p["model"], p["set"])
     mine = [q for q in planned if (q["kind"], q["model"], q["set"]) == group and q["samples"] == p["samples"]]
     for g in sorted({q["global_batch"] for q in mine if q["global_batch"] < p["global_batch"]}):
-        ends = [final(cell(jobs, group, g, q["rule"])) if trained(jobs, q) else None for q in mine if q["global_batch"] == g]
+        ends = [final(cell(jobs, group, g, q["rule"])) if trained(jobs, q) else None
+                for q in mine if q["global_batch"] == g]
         if all(e is not None and e < LEARNED for e in ends):
             return g
     return None
@@ -157,7 +158,8 @@ def groups(jobs: dict[tuple, dict[str, Any]], kind: str) -> list[tuple[str, str,
 
 def summarize(jobs: dict[tuple, dict[str, Any]], default_rule: str, to_run: list[dict[str, Any]] = (),
               skipped: list[dict[str, Any]] = ()) -> dict[str, Any]:
-    """``jobs`` (:func:`latest`: each job's last line) per recognizer and set: each batch's finals per rule and best rule, the default rule's reach and whether it
+    """``jobs`` (:func:`latest`: each job's last line) per recognizer and set: each batch's finals per rule and \
+best rule, the default rule's reach and whether it
     is the best rule there, how many of its planned jobs (``to_run``, :func:`pending`) have no result yet, and
     which batches are not trained (``skipped``, :func:`not_trained`); per detection batch: the final recall."""
     out: dict[str, Any] = {"default_rule": default_rule, "tolerance_points": TOLERANCE * 100, "recognition": [],
@@ -169,7 +171,8 @@ def summarize(jobs: dict[tuple, dict[str, Any]], default_rule: str, to_run: list
         for g in batches:
             cells = {rule: cell(jobs, group, g, rule) for rule in RULES}
             cells = {r: c for r, c in cells.items() if c is not None}
-            per_batch[g] = {"final": {r: final(c) for r, c in cells.items()}, "best_rule": best_rule(cells, default_rule),
+            per_batch[g] = {"final": {r: final(c) for r, c in cells.items()},
+                            "best_rule": best_rule(cells, default_rule),
                             "samples_to": {r: {str(t): samples_to(c["curve"], t) for t in THRESHOLDS}
                                            for r, c in cells.items()}}
         verdicts = {rule: as_default(jobs, group, per_batch, rule) for rule in RULES}
@@ -179,7 +182,8 @@ def summarize(jobs: dict[tuple, dict[str, Any]], default_rule: str, to_run: list
         out["recognition"].append({
             "model": group[1], "set": group[2], "batches": per_batch, "reference_final": mine["reference_final"],
             "to_run": sum((p["kind"], p["model"], p["set"]) == group for p in to_run),
-            "not_trained": {str(p["global_batch"]): p["below"] for p in skipped if (p["kind"], p["model"], p["set"]) == group},
+            "not_trained": {str(p["global_batch"]): p["below"] for p in skipped
+                            if (p["kind"], p["model"], p["set"]) == group},
             "default_holds_up_to": mine["holds_up_to"], "best_rule_there": mine["best_rule_there"],
             "wins_above_reference": {r: above.count(r) for r in RULES if r in above},
             "default_is_best_there": mine["is_best_there"],
@@ -230,7 +234,8 @@ def group_lines(jobs: dict[tuple, dict[str, Any]], s: dict[str, Any], default_ru
                   "samples (`--train-all` trains them)."]
     reach = s["default_holds_up_to"]
     if s["to_run"]:
-        verdict = f"- In progress: {s['to_run']} of this group's planned jobs have no result yet; no verdict until then."
+        verdict = (f"- In progress: {s['to_run']} of this group's planned jobs have no result yet; "
+                   "no verdict until then.")
     elif reach is None:
         verdict = f"- The default rule ({default_rule}) has no finished run at the smallest batch: no verdict."
     elif s["reference_final"] < LEARNED:
@@ -240,8 +245,9 @@ def group_lines(jobs: dict[tuple, dict[str, Any]], s: dict[str, Any], default_ru
         best = s["best_rule_there"]
         verdict = (f"- The default rule ({default_rule}) stays within {TOLERANCE * 100:.0f} point of the smallest "
                    f"batch's final exact match ({_pct(s['reference_final'])}%) up to global batch **{reach}**; there "
-                   f"the best rule is {best}" + (f" (the default {'ties or leads' if s['default_is_best_there'] else 'trails it'})"
-                                                 if best != default_rule else ", the default") + ".")
+                   f"the best rule is {best}"
+                   + (f" (the default {'ties or leads' if s['default_is_best_there'] else 'trails it'})"
+                      if best != default_rule else ", the default") + ".")
     return [*lines, "", verdict, ""]
 
 
@@ -254,7 +260,8 @@ def _wall(row: dict[str, Any]) -> str:
 def detection_lines(jobs: dict[tuple, dict[str, Any]], summary: dict[str, Any]) -> list[str]:
     if not summary["detection"]:
         return []
-    lines = ["## Detection", "", "| model | pages | global batch | ranks x micro x accum | rule | peak lr | final recall % "
+    lines = ["## Detection", "",
+             "| model | pages | global batch | ranks x micro x accum | rule | peak lr | final recall % "
              "| wall |", "|---|---|---:|---|---|---:|---:|---:|"]
     for d in summary["detection"]:
         row = jobs[("detection", d["model"], d["set"], d["global_batch"], d["rule"])]
@@ -262,8 +269,8 @@ def detection_lines(jobs: dict[tuple, dict[str, Any]], summary: dict[str, Any]) 
         recall = _pct(d["final_recall"]) if row["status"] == "ok" else f"**{row['status']}**: {row['error']}"
         rule = d["rule"] + (" (default)" if d["rule"] == summary["default_rule"] else "")
         lines.append(f"| {d['model']} | {row['samples']:,} ({row['train_size']} synthetic, {row['val_size']} held out) "
-                     f"| {d['global_batch']} | {row['world_size']} x {row['micro_batch']} x {row['grad_accum']} | {rule} "
-                     f"| {lr} | {recall} | {_wall(row)} |")
+                     f"| {d['global_batch']} | {row['world_size']} x {row['micro_batch']} x {row['grad_accum']} "
+                     f"| {rule} | {lr} | {recall} | {_wall(row)} |")
     skipped = summary["detection_not_trained"]
     if skipped:
         lines += ["", f"Not trained: global batch {', '.join(sorted(skipped, key=int))}. Recall ended under "
@@ -332,7 +339,8 @@ def header(rows: list[dict[str, Any]], jobs: dict[tuple, dict[str, Any]], out_di
     r0 = rows[0]
     gits = sorted({r["versions"].get("git") or "?" for r in rows})
     hosts = sorted({f"{r['hardware'].get('cpu')}, {r['hardware'].get('cores')} cores" for r in jobs.values()})
-    where_ran = " (the parts ran on more than one host: each line of `results.jsonl` names its own)" if len(hosts) > 1 else ""
+    where_ran = (" (the parts ran on more than one host: each line of `results.jsonl` names its own)"
+                 if len(hosts) > 1 else "")
     rec = [r for r in jobs.values() if r["kind"] == "recognition"]
     per_set = {SET_NAMES.get(r["set"], r["set"]): r["samples"] for r in rec}
     budget = (f"training samples per job: {', '.join(f'{n:,} on {name}' for name, n in per_set.items())}; validation "
@@ -341,7 +349,8 @@ def header(rows: list[dict[str, Any]], jobs: dict[tuple, dict[str, Any]], out_di
     replaced = len(rows) - len(jobs)
     where = out_dir.resolve()
     shown = where.relative_to(REPO) if where.is_relative_to(REPO) else where
-    progress = [f"**In progress: {len(to_run)} planned job(s) have no result yet** ({', '.join(p['name'] for p in to_run[:3])}"
+    progress = [f"**In progress: {len(to_run)} planned job(s) have no result yet** "
+                f"({', '.join(p['name'] for p in to_run[:3])}"
                 f"{', ...' if len(to_run) > 3 else ''}): the command above, run again, trains them (`--max-minutes` "
                 "bounds a part); a model-and-set group with a job to run has no verdict yet.", ""] if to_run else []
     return ["# Scale accuracy: the same recipe at growing global batches", "",
@@ -355,8 +364,9 @@ def header(rows: list[dict[str, Any]], jobs: dict[tuple, dict[str, Any]], out_di
             f"- The default rule is **{default_rule}** (`scale_ocr.config.DEFAULT_LR_SCALING`). At a model's "
             "reference batch every rule gives the same rate: that batch is trained once.",
             f"- Samples to 50/80/90%: training samples seen at the first measurement at or above it. Best rule: "
-            f"highest final exact match (none where every rule ends under {LEARNED * 100:.0f}%). \"Holds up to\": the largest batch, going up from the smallest, whose final "
-            f"exact match under the default rule is at most {TOLERANCE * 100:.0f} point below the smallest batch's.",
+            f"highest final exact match (none where every rule ends under {LEARNED * 100:.0f}%). \"Holds up to\": the "
+            f"largest batch, going up from the smallest, whose final exact match under the default rule is at most "
+            f"{TOLERANCE * 100:.0f} point below the smallest batch's.",
             f"- {' / '.join(hosts)}{where_ran}, {r0['threads_per_rank']} thread(s) per rank; git {', '.join(gits)}; "
             f"torch {r0['versions'].get('torch')}.",
             *([f"- `results.jsonl` holds {replaced} line(s) a later line of the same job replaces (a failed try run "
@@ -380,7 +390,8 @@ def overview(summary: dict[str, Any]) -> list[str]:
         lines.append(f"| {s['model']} | {SET_NAMES.get(s['set'], s['set'])} | {_pct(s['reference_final'])} | "
                      f"{s['default_holds_up_to'] if learned else verdictless} | "
                      f"{s['best_rule_there'] if learned else '-'} | {best} | {above or '-'} |")
-    return [*lines, "", "\"Best rule above the reference batch\": of the batches above the model's reference batch (where "
+    return [*lines, "",
+            "\"Best rule above the reference batch\": of the batches above the model's reference batch (where "
             f"the rules part) at which some rule ends at {LEARNED * 100:.0f}% or above, how many each rule ends best "
             "at: the evidence a default rule rests on.", "", *each_rule(summary)]
 

@@ -96,7 +96,8 @@ PRESETS: dict[str, Suite] = {
                   world_sizes=(1, 2, 4, 8), batch_size=64, steps=50, warmup=10, repeats=3),
     # Models where sharding decides whether it fits at all.
     "large": Suite(models=("vitstr_base", "vitstr_large"),
-                   strategies=("dp", "ddp", "fsdp", "hsdp", "zero2", "zero3", "zero3_hpz", "zero3_offload", "fairscale"),
+                   strategies=("dp", "ddp", "fsdp", "hsdp", "zero2", "zero3", "zero3_hpz", "zero3_offload",
+                               "fairscale"),
                    world_sizes=(1, 2, 4, 8), batch_size=32, steps=30, warmup=5),
 }
 

@@ -131,7 +131,8 @@ def write_report(out_dir: Path) -> Path:
           "## Predicted / measured step time", "",
           "| model | " + " | ".join(strategies) + " |", "| --- |" + " ---: |" * len(strategies)]
     for m in models:
-        md.append(f"| {m} | " + " | ".join(f"{ratio[(m, s)]:.2f}" if (m, s) in ratio else "-" for s in strategies) + " |")
+        md.append(f"| {m} | " + " | ".join(f"{ratio[(m, s)]:.2f}" if (m, s) in ratio else "-" for s in strategies)
+                  + " |")
     md += ["", f"**{len(within)} of {len(ratio)} within {TOLERANCE:.0%}**"
            + ("." if len(within) == len(ratio) else ": outside, " + ", ".join(
                f"{m} {s} ({r:.2f})" for (m, s), r in ratio.items() if (m, s) not in within) + "."), "",
@@ -149,7 +150,8 @@ def write_report(out_dir: Path) -> Path:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = parser("time_check", __doc__)
     p.add_argument("record", type=Path, nargs="?", help="a scaling results folder (python -m benchmarks.scaling)")
-    p.add_argument("--strategies", default="ddp,fsdp,zero2,zero3", help="comma-separated (default ddp,fsdp,zero2,zero3)")
+    p.add_argument("--strategies", default="ddp,fsdp,zero2,zero3",
+                   help="comma-separated (default ddp,fsdp,zero2,zero3)")
     return p.parse_args(argv)
 
 

@@ -55,7 +55,8 @@ def ray_address():
         head = subprocess.Popen(
             [str(BIN / "ray"), "start", "--head", "--block", "--num-cpus", "2", "--port", str(free_port()),
              "--node-ip-address", "127.0.0.1", "--temp-dir", str(temp), "--include-dashboard=false",
-             "--disable-usage-stats"], env={**_env(), **RAY_ENV}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+             "--disable-usage-stats"], env={**_env(), **RAY_ENV}, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while "Ray runtime started" not in log.read_text():

@@ -19,7 +19,8 @@ from scale_ocr.run.shared_dir import TOKEN_PREFIX
 ARGS = ["--strategy", "ddp", "--max-steps", "2", "--train-samples", "32", "--val-samples", "8", "-b", "4",
         "--max-chars", "5", "--log-every", "1", "--wandb-mode", "disabled"]
 # Node 1's own view of the file system: a fresh tmpfs over the output directory, private to this process tree.
-PRIVATE = ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount -t tmpfs scale-ocr-test "$0" && exec "$@"']
+PRIVATE = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+           'mount -t tmpfs scale-ocr-test "$0" && exec "$@"']
 
 
 def _can_unshare() -> bool:

@@ -1,7 +1,8 @@
 """Run under torchrun: build a model the way a strategy does and report its initial weights and host memory.
 
 ``torchrun --nproc_per_node 2 tests/distributed/init_probe.py OUT.json STRATEGY:ARCH:WIDTH:DEPTH:COMPARE...``
-builds each model in turn, under its strategy. Rank 0 writes one ``{"max_abs_diff": <vs a whole build with the same seed>,
+builds each model in turn, under its strategy. Rank 0 writes one \
+``{"max_abs_diff": <vs a whole build with the same seed>,
 "peak_rss_growth": <bytes the build added to this rank's peak RSS>, "whole_bytes": <the model's fp32
 bytes>, "weight_norm": <the strategy's, with any padding of its partitions set to NaN first>, "padded": <partitions so
 poisoned>, "norm": <the whole build's>}`` per model; with COMPARE 0 (a model too large to also build whole) the
@@ -50,7 +51,8 @@ def probe(strategy, dist, arch: str, width: str, depth: str, compare: str) -> di
         diff = max((reference[k].float() - whole[k].float()).abs().max().item() for k in reference)
         expected = [len(g["params"]) for g in spec.groups(reference_model) if g["weight_decay"] > 0]
         assert decayed == expected, f"weight decay on {decayed} parameters, {expected} when built whole"
-        norm = float(torch.linalg.vector_norm(torch.cat([p.detach().reshape(-1) for p in reference_model.parameters()])))
+        norm = float(torch.linalg.vector_norm(torch.cat([p.detach().reshape(-1)
+                                                         for p in reference_model.parameters()])))
     return {"max_abs_diff": diff, "peak_rss_growth": growth, "whole_bytes": 4 * n, "weight_norm": weight_norm,
             "padded": padded, "norm": norm}
 

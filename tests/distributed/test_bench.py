@@ -41,7 +41,8 @@ def test_runner_measures_every_configuration(tiny_suite):
     out, proc = tiny_suite
     rows = _results(out)
     assert [r["config"]["key"] for r in rows] == [
-        "crnn_mobilenet_v3_small/dp/ws1/r0", "crnn_mobilenet_v3_small/ddp/ws2/r0", "crnn_mobilenet_v3_small/zero2/ws2/r0"]
+        "crnn_mobilenet_v3_small/dp/ws1/r0", "crnn_mobilenet_v3_small/ddp/ws2/r0",
+        "crnn_mobilenet_v3_small/zero2/ws2/r0"]
     launchers = {r["config"]["strategy"]: r["config"]["launcher"] for r in rows}
     assert launchers == {"dp": "python", "ddp": "torchrun", "zero2": "deepspeed"}
     for r in rows:

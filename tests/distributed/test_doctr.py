@@ -77,7 +77,8 @@ def test_doctr_detector_trained_under_fsdp_goes_back_to_doctrs_ocr_predictor(zer
     run_dir = tmp_path / "det"
     proc = torchrun_train([f"doctr:{det_arch}", "--strategy", "fsdp", "--input-size", "128x128", "-b", "1",
                            "--train-samples", "4", "--val-samples", "2", "--max-steps", "2", "--save-every", "2",
-                           "--log-every", "1", "--lr", "1e-3", "--wandb-mode", "disabled", "--output-dir", str(run_dir)])
+                           "--log-every", "1", "--lr", "1e-3", "--wandb-mode", "disabled",
+                           "--output-dir", str(run_dir)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = read_metrics(run_dir)
     assert m["task"] == "doctr_detection" and m["steps"] == 2 and m["strategy"] == "fsdp"
@@ -145,7 +146,8 @@ def test_fine_tuning_a_doctr_state_dict_under_fsdp_starts_from_its_weights_and_l
     torch.save(theirs.state_dict(), tmp_path / "mine.pt")
 
     run_dir = tmp_path / "run"
-    proc = torchrun_train([f"doctr:{ARCH}", "--strategy", "fsdp", "--train-path", str(folder), "--val-path", str(folder),
+    proc = torchrun_train([f"doctr:{ARCH}", "--strategy", "fsdp", "--train-path", str(folder),
+                           "--val-path", str(folder),
                            "--no-augment", "-b", "8", "--max-steps", "2", "--log-every", "1", "--lr", "1e-12",
                            "--sched", "constant", "--init-from", str(tmp_path / "mine.pt"), "--wandb-mode", "disabled",
                            "--output-dir", str(run_dir)])

@@ -14,7 +14,8 @@ def test_sharded_builds_have_the_whole_builds_weights_and_never_hold_the_whole_m
     # would count memory no tensor holds any more; a fixed threshold makes RSS follow live tensors.
     env = {**_env(), "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
     specs = [f"{strategy}:{model}" for strategy in ("fsdp", "zero3")
-             for model in ("vitstr_tiny:63:2:1",  # small enough to compare with a whole build; odd sizes pad ZeRO-3's partitions
+             # vitstr_tiny: small enough to compare with a whole build; odd sizes pad ZeRO-3's partitions
+             for model in ("vitstr_tiny:63:2:1",
                            "vitstr_base:768:12:0")]  # 85M parameters, 340 MB in fp32
     proc = run_cmd([str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
                     str(free_port()), "tests/distributed/init_probe.py", str(out), *specs], timeout=300, env=env)

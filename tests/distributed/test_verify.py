@@ -14,6 +14,7 @@ def test_verify_passes_and_catches_an_injected_difference(tmp_path):
     bad = run_cmd([sys.executable, "-m", "scale_ocr", "verify", *ARGS, "--extra", "zero2=--lr 2e-3",
                    "--output-dir", str(tmp_path / "b")], timeout=600)
     assert bad.returncode == 1, bad.stdout[-3000:] + bad.stderr[-2000:]
-    rows = {ln.split()[0]: ln for ln in bad.stdout.splitlines() if ln.split() and ln.split()[0] in ("ddp", "zero2", "fsdp")}
+    rows = {ln.split()[0]: ln for ln in bad.stdout.splitlines()
+            if ln.split() and ln.split()[0] in ("ddp", "zero2", "fsdp")}
     assert rows["ddp"].endswith("reference") and rows["zero2"].endswith("FAIL") and rows["fsdp"].endswith("pass"), \
         bad.stdout

@@ -67,7 +67,8 @@ def install(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.path[0] = str(Path(__file__).resolve().parents[2])  # the repository root, as train.py puts it, not tests/helpers
+    # the repository root, as train.py puts it, not tests/helpers
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
     gc.disable()  # as train.py does when launched: the modules' objects are frozen once imported, not walked
     train_args = install(sys.argv[1:])
     from scale_ocr.train import main

@@ -1,4 +1,5 @@
-"""``scale_ocr/train.py`` whose rank 1 waits ``SECONDS`` for every batch: ``slow_loader_train.py SECONDS TRAIN_ARGS...``.
+"""``scale_ocr/train.py`` whose rank 1 waits ``SECONDS`` for every batch: \
+``slow_loader_train.py SECONDS TRAIN_ARGS...``.
 
 A loader slower on one rank than on the others, as a rank reading from a slower disk is: the time breakdown must show
 it as data wait on that rank, and as communication exposed on the others (they wait for it inside the collectives).

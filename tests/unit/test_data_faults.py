@@ -122,7 +122,8 @@ def test_label_longer_than_ctc_frames_refused(tmp_path, capsys, out):
 
 def test_labels_with_repeats_that_fit_train(tmp_path):
     # "a" * 16 + "b" needs exactly the 32 frames of a 128-pixel-wide input.
-    folder = make_folder(tmp_path / "d", {f"{i}.png": w for i, w in enumerate(["hello", "aabb", "book", "a" * 16 + "b"])})
+    folder = make_folder(tmp_path / "d",
+                         {f"{i}.png": w for i, w in enumerate(["hello", "aabb", "book", "a" * 16 + "b"])})
     code = main(["--train-path", str(folder), "--output-dir", str(tmp_path / "run"), "--strategy", "single", *TINY,
                  "--max-steps", "1", "--no-eval"])
     assert code == 0 and json.loads((tmp_path / "run" / "metrics.json").read_text())["train_loss"] > 0

@@ -51,7 +51,8 @@ def _library(row: Private) -> str:
     return row.cls.split(".")[0]
 
 
-@pytest.mark.parametrize("row", PRIVATE_ATTRIBUTES, ids=[f"{r.cls.rpartition('.')[2]}.{r.attr}" for r in PRIVATE_ATTRIBUTES])
+@pytest.mark.parametrize("row", PRIVATE_ATTRIBUTES,
+                         ids=[f"{r.cls.rpartition('.')[2]}.{r.attr}" for r in PRIVATE_ATTRIBUTES])
 def test_installed_class_has_the_attribute(row: Private):
     lib = _library(row)
     pytest.importorskip(lib)

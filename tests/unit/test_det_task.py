@@ -25,7 +25,8 @@ class PerfectDetector(nn.Module):
 
 
 def _task_and_data(tmp_path, pages=6):
-    task = create_task(ModelConfig(arch="db_mobilenet_v3_large", input_size=(256, 384)))  # not square: catches H/W swaps
+    # not square: catches H/W swaps
+    task = create_task(ModelConfig(arch="db_mobilenet_v3_large", input_size=(256, 384)))
     cfg = DataConfig(train_samples=4, val_samples=pages)
     dist = DistInfo(0, 1, 0, 1, torch.device("cpu"), "gloo", "python")
     return task, task.build_data(cfg, batch_size=2, seed=0, dist=dist)

@@ -83,7 +83,8 @@ def test_zero3_preset_keeps_a_bounded_part_of_the_model_gathered_from_the_second
     try:
         strategy = create_strategy(StrategyConfig(strategy="zero3"), dist, TrainConfig(batch_size=1), OptimConfig())
         task = create_task(ModelConfig(arch="vitstr_small", model_width=512, model_depth=8))
-        model, _ = strategy.setup(strategy.build_model(task.model_factory(), seed=0), build_optimizer_spec(OptimConfig()))
+        model, _ = strategy.setup(strategy.build_model(task.model_factory(), seed=0),
+                                  build_optimizer_spec(OptimConfig()))
         params = [p for p in model.parameters() if not p.ds_persist]
         total = sum(p.ds_numel for p in params)
         gathered = []

@@ -84,7 +84,8 @@ def test_top_level_keys_follow_what_deepspeed_reads(monkeypatch):
 
 def test_keys_only_initialize_reads_are_listed():
     """deepspeed.initialize reads a few keys from the config itself; the hand list (READ_BY_INITIALIZE, read from
-    DeepSpeed 0.19.8) must be exactly those the recording cannot see, so this fails when DeepSpeed gains or drops one."""
+    DeepSpeed 0.19.8) must be exactly those the recording cannot see, so this fails when DeepSpeed gains or \
+drops one."""
     source = inspect.getsource(deepspeed.initialize)
     read = set(re.findall(r"""config\[["'](\w+)["']\]|["'](\w+)["'] in config\b|config\.get\(["'](\w+)["']""",
                           source))

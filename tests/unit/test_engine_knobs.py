@@ -33,4 +33,5 @@ def test_variants_change_only_their_setting_and_ratios_pair_runs_of_the_same_rep
     assert rows["ddp"]["ratio_median"] == 1.0 and rows["ddp-bucket1"]["failed"] == ["boom"]
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     report = engine_knobs.write_report(tmp_path).read_text()
-    assert "| ddp-static | `(default)` | 145.0 | 1.000 (0.900 - 1.100) | 2 |" in report and "- ddp-bucket1: boom" in report
+    assert ("| ddp-static | `(default)` | 145.0 | 1.000 (0.900 - 1.100) | 2 |" in report
+            and "- ddp-bucket1: boom" in report)

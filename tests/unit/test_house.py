@@ -2,7 +2,8 @@
 files and functions.
 
 The import graph is read from the source (``ast``), function-local imports included, so a cycle hidden in a
-function body counts as one (imports under ``if TYPE_CHECKING:`` never run and are left out). ``import a.b`` counts as an arrow to ``a.b``; ``from a import b`` to ``a.b`` when
+function body counts as one (imports under ``if TYPE_CHECKING:`` never run and are left out). ``import a.b`` \
+counts as an arrow to ``a.b``; ``from a import b`` to ``a.b`` when
 ``b`` is a module, else to ``a``. A package's own ``__init__`` is not counted as imported by its children (Python
 runs it first, but it is the package's face, not a dependency of the child).
 """
@@ -179,7 +180,8 @@ def test_no_import_runs_up_a_floor():
     """Wings import only from the floors below theirs (function-local imports included); the one exception is the
     launch script's use of the argument parser."""
     found = upward_imports(import_graph())
-    assert not found, "imports that run up a floor (move the module to the wing its callers are in):\n" + "\n".join(found)
+    assert not found, ("imports that run up a floor (move the module to the wing its callers are in):\n"
+                       + "\n".join(found))
 
 
 def test_the_floor_check_finds_an_upward_import():
@@ -190,7 +192,8 @@ def test_the_floor_check_finds_an_upward_import():
 
 def test_few_top_level_modules():
     top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
-    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} modules at the top of scale_ocr/: {top}; put new ones in a wing"
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, \
+        f"{len(top)} modules at the top of scale_ocr/: {top}; put new ones in a wing"
 
 
 def python_files() -> list[Path]:

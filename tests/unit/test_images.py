@@ -33,8 +33,8 @@ BOX = [[8, 8], [40, 8], [40, 24], [8, 24]]  # inside a 96x64 page
 # EXIF orientation -> the stored pixels of an upright image, written from the EXIF definition with numpy alone
 # (row 0 / column 0 of what is stored), so the decoder's own transpose table is not used to make its fixtures.
 STORED = {1: lambda u: u, 2: lambda u: u[:, ::-1], 3: lambda u: u[::-1, ::-1], 4: lambda u: u[::-1],
-          5: lambda u: u.transpose(1, 0, 2), 6: lambda u: np.rot90(u, 1), 7: lambda u: np.rot90(u, 2).transpose(1, 0, 2),
-          8: lambda u: np.rot90(u, -1)}
+          5: lambda u: u.transpose(1, 0, 2), 6: lambda u: np.rot90(u, 1),
+          7: lambda u: np.rot90(u, 2).transpose(1, 0, 2), 8: lambda u: np.rot90(u, -1)}
 
 
 def upright(size: tuple[int, int], seed: int = 0) -> np.ndarray:
@@ -266,7 +266,8 @@ def test_jpeg_with_a_damaged_exif_tag_decodes_upright_but_a_tiff_with_one_is_ref
     # An IFD with orientation 6 and an ImageDescription claiming 1000 bytes beyond the end of the block.
     ifd = struct.pack("<H", 2) + struct.pack("<HHII", 0x0112, 3, 1, 6) + struct.pack("<HHII", 0x010E, 2, 1000, 5000)
     jpeg = tmp_path / "phone.jpg"
-    Image.new("RGB", (20, 10), "white").save(jpeg, "JPEG", exif=b"Exif\0\0II*\0" + struct.pack("<I", 8) + ifd + b"\0" * 4)
+    Image.new("RGB", (20, 10), "white").save(jpeg, "JPEG",
+                                             exif=b"Exif\0\0II*\0" + struct.pack("<I", 8) + ifd + b"\0" * 4)
     assert open_rgb(str(jpeg), WORD_LIMITS).size == (10, 20)  # upright: a quarter turn
     tiff = tmp_path / "scan.tif"
     Image.new("L", (20, 10), 255).save(tiff, "TIFF")

@@ -11,8 +11,8 @@ from benchmarks.harness import work_dir
 
 def test_loader_benchmark_measures_each_source_against_training(tmp_path):
     out = tmp_path / "loader"
-    args = loader.parse(["--sources", "synthetic-plain,cache,shards", "--workers", "0", "--batches", "3", "--passes", "2",
-                      "-b", "4", "--train-steps", "2", "--out", str(out)])
+    args = loader.parse(["--sources", "synthetic-plain,cache,shards", "--workers", "0", "--batches", "3",
+                      "--passes", "2", "-b", "4", "--train-steps", "2", "--out", str(out)])
     try:
         loader.run(args)
     finally:

@@ -58,7 +58,8 @@ def test_resolve_states_the_rate_its_batch_and_rule():
 @pytest.mark.parametrize(("argv", "says"), [
     (["--lr", "1e-3", "--lr-scaling", "linear"], "--lr-scaling linear with --lr 0.001: say which global batch"),
     (["--lr-reference-batch", "32"], "--lr-reference-batch 32 names the batch a --lr was tuned at"),
-    (["--lr", "1e-3", "--lr-reference-batch", "32", "--lr-scaling", "none"], "--lr-reference-batch 32 with --lr-scaling none"),
+    (["--lr", "1e-3", "--lr-reference-batch", "32", "--lr-scaling", "none"],
+     "--lr-reference-batch 32 with --lr-scaling none"),
     (["--lr", "1e-3", "--lr-reference-batch", "32"], "with the default --lr-scaling (none): none uses --lr as given"),
     (["--lr", "1e-3", "--lr-reference-batch", "0"], "--lr-reference-batch 0: give the global batch"),
 ])

@@ -13,8 +13,9 @@ from scale_ocr.run import mfu
 from scale_ocr.train import main
 
 # One thread: two per process on this shared 2-core host ran 25x slower (0.9 against 24.7 samples/s, load ~10).
-RUN = ["crnn_mobilenet_v3_small", "--strategy", "single", "--threads", "1", "--train-samples", "48", "--val-samples", "8", "-b", "8",
-       "--max-steps", "6", "--log-every", "2", "--no-eval", "--no-save-model", "--wandb-mode", "disabled"]
+RUN = ["crnn_mobilenet_v3_small", "--strategy", "single", "--threads", "1", "--train-samples", "48",
+       "--val-samples", "8", "-b", "8", "--max-steps", "6", "--log-every", "2", "--no-eval", "--no-save-model",
+       "--wandb-mode", "disabled"]
 
 
 def test_a_tiny_run_reports_mfu_with_its_measured_peak(tmp_path, monkeypatch, capsys):

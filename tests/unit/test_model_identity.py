@@ -91,7 +91,8 @@ def test_crafted_safetensors_metadata_is_refused_before_a_build(tmp_path, image,
 
 @pytest.mark.parametrize(("claim", "says"), [
     ({"arch": "vitstr_colossal"}, "claims the model 'vitstr_colossal', which is not registered"),
-    ({"model_width": 10**9}, "claims vitstr_tiny with width 1000000000 is not a whole number above 0 and at most 16384"),
+    ({"model_width": 10**9},
+     "claims vitstr_tiny with width 1000000000 is not a whole number above 0 and at most 16384"),
     ({"model_depth": 100000}, "depth 100000 is not a whole number above 0 and at most 256"),
     ({"mlp_ratio": 1e9}, "mlp_ratio 1000000000.0 is not a number above 0 and at most 16"),
     ({"input_size": [32, 10**6]}, "input_side 1000000 is not a whole number above 0 and at most 8192"),

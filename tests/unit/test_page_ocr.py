@@ -228,7 +228,8 @@ def test_predict_pages_never_overwrites_and_wants_a_dir_for_many_pages(models, p
     target = tmp_path / "out" / ("page.png" if case == "overlay_dir_file_exists" else "taken.png")
     target.parent.mkdir()
     target.write_bytes(b"keep")
-    flags = {"overlay_exists": ["--overlay", str(target)], "overlay_dir_file_exists": ["--overlay-dir", str(target.parent)],
+    flags = {"overlay_exists": ["--overlay", str(target)],
+             "overlay_dir_file_exists": ["--overlay-dir", str(target.parent)],
              "overlay_with_two_pages": [page_file, "--overlay", str(tmp_path / "new.png")]}[case]
     assert main(["predict", "--det", models["det"], "--reco", models["reco"], page_file, *flags]) == 2
     captured = capsys.readouterr()

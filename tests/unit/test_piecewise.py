@@ -71,7 +71,8 @@ def test_a_whole_model_file_needs_its_largest_piece_not_the_model(tmp_path):
 def test_a_torch_file_of_views_reads_back_a_tensor_at_a_time(tmp_path):
     """torch.save keeps a view with its whole storage (a slice, a transpose): each is read from where it lies."""
     base = torch.arange(48.0).reshape(6, 8)
-    state = {"rows": base[2:4], "columns": base[:, 1:3], "transposed": base.t(), "alone": torch.ones(3, dtype=torch.int64)}
+    state = {"rows": base[2:4], "columns": base[:, 1:3], "transposed": base.t(),
+             "alone": torch.ones(3, dtype=torch.int64)}
     torch.save(state, tmp_path / "views.pt")
     reader = TorchFileReader(tmp_path / "views.pt", torch.load(tmp_path / "views.pt", weights_only=True,
                                                                 map_location="meta"))

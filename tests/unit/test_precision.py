@@ -76,10 +76,12 @@ def test_fsdp_gathers_weights_in_the_compute_dtype_and_keeps_fp32_shards(arch, p
 
     dist = init_distributed()  # a real one-rank gloo group
     try:
-        strategy = create_strategy(StrategyConfig(strategy="fsdp"), dist, TrainConfig(precision=precision), OptimConfig())
+        strategy = create_strategy(StrategyConfig(strategy="fsdp"), dist, TrainConfig(precision=precision),
+                                   OptimConfig())
         task = create_task(ModelConfig(arch=arch, model_width=64 if arch.startswith("vitstr") else None,
                                        model_depth=1 if arch.startswith("vitstr") else None))
-        model, _ = strategy.setup(strategy.build_model(task.model_factory(), seed=0), build_optimizer_spec(OptimConfig()))
+        model, _ = strategy.setup(strategy.build_model(task.model_factory(), seed=0),
+                                  build_optimizer_spec(OptimConfig()))
         seen = []
         linear = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]  # the head: called as a module
         linear.register_forward_pre_hook(lambda m, args: seen.append(m.weight.dtype))

@@ -130,7 +130,8 @@ def test_file_size_limit_during_a_save_is_one_line(tmp_path):
                   limit_bytes=200_000)  # `ulimit -f 195`: the 357 KB shard cannot be written
     line = _one_line(proc.stderr)
     assert proc.returncode == EXIT_DISK_FULL, proc.stderr[-2000:]
-    assert "unexpected pos" not in proc.stderr and "EFBIG: the file size limit (ulimit -f) is reached (195.3 KiB a file)" in line
+    assert ("unexpected pos" not in proc.stderr
+            and "EFBIG: the file size limit (ulimit -f) is reached (195.3 KiB a file)" in line)
     assert "the partial checkpoint was removed (no earlier checkpoint exists)" in line, line
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == []
 
@@ -198,7 +199,8 @@ def test_full_disk_under_wandb_stops_the_run_instead_of_losing_records_silently(
             logger.log({"loss": 0.5}, step=2)
         line = str(info.value)
         assert "\n" not in line and "could not write W&B's files in" in line and str(where) in line, line
-        assert "ENOSPC: the file system is full" in line and "metrics.jsonl and every checkpoint written are kept" in line
+        assert ("ENOSPC: the file system is full" in line
+                and "metrics.jsonl and every checkpoint written are kept" in line)
     finally:
         (where / "filler").unlink(missing_ok=True)
         logger.broken = False

@@ -24,8 +24,9 @@ def _row(batch, rule, values, model="crnn", data="synthetic", ref=64, kind="reco
     return {"kind": kind, "model": model, "set": data, "global_batch": batch, "rule": rule, "reference_batch": ref,
             "world_size": 2, "micro_batch": min(32, batch // 2), "grad_accum": max(1, batch // 64), "samples": 1024,
             "status": status, "error": None if status == "ok" else "exit 1", "curve": curve if status == "ok" else [],
-            "eval_every": 256 // batch, "peak_lr": 3e-3, "wall_seconds": 10.0, "train_size": 512, "val_size": 64, "threads_per_rank": 1,
-            "preset": "test", "hardware": {"cpu": "x", "cores": 2}, "versions": {"git": "abc", "torch": "2"}}
+            "eval_every": 256 // batch, "peak_lr": 3e-3, "wall_seconds": 10.0, "train_size": 512, "val_size": 64,
+            "threads_per_rank": 1, "preset": "test", "hardware": {"cpu": "x", "cores": 2},
+            "versions": {"git": "abc", "torch": "2"}}
 
 
 def test_samples_to_a_threshold_and_the_best_rule():
@@ -74,14 +75,14 @@ def test_report_and_summary_from_rows_alone(tmp_path, monkeypatch):
         (4, "sqrt", 0.3), (4, "none", 0.4), (32, "sqrt", 0.3)]  # every rule run, the default's first
     assert "| 4 | 2 x 2 x 1 | sqrt (default) | 3.00e-03 | 30.0 |" in report and "| 4 | 2 x 2 x 1 | none | " in report
     assert s["wins_above_reference"] == {"linear": 1, "sqrt": 1}  # 128: linear; 256: sqrt alone finished
-    assert "| crnn | synthetic words | 90.0 | 128 | linear | no | linear at 1 of 2, sqrt at 1 of 2 |" in report and "| vit | synthetic words | 5.0 | no " \
-        "verdict | - | - |" in report
+    assert ("| crnn | synthetic words | 90.0 | 128 | linear | no | linear at 1 of 2, sqrt at 1 of 2 |" in report
+            and "| vit | synthetic words | 5.0 | no verdict | - | - |" in report)
     assert {r: (v["holds_up_to"], v["is_best_there"]) for r, v in s["as_default"].items()} == {
         "none": (64, True), "linear": (128, True), "sqrt": (128, False)}  # the same verdict, each rule as default
     assert "| crnn | synthetic words | 64, best there | 128, best there | 128, trails linear |" in report
-    assert ("Best where it holds in every group above: `none`, `linear`. By these runs the default is `linear`: best where "
-            "it holds in 1 of 1 group(s), and the best rule above the reference batch at 1 of 2 batch(es) (today's default, "
-            "`sqrt`: 0 and 1).") in report  # vit learned nothing: not a group
+    assert ("Best where it holds in every group above: `none`, `linear`. By these runs the default is `linear`: "
+            "best where it holds in 1 of 1 group(s), and the best rule above the reference batch at 1 of 2 batch(es) "
+            "(today's default, `sqrt`: 0 and 1).") in report  # vit learned nothing: not a group
     assert "INCONCLUSIVE: under the default rule (sqrt) the smallest batch ends at 5.0% exact match" in report
     assert "training samples per job: 1,024 on synthetic words;" in report  # the header: each set's budget
     assert "1,024 training samples per job." in report  # and each group's
@@ -101,8 +102,8 @@ def test_plan_splits_batches_skips_shared_rules_and_finished_jobs(tmp_path):
             "recognition"} == {4096}  # --samples: every set's
     assert [(j.kind, j.global_batch, j.micro_batch, j.grad_accum) for j in jobs[:2]] == [
         ("detection", 4, 2, 1), ("detection", 32, 2, 8)]  # the cheapest group first
-    assert [(j.model, j.set) for j in jobs[2::13]] == [(sap.CRNN, "synthetic"), (sap.CRNN, "real"), (sap.VIT, "synthetic"),
-                                                      (sap.VIT, "real")]
+    assert [(j.model, j.set) for j in jobs[2::13]] == [(sap.CRNN, "synthetic"), (sap.CRNN, "real"),
+                                                      (sap.VIT, "synthetic"), (sap.VIT, "real")]
     done = _row(32, "none", [0.5], model=sap.CRNN)
     assert crnn[0].key == rep.key_of(done)
     done |= {"samples": 98304, "micro_batch": 16, "grad_accum": 1, "eval_every": 256}
@@ -134,9 +135,10 @@ def test_convergence_compares_the_recipes_after_the_same_steps_in_points():
             row("crops", "defaults", [0.3, 0.5]), row("crops", "bare", [0.3, 0.53]),
             row("synthetic", "defaults", [0.01]), row("synthetic", "bare", [0.02])]
     lines = convergence.equal_steps(rows)
-    assert lines[0].startswith("- synthetic, global batch 64, after 64 optimizer steps each") and "INCONCLUSIVE" in lines[0]
-    assert "real-looking, global batch 64, after 128 optimizer steps each: defaults 58.0% vs bare 60.0%, -2.0 points: " \
-           "PASS" in lines[1]
+    assert (lines[0].startswith("- synthetic, global batch 64, after 64 optimizer steps each")
+            and "INCONCLUSIVE" in lines[0])
+    assert "real-looking, global batch 64, after 128 optimizer steps each: defaults 58.0% vs bare 60.0%, " \
+           "-2.0 points: PASS" in lines[1]
     assert "defaults 50.0% vs bare 53.0%, -3.0 points: FAIL" in lines[2]
 
 
@@ -183,14 +185,16 @@ def test_batches_above_one_where_no_rule_learned_are_not_trained(tmp_path, monke
     sa.run(args)
     out = capsys.readouterr().out
     assert "5 to run: at most " in out and "less where a batch learns nothing" in out  # a bound, not a forecast
-    assert "crnn_mobilenet_v3_small-synthetic-g128-none: not trained: every rule ended under 10% at global batch 64" in out
+    assert ("crnn_mobilenet_v3_small-synthetic-g128-none: not trained: every rule ended under 10% at global batch 64"
+            in out)
     assert len(rep.load_rows(tmp_path)) == 3  # g32 x 2 rules, g64 once
     jobs = sap.plan(args)
     assert sap.to_train(args, jobs, rep.load_rows(tmp_path)) == []
     assert [j.global_batch for j in sap.to_train(sa.parse([*argv, "--train-all"]), jobs,
                                                 rep.load_rows(tmp_path))] == [128, 128]
     report = rep.build_report(tmp_path).read_text()
-    assert "In progress" not in report and "Not trained: global batch 128. Every rule ended under 10% at batch 64" in report
+    assert ("In progress" not in report
+            and "Not trained: global batch 128. Every rule ended under 10% at batch 64" in report)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["not_trained"] == [f"{sap.CRNN}-synthetic-g128-none", f"{sap.CRNN}-synthetic-g128-sqrt"]
     assert summary["recognition"][0]["default_holds_up_to"] == 32  # the verdict stands on what was trained

@@ -19,7 +19,8 @@ MAIN, GLOO = 1, 2
 
 
 def ev(name: str, start: float, end: float, thread: int = MAIN, device=CPU):
-    return SimpleNamespace(name=name, thread=thread, device_type=device, time_range=SimpleNamespace(start=start, end=end))
+    return SimpleNamespace(name=name, thread=thread, device_type=device,
+                           time_range=SimpleNamespace(start=start, end=end))
 
 
 def test_exposed_communication_on_gloo_is_what_no_compute_hides():

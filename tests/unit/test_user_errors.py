@@ -154,8 +154,9 @@ def test_rank_0_whose_peers_never_reach_the_rendezvous_says_so_in_one_line(monke
 
     monkeypatch.setenv("RANK", "0")
     assert rendezvous() == EXIT_PEER_LOST
-    assert capsys.readouterr().err.startswith("scale-ocr: error: rank 0 lost contact with another rank (Timed out "
-                                              "after 91 seconds waiting for clients. 1/2 clients joined.); the job ends")
+    assert capsys.readouterr().err.startswith(
+        "scale-ocr: error: rank 0 lost contact with another rank (Timed out "
+        "after 91 seconds waiting for clients. 1/2 clients joined.); the job ends")
 
 
 def test_gpu_memory_cap_on_a_cpu_rank_says_how_to_cap_a_cpu_process(tmp_path, capsys, out):
@@ -172,7 +173,8 @@ def test_compile_under_an_engine_that_does_not_compile(capsys, tmp_path):
 
 @pytest.mark.parametrize("flags, says", [
     (["--strategy", "zero2", "--bucket-mb", "5"], "--bucket-mb tunes DDP's gradient reducer (ddp)"),
-    (["--strategy", "ddp", "--static-graph", "--grad-accum", "2"], "--static-graph cannot be combined with --grad-accum 2"),
+    (["--strategy", "ddp", "--static-graph", "--grad-accum", "2"],
+     "--static-graph cannot be combined with --grad-accum 2"),
     (["--strategy", "ddp", "--bucket-mb", "0"], "--bucket-mb 0.0: give DDP's bucket size in MB"),
 ])
 def test_ddp_reducer_flags_that_cannot_apply(capsys, tmp_path, flags, says):

@@ -54,5 +54,6 @@ def test_single_strategy_measures_the_norm_of_its_trainable_weights():
                             TrainConfig(), OptimConfig())
     strategy.model = model
     model[0].bias.requires_grad_(False)  # frozen weights are not the optimizer's: left out
-    expected = torch.linalg.vector_norm(torch.cat([p.detach().reshape(-1) for p in model.parameters() if p.requires_grad]))
+    expected = torch.linalg.vector_norm(torch.cat([p.detach().reshape(-1) for p in model.parameters()
+                                                   if p.requires_grad]))
     assert float(strategy.weight_norm()) == pytest.approx(float(expected), rel=1e-6)
