@@ -1,7 +1,6 @@
 """Cutting words out of a page: an upright box as is, any other quadrilateral warped onto an upright rectangle.
 
-Shared by page OCR (the detector's boxes) and the synthetic words a page-OCR recognizer trains on, so both
-see words cut the same way.
+Page OCR and the synthetic words a page-OCR recognizer trains on both cut here, so both see words cut the same way.
 """
 
 from __future__ import annotations
@@ -63,19 +62,11 @@ def _crop(page: Image.Image, pixels: np.ndarray, poly: np.ndarray, pad: float) -
 
 
 def crop_words(page: Image.Image, polygons: np.ndarray | Sequence, pad: float = PAD) -> list[Image.Image | None]:
-    """Each word of a page cut out and straightened, ready for a recognizer.
+    """Each word of a page cut out and straightened (RGB), ready for a recognizer.
 
-    Args:
-        page: the page (any PIL mode; crops are RGB).
-        polygons: (N, 4, 2) polygons in the page's pixels, clockwise on screen from the word's top-left
-            corner (what the detectors and docTR folders give), or (N, 4) ``(xmin, ymin, xmax, ymax)`` boxes.
-            An axis-aligned box is cropped as is; any other quadrilateral is warped onto an upright
-            rectangle as wide as the mean of its top and bottom edges and as high as the mean of its sides.
-        pad: pixels of page kept around each word, along the word's own axes.
-
-    Returns:
-        One crop per polygon, in the same order; None where the polygon has less than a pixel of width or
-        height inside the page, so the list stays parallel to ``polygons`` (drop those words with it).
+    ``polygons``: (N, 4, 2) in the page's pixels, clockwise on screen from the word's top-left corner, or (N, 4)
+    ``(xmin, ymin, xmax, ymax)`` boxes; ``pad``: pixels kept around each word, along its own axes. One crop per
+    polygon, None where less than a pixel of it lies inside the page, so the list stays parallel to ``polygons``.
     """
     page = page.convert("RGB")
     pixels = np.asarray(page)

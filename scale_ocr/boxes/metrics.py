@@ -1,8 +1,7 @@
 """Detection metrics: box IoU, localization recall/precision/IoU and end-to-end word recall/precision.
 
-Like ``scale_ocr.tasks.text_metrics.TextMetric``, each metric accumulates plain counts per page; ``sums()`` can be
-all-reduced (summed) across ranks and the static ``rates(sums)`` turns the totals into rates, so a metric
-computed on shards equals the metric computed on the whole set.
+Each metric accumulates plain counts (``sums()``, all-reduced across ranks) that the static ``rates(sums)`` turns
+into rates, so a metric computed on shards equals the metric computed on the whole set.
 """
 
 from __future__ import annotations
@@ -64,16 +63,11 @@ def _poly_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def box_iou(a: np.ndarray | Sequence, b: np.ndarray | Sequence, rotated: bool | None = None) -> np.ndarray:
-    """IoU matrix between two sets of quadrilaterals (any units, the same on both sides).
+    """(N, M) IoU matrix between polygons or boxes (as :func:`as_polygons` takes them, the same units on both
+    sides); 0 where the union has no area.
 
-    Args:
-        a: (N, 4, 2) polygons or (N, 4) ``(xmin, ymin, xmax, ymax)`` boxes.
-        b: (M, 4, 2) polygons or (M, 4) boxes.
-        rotated: False: treat every polygon as its bounding rectangle (vectorized numpy); True: exact polygon
-            IoU (shapely); None: numpy when all polygons are axis-aligned, else shapely.
-
-    Returns:
-        (N, M) float array; 0 where the union has no area.
+    ``rotated``: False treats every polygon as its bounding rectangle (numpy), True computes exact polygon IoU
+    (shapely), None picks numpy when all polygons are axis-aligned.
     """
     a, b = as_polygons(a), as_polygons(b)
     if len(a) == 0 or len(b) == 0:
@@ -90,10 +84,7 @@ def match_boxes(pred: np.ndarray | Sequence, gt: np.ndarray | Sequence, iou_thre
     The assignment maximizes the number of pairs with IoU >= ``iou_thresh`` first, their total IoU second.
     docTR maximizes the total IoU over all pairs, sub-threshold ones included; that can trade a match for
     IoU when boxes overlap (two 0.55 pairs lose to a 0.95 pair plus a 0.3 one). Words that do not overlap
-    each other get the same matches either way.
-
-    Returns:
-        ``(pred_idx, gt_idx, iou)`` of the matched pairs, each of length K.
+    each other get the same matches either way. Returns ``(pred_idx, gt_idx, iou)`` of the K matched pairs.
     """
     iou = box_iou(pred, gt, rotated)
     valid = iou >= iou_thresh
@@ -108,16 +99,11 @@ def match_boxes(pred: np.ndarray | Sequence, gt: np.ndarray | Sequence, iou_thre
 
 
 class LocalizationMetric:
-    """Recall, precision and mean IoU of detected boxes against ground truth, accumulated over pages.
+    """Recall, precision and mean IoU of detected boxes against ground truth (``match_boxes`` pairs), over pages.
 
-    A ground-truth box is found when the one-to-one assignment (``match_boxes``) pairs it with a prediction
-    at IoU >= ``iou_thresh``. ``recall`` = matches / ground-truth boxes, ``precision`` = matches / predicted
-    boxes, ``mean_iou`` = mean IoU of the matched pairs (how tight the found boxes are, like panoptic
-    quality's SQ; docTR instead divides each ground truth's best IoU by the number of predictions, which
-    mixes tightness with precision and can exceed 1). A page without ground truth still counts its
-    predictions, so spurious boxes lower precision. A rate with a zero denominator is 0.0.
-
-    ``sums()`` order: matches, ground-truth boxes, predicted boxes, IoU sum of the matches.
+    ``mean_iou`` is the mean IoU of the matched pairs (how tight the found boxes are, like panoptic quality's SQ;
+    docTR's divides each ground truth's best IoU by the number of predictions, mixing in precision). A page
+    without ground truth still counts its predictions. A rate with a zero denominator is 0.0.
     """
 
     def __init__(self, iou_thresh: float = 0.5, rotated: bool | None = None) -> None:
@@ -145,14 +131,8 @@ class LocalizationMetric:
 
 
 class OCRMetric:
-    """End-to-end page OCR: a ground-truth word is read when its matched prediction has the same text.
-
-    Matching is ``match_boxes`` (one-to-one, IoU >= ``iou_thresh``). ``word_recall`` = read / ground-truth
-    words, ``word_precision`` = read / predicted words; ``ci_`` variants compare lower-cased text. A rate
-    with a zero denominator is 0.0.
-
-    ``sums()`` order: read, read ignoring case, ground-truth words, predicted words.
-    """
+    """End-to-end page OCR: a ground-truth word is read when its matched prediction (``match_boxes``) has the same
+    text (``ci_`` rates: lower-cased). A rate with a zero denominator is 0.0."""
 
     def __init__(self, iou_thresh: float = 0.5, rotated: bool | None = None) -> None:
         self.iou_thresh, self.rotated = iou_thresh, rotated

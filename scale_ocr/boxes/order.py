@@ -1,14 +1,9 @@
 """Reading order of detected words: columns left to right, lines top to bottom, words left to right.
 
-Columns are found as vertical strips of empty space (wider than ``column_gap`` median word heights) that
-no box crosses, XY-cut style. A full-width element such as a title crosses the gutter, so the page is
-first cut into horizontal bands, and consecutive bands are merged while together they still have a
-gutter: a title above two columns is read first, then the left column, then the right one.
-
-Limits: the gutter must be empty from the top to the bottom of the block (a figure or box spanning it
-merges the columns, which are then read line by line across); tables whose columns are separated by wide
-gaps are read column by column; words are assumed horizontal (slanted lines are grouped by their boxes'
-vertical extents only).
+Columns are vertical strips of empty space no box crosses, XY-cut style. A title crosses the gutter, so the page
+is first cut into horizontal bands, merged while together they still have a gutter: a title above two columns is
+read first, then the left column, then the right one. Limits: a figure spanning the gutter merges the columns
+(read line by line across), wide-gapped tables are read column by column, and words are assumed horizontal.
 """
 
 from __future__ import annotations
@@ -21,10 +16,8 @@ from scale_ocr.boxes.metrics import as_polygons
 
 
 def _gap_groups(lo: np.ndarray, hi: np.ndarray, min_gap: float) -> list[np.ndarray]:
-    """Splits intervals [lo, hi] into groups at gaps that none crosses and are wider than ``min_gap``.
-
-    Returns index arrays, in increasing coordinate order.
-    """
+    """Index arrays of intervals [lo, hi], in increasing order, split at gaps no interval crosses wider than
+    ``min_gap``."""
     order = np.argsort(lo, kind="stable")
     reach = np.maximum.accumulate(hi[order])  # right end of everything seen so far
     cuts = np.nonzero(lo[order][1:] - reach[:-1] > min_gap)[0] + 1
@@ -73,17 +66,11 @@ def _order(idx: np.ndarray, box: tuple[np.ndarray, ...], gap: float) -> list[int
 
 
 def reading_order(polygons: np.ndarray | Sequence, column_gap: float | None = 1.5) -> list[int]:
-    """Indices of words in reading order.
+    """Indices of words in reading order, a permutation of ``range(N)``.
 
-    Args:
-        polygons: (N, 4, 2) word polygons or (N, 4) ``(xmin, ymin, xmax, ymax)`` boxes. The column gap is
-            measured against word heights, so both axes must share one scale: absolute pixels, or relative
-            coordinates of a square map.
-        column_gap: an empty vertical strip wider than this many median word heights separates columns;
-            None reads every line across the whole page.
-
-    Returns:
-        A permutation of ``range(N)``.
+    ``polygons`` as :func:`~scale_ocr.boxes.metrics.as_polygons` takes them, both axes on one scale (the gap is
+    measured in word heights); ``column_gap``: an empty strip wider than this many median word heights separates
+    columns, None reads every line across the page.
     """
     polys = as_polygons(polygons)
     if len(polys) == 0:

@@ -22,13 +22,8 @@ _ARC_TOLERANCE_PX = 0.25
 
 @dataclass(frozen=True, eq=False)
 class Box:
-    """A detected word.
-
-    Attributes:
-        polygon: (4, 2) float array, relative (x / W, y / H) coordinates, clockwise (on screen) from the
-            top-left corner (the corner with the smallest x + y). Read-only.
-        score: mean probability inside the detected region.
-    """
+    """A detected word: a read-only (4, 2) ``polygon`` in relative (x / W, y / H) coordinates, clockwise on screen
+    from the top-left corner (the smallest x + y), and its ``score``, the mean probability inside the region."""
 
     polygon: np.ndarray
     score: float
@@ -96,23 +91,13 @@ def boxes_from_map(
     rotated: bool = False,
     max_candidates: int = 1000,
 ) -> list[Box]:
-    """Turns a DBNet probability map into word boxes (in no particular order; see ``reading_order``).
+    """Turns an (H, W) DBNet probability map into word boxes (in no particular order; see ``reading_order``).
 
-    Binarizes the map, takes each connected region's outer contour, scores it by its mean probability,
-    expands it back by DB's unclip distance and returns its bounding rectangle.
-
-    Args:
-        prob: (H, W) probability map, values in [0, 1].
-        bin_thresh: pixels with probability above this are text.
-        box_thresh: regions whose mean probability is below this are dropped.
-        unclip_ratio: DB's expansion ratio r' in D = A * r' / L.
-        min_size: boxes whose shorter side (pixels, before clipping to the map) is below this are dropped.
-        rotated: minimum-area rotated rectangles instead of axis-aligned ones.
-        max_candidates: at most this many regions are considered, the largest first.
-
-    Returns:
-        One ``Box`` per kept region, clipped to the map, in relative coordinates. A rotated box clipped at
-        the border may no longer be a rectangle.
+    Binarizes the map at ``bin_thresh``, scores each connected region by its mean probability (dropped under
+    ``box_thresh``), expands it by DB's unclip distance D = A * ``unclip_ratio`` / L and returns its bounding
+    rectangle (``rotated``: minimum-area), dropped when its shorter side is under ``min_size`` pixels. At most
+    ``max_candidates`` regions, the largest first. Boxes are clipped to the map, in relative coordinates (a rotated
+    box clipped at the border may no longer be a rectangle).
     """
     if prob.ndim != 2:
         raise ValueError(f"prob must be an (H, W) map, got shape {prob.shape}")

@@ -1,9 +1,6 @@
-"""Pre-rendered word images held in memory, so data loading never limits a benchmark.
+"""Pre-rendered word images held in memory (``--data-cache FILE``), so data loading never limits a benchmark.
 
-``build_cache`` renders ``n`` synthetic words once, resized and normalised exactly as validation
-images are, and stores them as one fp16 tensor with their labels; ``--data-cache FILE`` trains on it
-with no rendering, decoding or augmentation per step. The file holds tensors and strings only and is
-read with ``weights_only=True``.
+The file holds one fp16 tensor of validation-transformed words and their labels only, read with ``weights_only``.
 """
 
 from __future__ import annotations

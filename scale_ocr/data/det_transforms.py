@@ -1,9 +1,8 @@
 """Page transforms that move the word polygons with the pixels: resize and pad, crop, rotate, jitter.
 
-Every op takes and returns ``(PIL image, polygons, words)``: polygons are float32 ``(N, 4, 2)`` arrays
-of ``(x, y)`` points in the image's absolute pixels (0..W, 0..H, pixel edges, not centres), and words
-is the parallel list of transcriptions (or empty). Random choices use torch's RNG only, which the
-DataLoader seeds per worker, so augmentation is reproducible exactly like the recognition transforms.
+Every op takes and returns ``(PIL image, polygons, words)``: float32 ``(N, 4, 2)`` ``(x, y)`` points in the image's
+absolute pixels (pixel edges, not centres) and the parallel words (or none). Random choices use torch's RNG only,
+which the DataLoader seeds per worker, so augmentation is reproducible (docs/data.md, "Detection at the page's scale").
 """
 
 from __future__ import annotations
@@ -45,12 +44,8 @@ def rotate_points(polygons: np.ndarray, angle: float, src_size: tuple[int, int],
 
 def rotate_page(img: Image.Image, polygons: np.ndarray, angle: float, fill: tuple[int, ...],
                 expand: bool) -> tuple[Image.Image, np.ndarray]:
-    """Rotate ``img`` counter-clockwise by ``angle`` degrees about its centre, and the polygons with it.
-
-    Args:
-        expand: grow the canvas so no pixel is cut (augmentation); False keeps the size (a page
-            rendered with room for it).
-    """
+    """Rotate ``img`` counter-clockwise by ``angle`` degrees about its centre, and the polygons with it; ``expand``
+    grows the canvas so no pixel is cut, False keeps the size (a page rendered with room for it)."""
     out = img.rotate(angle, resample=Image.BILINEAR, expand=expand, fillcolor=fill)
     return out, rotate_points(polygons, angle, img.size, out.size)
 
@@ -118,16 +113,8 @@ class ResizePage:
 
 
 class RandomCrop:
-    """With probability ``p``, keep a random window of the page (later resized: a zoom-in).
-
-    Polygons are shifted into the window and clamped to it; those with less than ``keep`` of their
-    area inside are dropped with their words. A dropped polygon's visible sliver stays unlabelled,
-    the price of not labelling half-letters as words.
-
-    Args:
-        scale: range of the window's area as a share of the page's.
-        ratio: range of the window's aspect (width / height) relative to the page's.
-    """
+    """With probability ``p``, keep a random window of the page (later resized: a zoom-in), cut by
+    :func:`crop_window`; ``scale`` bounds its area as a share of the page's, ``ratio`` its aspect relative to it."""
 
     def __init__(self, p: float = 0.5, scale: tuple[float, float] = (0.3, 1.0),
                  ratio: tuple[float, float] = (3 / 4, 4 / 3), keep: float = 0.5) -> None:
@@ -192,12 +179,8 @@ class ScalePage:
 
 class TextCrop:
     """A window of exactly ``size`` (H, W) from the page at its scale (the whole side where the page is smaller),
-    placed so that it holds a random word with probability ``text_p``.
-
-    A page's margins are wide and its text sparse, so uniform windows would show the model mostly paper. With
-    probability ``text_p`` one word is drawn uniformly and the window is drawn uniformly among those holding all of
-    it (or its centre, for a word wider or taller than the window); otherwise the window is uniform over the
-    page. Words the edge cuts are handled by :func:`crop_window`.
+    placed so that it holds a random word with probability ``text_p``: a page's margins are wide and its text
+    sparse, so uniform windows would show the model mostly paper. Words the edge cuts: :func:`crop_window`.
     """
 
     def __init__(self, size: tuple[int, int], text_p: float = 0.9, keep: float = 0.5) -> None:
@@ -270,11 +253,8 @@ class ImageOnly:
 
 
 class DetCompose:
-    """Run page ops in order, then turn the image into a normalised float tensor (3, H, W).
-
-    Called as ``transform(img, polygons, words=())`` and returns ``(tensor, polygons, words)``:
-    polygons float32 ``(N, 4, 2)`` in the output tensor's pixels, words filtered alongside.
-    """
+    """Run page ops in order, then turn the image into a normalised float tensor (3, H, W): ``transform(img,
+    polygons, words=())`` returns ``(tensor, polygons in its pixels, words filtered alongside)``."""
 
     def __init__(self, ops: Sequence, mean: Sequence[float] = MEAN, std: Sequence[float] = STD) -> None:
         self.ops = list(ops)
@@ -294,17 +274,11 @@ class DetCompose:
 def build_det_transform(input_size: tuple[int, int], train: bool, augment: bool = True,
                         mean: Sequence[float] = MEAN, std: Sequence[float] = STD, page_scale: str = "fit",
                         max_side: int = DEFAULT_MAX_PAGE_SIDE) -> DetCompose:
-    """Page (PIL) + polygons -> model input; crop, rotation and colour jitter only when training.
+    """Page (PIL) + polygons -> model input; crop, rotation and colour jitter only when ``train`` and ``augment``.
 
-    Args:
-        input_size: the model's ``(H, W)`` in pixels, e.g. ``(512, 512)``.
-        train: augment (with ``augment``); evaluation only resizes and pads.
-        augment: False trains on resized pages only (``fit``) or plain crops (a page scale).
-        mean, std: the normalisation of the model's input.
-        page_scale: ``fit`` fits whole pages into ``input_size``; ``native`` or a factor scales pages (capped at
-            ``max_side``), trains on ``input_size`` crops of them and evaluates whole pages, unpadded (the
-            collate pads a batch to its largest page, rounded up to the stride).
-        max_side: the longest side a page is scaled to (not with ``fit``).
+    ``page_scale``: ``fit`` fits whole pages into ``input_size``; ``native`` or a factor scales pages (capped at
+    ``max_side``), trains on ``input_size`` crops of them and evaluates whole pages, unpadded (the collate pads a
+    batch to its largest page, rounded up to the stride).
     """
     factor = page_factor(page_scale)
     if factor is not None:

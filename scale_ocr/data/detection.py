@@ -1,21 +1,8 @@
 """docTR's detection format: ``DIR/images/*`` and ``DIR/labels.json`` mapping each page to its words' polygons.
 
-An entry is ``{"img_dimensions": [H, W], "img_hash": "<sha256>", "polygons": [...], "words": [...]}``:
-
-- ``polygons`` (required) lists polygons in absolute pixels, each ``[[x, y], ...]`` with 4 or more points
-  in any order (docTR's rule) or a box ``[xmin, ymin, xmax, ymax]``. docTR's class-keyed form
-  ``{"words": [...], "artefacts": [...]}`` is accepted too, and all classes are merged into one text
-  class, in the order the file lists them: the detectors here predict a single text map.
-- ``img_dimensions`` and ``img_hash`` (optional, as docTR reads neither) must match the decoded image
-  when present; a hash is checked only when it is a SHA-256 hex digest (docTR's README shows placeholders).
-- ``words`` (optional) are the polygons' transcriptions, in the same order, for end-to-end evaluation.
-
-Every polygon becomes 4 points, clockwise on screen from the top-left: its convex hull when that has
-4 corners (which also fixes any point order), else the hull's minimum-area rotated rectangle (for
-curved text's many-point polygons, or a box). Points may stray 1 px outside the image and are clamped.
-
-A page with any bad label is rejected whole (an error, or one counted skip): dropping just the bad
-polygon would leave its word visible but labelled as background, silently changing the target.
+The entry's fields and the checks on them: docs/data.md, "Detection folders". ``img_hash`` is checked only when it
+is a SHA-256 hex digest (docTR's README shows placeholders). A page with any bad label is rejected whole: dropping
+just the bad polygon would leave its word visible but labelled as background.
 """
 
 from __future__ import annotations
@@ -95,7 +82,8 @@ def _degenerate(where: str) -> BadSample:
 
 
 def _quad(pts: np.ndarray, where: str) -> np.ndarray:
-    """The polygon as 4 points clockwise on screen from the top-left (see the module docstring)."""
+    """The polygon as 4 points clockwise on screen from the top-left: its convex hull when that has 4 corners
+    (which also fixes any point order), else the hull's minimum-area rotated rectangle (curved text, a box)."""
     hull = shapely.MultiPoint(pts).convex_hull
     if hull.geom_type != "Polygon" or hull.area < MIN_AREA:
         raise _degenerate(where)
@@ -166,11 +154,7 @@ def _dimensions_problem(labels: Path, name: str, dims: list, img_path: Path, w: 
 
 
 def check_page(path: Path, name: str, entry: object) -> Page:
-    """Check one labels.json entry against its decoded image.
-
-    Raises:
-        BadSample: with the skip reason and the one-line sentence for ``--on-bad-sample error``.
-    """
+    """Check one labels.json entry against its decoded image; :class:`BadSample` says why it cannot be used."""
     img_path, problem = resolve_image(path, name)
     if problem:
         raise BadSample(*problem)
@@ -187,8 +171,7 @@ def check_page(path: Path, name: str, entry: object) -> Page:
         if hashlib.sha256(img_path.read_bytes()).hexdigest() != digest.lower():
             raise BadSample("hash_mismatch", f"{labels}: \"img_hash\" of {shown(name)} is not the SHA-256 of "
                                              f"{shown(path / 'images' / name, PATH_LIMIT)}, so the labels describe "
-                                             "another image; "
-                                             f"relabel it or fix the hash, {SKIP}")
+                                             f"another image; relabel it or fix the hash, {SKIP}")
     quads = []
     for pts, where in points:
         off = (pts < -TOLERANCE) | (pts > np.array([w, h]) + TOLERANCE)
@@ -206,14 +189,8 @@ def check_page(path: Path, name: str, entry: object) -> Page:
 
 
 def scan_detection_folder(path: Path, on_bad_sample: str, report: ScanReport) -> list[Page]:
-    """Check every page of a folder at start-up (decoding each image) and return the usable ones.
-
-    Args:
-        path: the docTR detection folder.
-        on_bad_sample: ``"error"`` raises a :class:`UserError` at the first bad page, ``"skip"``
-            counts it in ``report`` under its reason.
-        report: collects kept and skipped page counts.
-    """
+    """Check every page of a folder at start-up (decoding each image) and return the usable ones; a bad page raises
+    a :class:`UserError` (``on_bad_sample="error"``) or is counted in ``report`` (``"skip"``)."""
     pages = []
     for name, entry in read_labels(path, "detection", "page labels").items():
         try:
@@ -225,14 +202,8 @@ def scan_detection_folder(path: Path, on_bad_sample: str, report: ScanReport) ->
 
 
 class DetectionFolder(Dataset):
-    """Pages from one or more docTR detection folders (see the module docstring for the format).
-
-    Args:
-        paths: folders, each with ``images/`` and ``labels.json``.
-        on_bad_sample: ``"error"`` stops at the first bad page, ``"skip"`` drops and counts them.
-        transform: a page transform called as ``transform(img, polygons, words)`` returning the same
-            triple (see :func:`~scale_ocr.data.det_transforms.build_det_transform`); None returns the PIL page.
-    """
+    """Pages from one or more docTR detection folders; ``transform(img, polygons, words)`` returns the same triple
+    (:func:`~scale_ocr.data.det_transforms.build_det_transform`), None the PIL page."""
 
     def __init__(self, paths: tuple[str, ...], on_bad_sample: str = "error", transform=None) -> None:
         self.report = ScanReport()

@@ -31,13 +31,8 @@ PATH_LIMIT = 400  # characters of an image path in a message (a labels.json key 
 
 @dataclass(frozen=True)
 class ImageLimits:
-    """The largest image a task accepts, checked from the header before decoding.
-
-    Attributes:
-        max_side: longest side in pixels.
-        max_pixels: width * height; bounds the memory the scan and each loader worker spend on one image.
-        kind: what the image should be, for messages ("a word crop", "a page").
-    """
+    """The largest image a task accepts, checked from the header before decoding (``kind``, for messages: "a word
+    crop", "a page"); ``max_pixels`` bounds the memory the scan and each loader worker spend on one image."""
 
     max_side: int
     max_pixels: int
@@ -87,16 +82,12 @@ class BadImage(BadSample):
 
 
 def load_image(path: Path, limits: ImageLimits = WORD_LIMITS) -> Image.Image:
-    """Decode ``path`` fully to upright 8-bit RGB, refusing images larger than ``limits``.
+    """Decode ``path`` fully to upright 8-bit RGB (:func:`scale_ocr.data.images.to_rgb`), refusing images larger
+    than ``limits`` (from the header, first: a quarter turn changes neither limit) with :class:`BadImage`
+    ``too_large``, others ``corrupt_image``.
 
-    The one decode path of every task: training, evaluation, ``predict`` and page OCR. How EXIF orientation,
-    transparency, 16-bit, palette, CMYK and multi-frame files decode is :func:`scale_ocr.data.images.to_rgb`'s.
-    ``verify()`` alone passes a PNG whose pixel data is cut short, so the start-up scan decodes
-    every image with this same function the loader uses; the size is checked from the header first
-    (a quarter turn by EXIF orientation changes neither limit).
-
-    Raises:
-        BadImage: ``too_large`` or ``corrupt_image``.
+    The one decode path of every task. ``verify()`` alone passes a PNG whose pixel data is cut short, so the
+    start-up scan decodes every image with this same function the loader uses.
     """
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -194,18 +185,12 @@ def reload_image(path: Path, limits: ImageLimits) -> Image.Image:
         return load_image(path, limits)
     except BadImage as exc:
         raise UserError(f"{shown(path, PATH_LIMIT)} {exc} although it passed the start-up check; it changed during the "
-                        "run, "
-                        "restore it and resume from the last checkpoint") from None
+                        "run, restore it and resume from the last checkpoint") from None
 
 
 def read_labels(path: Path, task: str, maps_to: str) -> dict:
-    """The labels.json object of a docTR folder, or a :class:`UserError` saying what is wrong.
-
-    Args:
-        path: the folder.
-        task: ``"recognition"`` or ``"detection"``, for messages.
-        maps_to: what each file name maps to, for messages (``"words"``, ``"page labels"``).
-    """
+    """The labels.json object of a docTR folder, or a :class:`UserError` saying what is wrong (``task`` and what
+    each file name ``maps_to``, for messages)."""
     if not path.is_dir():
         raise UserError(f"{path} is not a directory; pass a docTR folder holding images/ and labels.json")
     labels_file = path / "labels.json"
@@ -237,10 +222,8 @@ def open_rgb(name: str, limits: ImageLimits = PAGE_LIMITS) -> Image.Image:
 
 
 def orientation_of(path: Path) -> int:
-    """The EXIF orientation of an image file that decoded before (its header only), for messages about its size.
-
-    1 if it cannot be read now: only a message's hint depends on it.
-    """
+    """The EXIF orientation of an image file that decoded before (its header only), for messages about its size;
+    1 if it cannot be read now: only a message's hint depends on it."""
     try:
         with Image.open(path) as im:
             return exif_orientation(im)

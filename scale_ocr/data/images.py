@@ -1,22 +1,9 @@
 """One decode rule for every image a task reads: an opened file as users have it -> upright 8-bit RGB.
 
-Recognition crops, detection pages, ``predict`` and page OCR all decode through
-:func:`scale_ocr.data.files.load_image`, which applies :func:`to_rgb` here, so a model trains, is evaluated
-and predicts on the same pixels. Each kind of image has one result (docs/data.md, "Images as users have them"):
-
-- **EXIF orientation** (tag 274, values 1-8) is applied, so the pixels, the size, ``img_dimensions`` and
-  polygons are those of the upright image a viewer shows. Other values are ignored, as viewers ignore them.
-- **Transparency** (RGBA, LA, PA, a palette entry or a colour marked transparent) is composited on white, the
-  paper a transparent crop or page is meant to sit on; :func:`to_rgb` takes another ``background``.
-- **16-bit grey** (``I;16``, ``I;16B``, ``I;16L``, ``I;16N``) maps its declared range 0..65535 onto 0..255
-  (v / 257, rounded): a page looks as a viewer shows it and a blank page stays blank, which stretching each
-  image to its own min..max would not do (it would blow scanner noise up to full contrast). 32-bit integers
-  (``I``) within 0..65535 are read the same way. Formats that declare no range are scaled by the image's own
-  min..max: float (``F``) images outside the usual 0..1 or 0..255, and ``I`` images outside 0..65535; a
-  constant one is clipped to 0..255. A float image holding NaN or infinity is refused.
-- **Palette** (``P``) without transparency: its colours. **CMYK**: Pillow's conversion, without a colour
-  profile. **Grey** (``L``) and **1-bit**: the grey in all three channels (1-bit as 0 or 255).
-- **Multi-frame** files (GIF, TIFF, APNG, MPO): the first frame only.
+Every task decodes through :func:`scale_ocr.data.files.load_image`, which applies :func:`to_rgb` here, so a model
+trains, is evaluated and predicts on the same pixels. The rules per kind of image: docs/data.md, "Images as users
+have them". 16-bit grey maps its declared range 0..65535 (not its own min..max, which would blow a blank page's
+scanner noise up to full contrast).
 """
 
 from __future__ import annotations
@@ -46,7 +33,7 @@ def quarter_turned(orientation: int) -> bool:
 
 
 def _to_8bit(im: Image.Image) -> Image.Image:
-    """A high-bit-depth grey image as ``L`` (or ``LA`` when a grey value is marked transparent), see above."""
+    """A high-bit-depth grey image as ``L`` (or ``LA`` when a grey value is marked transparent)."""
     raw = np.asarray(im)
     if im.mode.startswith("I;16"):
         grey = (raw.astype(np.uint32) * 2 + 257) // 514  # round(v / 257); 257 is odd, so there is no tie
@@ -71,15 +58,10 @@ def _to_8bit(im: Image.Image) -> Image.Image:
 
 
 def to_rgb(im: Image.Image, background: tuple[int, int, int] = WHITE) -> Image.Image:
-    """The opened image (its first frame) as upright 8-bit RGB, following the rules in the module docstring.
+    """The opened image (its first frame) as upright 8-bit RGB, transparent pixels composited on ``background``.
 
-    Args:
-        im: an image as :func:`PIL.Image.open` returns it; its pixels are decoded here.
-        background: the colour transparent pixels are composited on.
-
-    Raises:
-        ValueError, OSError: as Pillow raises them for pixels it cannot decode or convert (e.g. a ``LAB``
-            image), and ValueError for a float image with NaN or infinity.
+    Raises ValueError or OSError as Pillow does for pixels it cannot decode or convert (e.g. a ``LAB`` image), and
+    ValueError for a float image with NaN or infinity.
     """
     orientation = exif_orientation(im)
     if im.mode in HIGH_BIT_MODES:

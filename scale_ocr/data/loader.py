@@ -1,9 +1,5 @@
-"""Datasets -> loaders: a resumable position for training, an evenly padded shard for validation.
-
-The trainer keeps its place in the data through one interface, :class:`Position` (``set_epoch``, ``state``,
-``restore``), which the folder sampler (:class:`FolderPosition`) and the shard reader
-(:class:`~scale_ocr.data.shard_reader.ShardPosition`) both implement.
-"""
+"""Datasets -> loaders: a resumable :class:`Position` for training (folders and shard sets alike), an evenly padded
+shard for validation."""
 
 from __future__ import annotations
 
@@ -169,13 +165,8 @@ def _workers(cfg: DataConfig, dist: DistInfo) -> int:
 
 def build_loaders(train_ds: Dataset, val_ds: Dataset, collate, cfg: DataConfig, batch_size: int, seed: int,
                   dist: DistInfo, skipped: dict[str, int], labels_sha256: str | None) -> Data:
-    """This rank's train and validation loaders over a task's datasets (items: ``(input, target)`` pairs).
-
-    Args:
-        collate: the task's collate function over ``(input, target, valid)`` items.
-        skipped: bad samples skipped at start-up, by reason.
-        labels_sha256: digest of the training labels, None for synthetic data.
-    """
+    """This rank's train and validation loaders over a task's datasets (items: ``(input, target)`` pairs; ``collate``
+    takes ``(input, target, valid)`` items)."""
     if len(train_ds) < batch_size * dist.world_size:
         raise UserError(
             f"{len(train_ds)} training samples cannot fill one batch of {batch_size} on each of "

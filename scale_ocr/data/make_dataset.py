@@ -1,13 +1,7 @@
 """Born-digital PDFs into training data: which pages and words are kept, the train/val split, and the folders written.
 
-The stages, each replaceable on its own:
-
-1. :func:`survey`: every document's hash and pages (size, whether it has a text layer), in parallel by document;
-2. :func:`assign_splits`: train or val per document (or per page), a deterministic draw from the seed;
-3. :func:`page_samples`: one page's image and labels and its words' crops (PNG bytes), with every word left out
-   counted by reason, from what :func:`scale_ocr.data.pdf_text.read_page` yields; in parallel by page;
-4. a writer (:class:`FolderWriter`: docTR folders) that receives the samples in page order. A sharded format is
-   another writer over the same samples.
+Stages, each replaceable on its own (docs/make-dataset.md): a survey of every document, :func:`assign_splits`,
+:func:`page_samples` per page (in parallel), and a writer (:class:`FolderWriter`) that receives them in page order.
 """
 
 from __future__ import annotations
@@ -449,14 +443,9 @@ def _count(summary: dict, samples: PageSamples, doc_path: str) -> None:
 
 def make_dataset(pdfs: Sequence[Path], out: Path, opts: Options,
                  progress: Callable[[Iterable, int], Iterable] = lambda it, n: it) -> dict:
-    """Turn ``pdfs`` into docTR folders under ``out`` (see :class:`FolderWriter`) and ``out/summary.json``.
-
-    Everything is written into a staging folder beside ``out`` that becomes ``out`` by one rename at the end: an
-    interrupted run leaves no partial dataset under ``out``.
-
-    Returns:
-        The summary written to ``summary.json``.
-    """
+    """Turn ``pdfs`` into docTR folders under ``out`` (see :class:`FolderWriter`) and ``out/summary.json``, and
+    return that summary. Everything is written into a staging folder that becomes ``out`` by one rename at the end:
+    an interrupted run leaves no partial dataset under ``out``."""
     check_dpi(opts.dpi)
     stage = staging_dir(out)
     try:

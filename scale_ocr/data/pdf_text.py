@@ -1,14 +1,9 @@
 """What a PDF page yields: its image at a chosen dpi and the words of its text layer, boxed in that image's pixels.
 
-Library: pypdfium2 (PDFium, Apache-2.0/BSD), already installed with docTR, both renders the page and reads its
-text layer. One engine for both is the point: a word's box is mapped to pixels by the same page-to-device
-transform PDFium renders with (``FPDF_PageToDevice``: MediaBox/CropBox, ``/Rotate`` and the rounding of the bitmap
-size included), so boxes land on the drawn glyphs without a second parser's idea of the page (pdfplumber reads
-positions with pdfminer.six and renders with PDFium: two page models to keep in agreement, and two more
-dependencies). Words are PDFium's characters grouped at white space, line ends and turns; each box is the
-union of its characters' tight glyph boxes, as the synthetic pages' ink boxes are.
-
-Nothing here decides what is kept or where it goes (:mod:`scale_ocr.data.make_dataset` does).
+pypdfium2 (PDFium, Apache-2.0/BSD, installed with docTR) both renders the page and reads its text layer: one engine,
+so a word's box is mapped to pixels by the same page-to-device transform PDFium renders with (CropBox, ``/Rotate``,
+the bitmap's rounding), without a second parser's idea of the page. Words are PDFium's characters grouped at white
+space, line ends and turns, boxed by their tight glyph boxes. What is kept is :mod:`scale_ocr.data.make_dataset`'s.
 """
 
 from __future__ import annotations
@@ -43,12 +38,10 @@ class PdfWord:
 
     Attributes:
         text: the word as the text layer spells it (ligatures expanded, a line-end hyphen as ``-``).
-        box: ``(x0, y0, x1, y1)`` in the page image's pixels, the union of its glyphs' tight boxes; may reach
-            past the page (text drawn off it).
+        box: ``(x0, y0, x1, y1)`` in the page image's pixels; may reach past the page (text drawn off it).
         turn: clockwise quarter turns (0-3) that make its glyphs upright; None when slanted.
-        invisible: drawn with an invisible render mode (not on the page's pixels).
-        line_height: pixels across its line from its font's ascent to descent (the loose boxes): how large it is
-            set, whatever its glyphs (a ``.`` has a flat box on a line of ordinary height).
+        line_height: pixels across its line from its font's ascent to descent: how large it is set, whatever its
+            glyphs (a ``.`` has a flat box on a line of ordinary height).
     """
 
     text: str
@@ -71,8 +64,7 @@ def _load_error(path: Path, exc: pdfium.PdfiumError) -> UserError:
         return UserError(f"{shown(path)} is encrypted; decrypt it first (e.g. `qpdf --decrypt --password=PW IN OUT`) "
                          "or leave it out")
     return UserError(f"{shown(path)} cannot be read as a PDF ({str(exc).rstrip('.')}); pass only PDF files, or repair "
-                     "it "
-                     "(e.g. `qpdf IN OUT`)")
+                     "it (e.g. `qpdf IN OUT`)")
 
 
 def open_pdf(path: Path) -> pdfium.PdfDocument:
@@ -237,8 +229,7 @@ def page_errors(path: str | Path, index: int) -> Iterator[None]:
         yield
     except pdfium.PdfiumError as exc:
         raise UserError(f"{shown(str(path))} page {index + 1} cannot be read ({str(exc).rstrip('.')}); repair the PDF "
-                        "(e.g. "
-                        "`qpdf IN OUT`) or leave it out") from None
+                        "(e.g. `qpdf IN OUT`) or leave it out") from None
 
 
 def read_page(document: pdfium.PdfDocument, index: int, dpi: float, path: str | Path = "") -> PdfPage:

@@ -1,17 +1,9 @@
-"""An epoch's data position in samples, exact whatever the world size, worker count or batch size.
+"""An epoch's data position in samples, exact whatever the world size, worker count or batch size (docs/data.md).
 
-A shard set's epoch order is a seeded permutation of its shards, and within each shard a seeded
-permutation of its samples (both from ``(seed, epoch)``). What is left of an epoch is a list of
-:data:`Range` ``(shard, lo, hi)``: positions ``lo..hi-1`` of that shard's permutation, in order.
-
-A *segment* (a fresh epoch, or the rest of one after a resume) splits the pending list, in order, into
-``world`` equal contiguous pieces of whole micro-batches; the tail shorter than one global batch stays
-pending (a resume may train it) and is left out of this segment. Each rank's piece is cut into its loader
-workers' contiguous pieces in whole batches, the first ones one batch more, and the rank's batch ``j``
-is the ``j // W``-th batch of worker ``j % W``'s piece: the order torch's DataLoader takes batches from
-its workers. After ``m`` batches on every rank, the consumed samples are each piece's known prefix, so
-the rest of the epoch (:func:`remaining`) is a function of (pending, world, workers, batch, m) alone,
-computed on every rank without communication and stored world-size free in the checkpoint.
+What is left of an epoch is a list of :data:`Range` ``(shard, lo, hi)`` of seeded permutations. A :class:`Segment`
+cuts it into contiguous pieces per rank, then per loader worker in whole batches; the rank's batch ``j`` comes from
+worker ``j % W`` (torch's DataLoader order), so after ``m`` batches what was consumed is each piece's known prefix
+and :meth:`Segment.remaining` needs no communication.
 """
 
 from __future__ import annotations
@@ -72,20 +64,9 @@ def worker_batches(batches: int, workers: int) -> list[int]:
     return [batches // workers + (1 if w < batches % workers else 0) for w in range(workers)]
 
 
-def consumed_batches(m: int, workers: int) -> list[int]:
-    """Batches each worker has delivered after the rank's first ``m`` (batch j comes from worker j % W)."""
-    return worker_batches(m, workers)
-
-
 class Segment:
-    """One segment's split of the pending ranges over ranks and workers.
-
-    Args:
-        pending: what is left of the epoch, in order.
-        world: ranks.
-        workers: loader workers per rank (0 counts as 1: the rank reads itself).
-        batch: micro-batch size.
-    """
+    """One segment's split of the ``pending`` ranges over ranks and workers (0 workers count as 1: the rank reads
+    itself); the tail shorter than one global batch stays pending, out of this segment."""
 
     def __init__(self, pending: Sequence[Range], world: int, workers: int, batch: int) -> None:
         self.pending, self.world, self.workers, self.batch = list(pending), world, max(1, workers), batch
@@ -116,7 +97,7 @@ class Segment:
         left out: a resume re-splits it at its own world size, so no sample is repeated or skipped.
         """
         m = min(m, self.batches)
-        taken = consumed_batches(m, self.workers)
+        taken = worker_batches(m, self.workers)  # delivered by each worker: batch j comes from worker j % W
         rest: list[Range] = []
         for rank in range(self.world):
             for w, piece in enumerate(self.worker_pieces(rank)):

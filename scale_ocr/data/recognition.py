@@ -64,14 +64,8 @@ def scan_folder(path: Path, vocab: Vocab, on_bad_sample: str, report: ScanReport
                 input_size: tuple[int, int] | None = None) -> list[tuple[Path, str]]:
     """Check every labelled sample of a folder and return the usable ``(image path, word)`` pairs.
 
-    Args:
-        path: the docTR folder.
-        vocab: labels must use only its characters.
-        on_bad_sample: ``"error"`` raises a :class:`UserError` at the first bad sample, ``"skip"``
-            counts it in ``report`` under its reason.
-        report: collects kept and skipped counts.
-        input_size: the model's ``(H, W)``; labels needing more CTC frames than it gives are bad
-            (None skips that check).
+    A bad sample (characters outside ``vocab``, more CTC frames than ``input_size`` gives, a bad image) raises a
+    :class:`UserError` (``on_bad_sample="error"``) or is counted in ``report`` (``"skip"``).
     """
     labels = read_labels(path, "recognition", "words")
     samples = []
@@ -86,15 +80,7 @@ def scan_folder(path: Path, vocab: Vocab, on_bad_sample: str, report: ScanReport
 
 
 class RecognitionFolder(Dataset):
-    """Word crops from one or more docTR recognition folders.
-
-    Args:
-        paths: folders, each with ``images/`` and ``labels.json``.
-        vocab: labels must use only its characters (or be skipped, see ``on_bad_sample``).
-        on_bad_sample: ``"error"`` stops at the first bad sample, ``"skip"`` drops and counts them.
-        transform: applied to each PIL image.
-        input_size: the model's ``(H, W)``, to refuse labels longer than its CTC frames can hold.
-    """
+    """Word crops from one or more docTR recognition folders, checked by :func:`scan_folder`."""
 
     def __init__(self, paths: tuple[str, ...], vocab: Vocab, on_bad_sample: str = "error", transform=None,
                  input_size: tuple[int, int] | None = None) -> None:

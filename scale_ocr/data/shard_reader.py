@@ -1,10 +1,7 @@
 """Training and validation from a shard set (:mod:`scale_ocr.data.shards`), and the one data-source opener.
 
-Training: the main process's batch sampler (:class:`ShardPosition`) hands each loader worker its own contiguous
-piece of the epoch (:mod:`scale_ocr.data.position`); a worker reads a whole shard once (checking its SHA-256),
-keeps it while its piece stays in it, and decodes and transforms the samples itself. Validation indexes every
-member at open and reads each image by its offset, so every rank takes its :class:`~scale_ocr.data.loader.EvalShard`
-share in any order.
+Training hands each loader worker a contiguous piece of the epoch (:class:`ShardPosition`), so a worker reads each
+shard whole once; validation indexes every member at open and reads each image by its offset, in any order.
 """
 
 from __future__ import annotations
@@ -117,10 +114,8 @@ class ShardVal(Dataset):
 
 
 class ShardPosition:
-    """The training position over a shard set, and this rank's batch sampler (see :mod:`scale_ocr.data.position`).
-
-    Implements the trainer's position interface: :meth:`set_epoch`, :meth:`state`, :meth:`restore`.
-    """
+    """The training position over a shard set (:class:`~scale_ocr.data.loader.Position`), and this rank's batch
+    sampler (see :mod:`scale_ocr.data.position`)."""
 
     def __init__(self, shards: ShardSet, seed: int, world: int, rank: int, workers: int, batch: int,
                  main: bool) -> None:

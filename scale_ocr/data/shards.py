@@ -1,14 +1,8 @@
-"""Shard sets: many samples in a few tar files, plus an index that says what they hold.
+"""Shard sets: many samples in a few tar files as WebDataset writes them, plus an index (``shards.json``) listing
+each shard's name, sample count, byte size and SHA-256 (docs/data.md, "Shards").
 
-A set is a folder with ``shards.json`` and ``shard-NNNNNN.tar`` files, written as WebDataset writes them
-(``KEY.png``/``KEY.jpg`` + ``KEY.txt`` for a word crop's label, or ``KEY.json`` for a page's polygons, words and
-``img_dimensions``), so the ``webdataset`` library and ``tar`` read them too. The index lists each shard's file
-name, sample count, byte size and SHA-256, so a reader knows the sizes without scanning and checks integrity.
-Members are PNG/JPEG bytes, UTF-8 text and JSON: nothing in a set runs code when read.
-
-Why not the webdataset reader: its resumption is approximate (a sample count skipped per worker), and an
-exact position across world sizes needs to know which samples each rank and worker consumed
-(:mod:`scale_ocr.data.position`).
+Members are image bytes, UTF-8 text and JSON: nothing in a set runs code when read. The tars are read here, not
+with webdataset's loader, whose resumption is approximate (:mod:`scale_ocr.data.position` is exact).
 """
 
 from __future__ import annotations
@@ -104,8 +98,7 @@ def _entry(root: Path, index: Path, i: int, entry: object) -> ShardInfo:
         raise UserError(f"{path_text(path)}, listed in {index}, is missing; copy the whole set, or {REBUILD}") from None
     if size != entry["bytes"]:
         raise UserError(f"{path_text(path)} holds {size} bytes but {index} says {entry['bytes']}: it is truncated or "
-                        "was "
-                        f"replaced; copy it again from the original set, or {REBUILD}")
+                        f"was replaced; copy it again from the original set, or {REBUILD}")
     return ShardInfo(entry["name"], path, entry["samples"], entry["bytes"], entry["sha256"])
 
 
@@ -180,8 +173,7 @@ def parse_shard(data: bytes, info: ShardInfo, task: str) -> list[Member]:
         images = [e for e in got if e in IMAGE_EXTS]
         if len(images) != 1 or label_ext not in got:
             raise UserError(f"{path_text(info.path)}: the sample {shown(key)} has members {sorted(got)}; a {task} "
-                            "sample is "
-                            f"one image and a .{label_ext} label; {REBUILD}")
+                            f"sample is one image and a .{label_ext} label; {REBUILD}")
         members.append(Member(key, images[0], got[images[0]], got[label_ext], offsets[key]))
     if len(members) != info.samples:
         raise UserError(f"{path_text(info.path)} holds {len(members)} samples but the index says {info.samples}; "
@@ -197,8 +189,7 @@ def read_shard(info: ShardInfo, task: str) -> list[Member]:
         raise UserError(f"{path_text(info.path)} cannot be read ({exc.strerror}); copy the set again") from None
     if hashlib.sha256(data).hexdigest() != info.sha256:
         raise UserError(f"{path_text(info.path)} does not match the SHA-256 its index lists: it was damaged or "
-                        "replaced "
-                        f"after the set was written; copy it again from the original set, or {REBUILD}")
+                        f"replaced after the set was written; copy it again from the original set, or {REBUILD}")
     return parse_shard(data, info, task)
 
 
@@ -210,17 +201,10 @@ def _tar_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 class ShardWriter:
-    """Writes a shard set: ``add`` samples in order, ``close`` writes the index.
+    """Writes a shard set into ``out`` (new or empty): ``add`` samples in order, ``close`` writes the index.
 
     Each shard is written to a temporary name and renamed when complete, the index last (atomically), so an
-    interrupted conversion leaves no index and is never mistaken for a set.
-
-    Args:
-        out: the set's folder; it must not exist or be empty.
-        task: ``"recognition"`` (labels are words) or ``"detection"`` (labels are dicts with polygons, words and
-            img_dimensions).
-        samples_per_shard: samples in each shard but the last.
-        meta: extra fields for the index (e.g. the seed and the skipped counts).
+    interrupted conversion leaves no index and is never mistaken for a set. ``meta``: extra fields for the index.
     """
 
     def __init__(self, out: str | Path, task: str, samples_per_shard: int, meta: dict | None = None) -> None:

@@ -1,11 +1,8 @@
-"""Synthetic word images rendered with Pillow, deterministic per (seed, index).
+"""Synthetic word images rendered with Pillow, deterministic per (seed, index), so every rank builds the same dataset.
 
-Every rank builds the same dataset from the seed, so a distributed sampler can split it without any
-file on disk. Fonts are the system's DejaVu faces, falling back to Pillow's bundled font.
-
-Two styles: ``line`` crops span the font's whole line, as in word-crop datasets; ``page`` crops are
-words as page OCR hands them to a recognizer (a page's font sizes, paper, ink, turn and noise, cut
-along a detector's box), so a recognizer meant for page OCR trains on what it will read.
+Two styles (docs/data.md, "Synthetic data"): ``line`` crops span the font's whole line, as in word-crop datasets;
+``page`` crops are words as page OCR hands them to a recognizer, so a recognizer meant for page OCR trains on what
+it will read.
 """
 
 from __future__ import annotations
@@ -28,10 +25,9 @@ FONT_GLOBS = (
 )
 TEXT_HEIGHT = (12, 40)  # font size range in pixels on a 512-pixel page (synthetic pages scale it with the page)
 MAX_ANGLE = 5.0  # pages turn by up to this many degrees
-# How far a trained detector's axis-aligned box strays from a word's ink box, per side (left, top, right,
-# bottom; outwards positive) in word heights: db_mobilenet_v3_large at 256x256 on 512-pixel synthetic
-# pages measured mean (-0.04, -0.02, 0.13, 0.11) and spread (0.26, 0.07, 0.18, 0.12), the widest from
-# merged or split words. Page-style words are cut along a box drawn from this (spread clipped at 2 sigma).
+# How far a trained detector's axis-aligned box strays from a word's ink box, per side (left, top, right, bottom;
+# outwards positive) in word heights, as db_mobilenet_v3_large's boxes did on synthetic pages. Page-style words are
+# cut along a box drawn from this (spread clipped at 2 sigma).
 BOX_ERROR_MEAN = np.array([0.0, 0.0, 0.12, 0.1])
 BOX_ERROR_STD = np.array([0.12, 0.07, 0.15, 0.1])
 
@@ -157,16 +153,8 @@ KEEP_BYTES = 256 * 2**20
 
 
 class SyntheticWords(Dataset):
-    """``num_samples`` rendered words; sample ``i`` depends only on ``(seed, i)``.
-
-    Args:
-        charset: characters to draw words from.
-        num_samples: dataset length.
-        min_chars: shortest word.
-        max_chars: longest word.
-        seed: base seed; training and validation sets use different seeds.
-        transform: applied to the PIL image (resize, augment, to tensor).
-        style: ``line`` or ``page`` (see the module docstring).
+    """``num_samples`` rendered words of ``charset`` in ``style`` (``line`` or ``page``); sample ``i`` depends only
+    on ``(seed, i)``.
 
     Rendering is most of a word's loading time. With a :class:`~scale_ocr.data.transforms.WordTransform`
     whose first stage is deterministic (no augmentation before resizing: recognition's default), that

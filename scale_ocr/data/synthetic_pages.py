@@ -1,9 +1,7 @@
 """Synthetic document pages with known word polygons, deterministic per (seed, index).
 
-Words are drawn with Pillow in paragraphs of one or two columns, each paragraph with its own DejaVu
-font, size and line spacing, inside random blank margins; the page is then tinted, turned by up to
-5 degrees and given sensor noise. Every word's polygon is its tight ink box (``font.getbbox``) turned
-with the page, so labels match pixels exactly and every rank renders the same page from the seed.
+Paragraphs in one or two columns, the page tinted, turned and noised; every word's polygon is its tight ink box
+(``font.getbbox``) turned with the page, so labels match pixels exactly.
 """
 
 from __future__ import annotations
@@ -78,20 +76,11 @@ def _layout(rng: np.random.Generator, size: tuple[int, int], charset: str, unit:
 
 def render_page(seed: int, index: int, size: tuple[int, int] = (512, 512), charset: str = DEFAULT_CHARSET,
                 text_scale: float | None = None) -> tuple[Image.Image, np.ndarray, list[str]]:
-    """Render page ``index`` of the stream ``seed``.
+    """Page ``index`` of the stream ``seed``, ``size`` (H, W): the RGB page, its word polygons as float32
+    ``(N, 4, 2)`` absolute pixels (clockwise from the word's top-left), and the N words.
 
-    Args:
-        seed: the stream; training and validation use different seeds.
-        index: the page within it.
-        size: ``(H, W)`` in pixels.
-        charset: characters words are drawn from (whitespace is ignored).
-        text_scale: font sizes are the synthetic words' (``TEXT_HEIGHT`` px) times this; None: the page's shorter
-            side / 512, so a page of any size holds the same layout (a page larger than the model's input with
-            ``text_scale=1`` holds words of the trained size, as a scanned page at its own resolution does).
-
-    Returns:
-        The RGB page, its word polygons as float32 ``(N, 4, 2)`` ``(x, y)`` absolute pixels (clockwise
-        from the word's top-left), and the N words.
+    ``text_scale``: font sizes are ``TEXT_HEIGHT`` times this; None: the page's shorter side / 512, so a page of any
+    size holds the same layout (with 1, a large page holds words of the trained size, as a scan at its resolution).
     """
     rng = np.random.default_rng([seed, index])
     charset = "".join(c for c in charset if not c.isspace())
@@ -116,16 +105,8 @@ def render_page(seed: int, index: int, size: tuple[int, int] = (512, 512), chars
 
 
 class SyntheticPages(Dataset):
-    """``num_samples`` rendered pages; page ``i`` depends only on ``(seed, i)``.
-
-    Args:
-        num_samples: dataset length.
-        seed: base seed.
-        size: page ``(H, W)`` in pixels before the transform.
-        charset: characters words are drawn from.
-        transform: a page transform (see :func:`~scale_ocr.data.det_transforms.build_det_transform`)
-            called as ``transform(img, polygons, words)``; None returns the PIL page.
-    """
+    """``num_samples`` rendered pages; page ``i`` depends only on ``(seed, i)``; ``transform(img, polygons, words)``
+    as :func:`~scale_ocr.data.det_transforms.build_det_transform` makes it, None returns the PIL page."""
 
     def __init__(self, num_samples: int, seed: int, size: tuple[int, int] = (512, 512),
                  charset: str = DEFAULT_CHARSET, transform=None) -> None:
@@ -143,11 +124,8 @@ class SyntheticPages(Dataset):
 
 def write_detection_folder(path: str | Path, num_pages: int, seed: int, size: tuple[int, int] = (512, 512),
                            charset: str = DEFAULT_CHARSET, text_scale: float | None = None) -> Path:
-    """Write pages ``0..num_pages-1`` of the stream ``seed`` as a docTR detection folder.
-
-    ``labels.json`` carries ``img_dimensions`` ``[H, W]``, the PNG's ``img_hash`` (SHA-256),
-    ``polygons`` and the parallel ``words`` (``text_scale``: :func:`render_page`'s). Returns the folder.
-    """
+    """Write pages ``0..num_pages-1`` of the stream ``seed`` as a docTR detection folder (with ``img_dimensions``,
+    ``img_hash`` and ``words``); returns the folder."""
     root = Path(path)
     (root / "images").mkdir(parents=True, exist_ok=True)
     labels = {}

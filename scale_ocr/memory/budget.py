@@ -1,9 +1,5 @@
-"""``--gpu-memory-cap-gb``: make a GPU look smaller, for memory experiments (``benchmarks.max_model``).
-
-On a GPU the budget is ``torch.cuda.set_per_process_memory_fraction``: the caching allocator refuses to grow past
-it and raises ``OutOfMemoryError``, as a device of that size would. On a CPU host the equivalent is a per-process
-cap on the data segment (``ulimit -d``, what the benchmark runner sets), so the flag refuses CPU devices.
-"""
+"""``--gpu-memory-cap-gb``: make a GPU look smaller (``torch.cuda.set_per_process_memory_fraction``) for memory
+experiments; a CPU host caps the data segment instead (``ulimit -d``), so the flag refuses CPU devices."""
 
 from __future__ import annotations
 

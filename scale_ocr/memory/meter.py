@@ -1,12 +1,7 @@
-"""Model-state bytes counted from the tensors a rank really holds.
+"""Model-state bytes counted from the tensors a rank really holds (peak RSS mixes in caching and activations).
 
-Peak RSS on CPU (and even CUDA's max-allocated) mixes model state with allocator caching, activations
-and set-up copies, so comparing engines by it says little. Instead each strategy lists the tensors it
-holds, by category, and :class:`StateMeter` sums their storages at the optimizer step: the moment
-model state peaks (gradients reduced and still held, optimizer moments and fp32 masters live, and
-DeepSpeed's fp32 gradient partitions created). Storages are counted once, so views (DDP's gradient
-bucket views, DeepSpeed's flat partitions) are not double-counted, and a storage claimed by an earlier
-category is not counted again by a later one.
+Each strategy lists its tensors by category; :class:`StateMeter` sums their distinct storages at the optimizer
+step, where model state peaks, so views are not double-counted (docs/memory.md).
 """
 
 from __future__ import annotations
@@ -46,17 +41,10 @@ CATEGORIES = ("params", "grads", "optimizer", "other")
 
 @dataclass(frozen=True)
 class StateBytes:
-    """Bytes one rank holds, by category.
+    """Bytes one rank holds, by category (``other``: engine buffers such as reduce buckets).
 
-    Attributes:
-        params: the parameters as this rank stores them (its shard under FSDP/ZeRO-3).
-        grads: gradients, including engines' gradient partitions and fp32 gradient copies.
-        optimizer: optimizer state: Adam moments, step counters, and fp32 master weights.
-        other: other engine buffers found alongside (reduce buckets, staging buffers).
-        host: of all the above, bytes in host memory while the run's device is an accelerator
-            (offloaded state); 0 on CPU runs, where there is one memory.
-        disk: bytes of this rank's swap files at the same moment (NVMe offload), not part of the above,
-            which count memory: what left memory altogether.
+    ``host`` is the part of the rest in host memory while the device is an accelerator (0 on CPU runs); ``disk``
+    the rank's swap files (NVMe offload), not part of the rest.
     """
 
     params: int = 0
@@ -79,11 +67,8 @@ def tensors_in(obj: Any, depth: int = 3) -> Iterator[torch.Tensor]:
     """Tensors inside nested lists, tuples and dicts (DeepSpeed keeps its partitions that way)."""
     if isinstance(obj, torch.Tensor):
         yield obj
-    elif depth > 0 and isinstance(obj, dict):
-        for v in obj.values():
-            yield from tensors_in(v, depth - 1)
-    elif depth > 0 and isinstance(obj, (list, tuple)):
-        for v in obj:
+    elif depth > 0 and isinstance(obj, (dict, list, tuple)):
+        for v in obj.values() if isinstance(obj, dict) else obj:
             yield from tensors_in(v, depth - 1)
 
 
@@ -114,18 +99,12 @@ def count_state(groups: dict[str, Iterable[torch.Tensor | None]], device: torch.
 
 
 class StateMeter:
-    """Counts a strategy's state at every optimizer step (a step pre-hook) and keeps the largest.
+    """Counts a strategy's state at the optimizer step (a step pre-hook on the ``optimizer`` that actually steps)
+    and keeps the largest.
 
-    Args:
-        optimizer: the torch optimizer that actually steps (DeepSpeed's and OSS's inner one).
-        collect: returns category -> tensors, as :func:`count_state` takes them.
-        device: the run's device (decides what counts as host memory).
-        disk: returns the bytes of the strategy's swap files (NVMe offload), measured with the tensors.
-        samples: optimizer-step calls to measure before the hook removes itself: two steps' worth (ZeRO-3 calls
-            the optimizer once per sub-group, and passes twice their number). The tensors an engine holds do not
-            change from step to step, so the first two steps with optimizer state find the peak, and every later
-            step pays nothing: walking DeepSpeed's partitions at every step cost a 2M-parameter CRNN 2.6% of
-            its training time.
+    ``samples``: optimizer-step calls counted before the hook removes itself (ZeRO-3 passes twice its sub-group
+    count): what an engine holds does not change from step to step, so two steps find the peak and later steps
+    pay nothing.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, collect: Callable[[], dict[str, Iterable]],
@@ -165,12 +144,9 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 
 class ActivationProbe:
-    """Bytes of the tensors autograd saves for backward in one micro-batch's forward: the activations (and autocast's
-    16-bit weight copies, and the whole parameters FSDP2 and ZeRO-3 gather for the layer), distinct storages counted
-    once, the storages of the parameters as the rank holds them left out (the meter counts them). Measured
-    once, on the first micro-batch this process trains, through ``torch.autograd.graph.saved_tensors_hooks``;
-    activation checkpointing's own hooks take precedence inside checkpointed blocks, so what they keep is what
-    is counted. Compiled modules are skipped (their graphs save tensors inside the compiled region)."""
+    """Bytes of the tensors autograd saves in the first micro-batch's forward (``saved_tensors_hooks``), distinct
+    storages once, the rank's own parameters left out (the meter counts them); compiled modules are skipped, as their
+    graphs save tensors inside the compiled region (docs/memory.md, "At the peak")."""
 
     def __init__(self) -> None:
         self.bytes: int | None = None
@@ -198,14 +174,7 @@ class ActivationProbe:
 
 def peak_breakdown(device: torch.device, state: StateBytes | None, at_step: int | None,
                    activations: int | None) -> dict[str, int | None]:
-    """Memory at this rank's peak, split beside the meter's model state (docs/memory.md, "At the peak").
-
-    GPU: the CUDA caching allocator's peaks (allocated, active, reserved, inactive split); ``temporaries`` is
-    the peak allocated less model state, engine buffers and activations, ``allocator`` the reserved less the
-    allocated. CPU: the peak resident set against the runtime (resident before any model), model state, engine
-    buffers and activations; ``heap`` is the rest: freed memory glibc kept, temporaries, loader buffers. At the
-    meter's optimizer step (activations freed by then), ``at_step`` is what the process held.
-    """
+    """Memory at this rank's peak, split beside the meter's model state (docs/memory.md, "At the peak")."""
     state_bytes = state.model_state if state is not None else None
     other = state.other if state is not None else None
     known = sum(v for v in (state_bytes, other, activations) if v is not None)

@@ -1,18 +1,7 @@
-"""The memory model: what each strategy holds per rank, in theory and as its engine really does.
+"""The memory model: what each strategy holds per rank, in theory and as its engine really does (docs/memory.md).
 
-Three figures per strategy, in bytes per rank for a model of ``n`` parameters on ``world`` ranks:
-
-* **ideal**: the ZeRO paper's model-state formulas. Mixed-precision Adam holds 2n (16-bit weights)
-  + 2n (16-bit gradients) + K n with K = 12 (fp32 master, momentum, variance); stage 1 divides the
-  K n by the world size, stage 2 the gradients too, stage 3 everything. The fp32 analogue is
-  4n + 4n + 8n (no master copy: the weights are the master). FSDP is stage 3, FSDP without resharding
-  after forward and fairscale are stage 2, DDP/DataParallel/single are stage 0. HSDP is stage 3 over its shard
-  group (``StateLayout.shard_group``), replicated across the groups.
-* **engine**: what the engine holds at the optimizer step, where model state peaks, built from the
-  strategy's :class:`StateLayout`, which names the engine's departures from the ideal (see each
-  strategy's ``state_layout``). The benchmark checks it against bytes counted from the tensors.
-* **deepspeed**: DeepSpeed's own estimators (``estimate_zero2/3_model_states_mem_needs``) for the
-  DeepSpeed strategies, reproduced here so predictions need no process group and no DeepSpeed import.
+Three figures in bytes per rank: the ZeRO paper's **ideal**, the **engine**'s own (from the strategy's
+:class:`StateLayout`, its departures from the ideal), and **deepspeed**'s estimators, reproduced without importing it.
 """
 
 from __future__ import annotations
@@ -28,8 +17,7 @@ class StateLayout:
 
     Attributes:
         ideal_stage: the ZeRO stage (0-3) whose ideal formula this strategy is compared with.
-        mixed: weights are held in 16 bits with an fp32 master (DeepSpeed bf16/fp16); False when the
-            weights themselves are fp32 (torch engines: autocast computes in 16 bits over fp32 weights).
+        mixed: weights are held in 16 bits with an fp32 master (DeepSpeed bf16/fp16), not fp32 under autocast.
         param_bytes, params_sharded: stored weights.
         grad_bytes, grads_sharded: gradients kept until the step.
         step_grad_bytes: an extra fp32 gradient the engine builds for the step (DeepSpeed upcasts its
@@ -37,26 +25,22 @@ class StateLayout:
         master_bytes: fp32 master weights kept beside the stored weights (0 when they are the master).
         optim_bytes, optim_sharded: Adam's moments.
         buffer_bytes: engine buffers allocated up front whatever the model size (ZeRO-3's reduce bucket).
-        host: which parts live in host memory on an accelerator: "", or "optimizer", "grads", "params" joined
-            by "+". "optimizer" takes the fp32 step gradient with it (the optimizer steps on the host);
-            "grads" is the 16-bit gradient partition (DeepSpeed keeps it beside an offloaded optimizer).
+        host: the parts in host memory on an accelerator, "optimizer", "grads", "params" joined by "+" ("optimizer"
+            takes the fp32 step gradient with it; "grads" is DeepSpeed's 16-bit partition beside it).
         disk: which parts live in swap files (NVMe offload), same names; host memory then holds only
             the part being used (one optimizer sub-group, the parameters being gathered).
-        grads_staged: the whole fp32 gradient partition, swapped out with the optimizer (``disk``), is first
-            built in device memory at the accumulation boundary: DeepSpeed 0.19's NVMe offload upcasts every
-            16-bit partition and writes them out together, so the step's peak holds it although it lives on disk.
-        gathers_per: how a sharding engine issues its collectives, for the time model's count of calls: "unit"
-            (FSDP: one all-gather and one reduce-scatter per sharding unit), "module" (ZeRO-3: an all-gather per
-            module whose weights are partitioned, gradients reduced in buckets); "" (buckets of about 25 MiB).
-        gathers_16bit: the engine gathers fp32 weights as 16-bit copies for each unit's compute (FSDP's
-            mixed-precision policy), so, as with ``mixed``, autocast makes and saves no 16-bit copy of them.
+        grads_staged: the fp32 gradient partition swapped out with the optimizer (``disk``) is first built whole in
+            device memory (DeepSpeed's NVMe offload upcasts every partition at once), so the step's peak holds it.
+        gathers_per: the time model's count of collectives: "unit" (FSDP: one all-gather and reduce-scatter per
+            sharding unit), "module" (ZeRO-3: an all-gather per partitioned module), "" (buckets of about 25 MiB).
+        gathers_16bit: the engine gathers fp32 weights as 16-bit copies (FSDP's mixed precision): as with ``mixed``,
+            autocast saves no 16-bit copy of them.
         shard_group: the sharded parts are split over groups of this many ranks and replicated across the groups
             (HSDP); None: over all ranks.
         secondary_group: ZeRO++ hpZ keeps a second copy of the (``param_bytes``) weights, partitioned over groups
             of this many ranks (a node), which the backward gathers from instead of from every rank; 0: none.
-        grads_freed: gradients are tensors of their own, set to None after each step and built during the
-            backward as it frees the activations, so a step never holds both in full (see :func:`step_peak`);
-            False where they live in buffers kept across steps (DDP's buckets, DeepSpeed's partitions).
+        grads_freed: gradients are set to None after each step and rebuilt during the backward (see
+            :func:`step_peak`); False where they live in buffers kept across steps (DDP's buckets, ZeRO partitions).
         note: what the engine adds beyond the ideal, in one sentence.
     """
 
@@ -124,7 +108,7 @@ def step_peak(state: float, grads: float, activations: float, grads_freed: bool)
     Where gradients are freed after each step (``StateLayout.grads_freed``), the forward runs without them and
     the backward builds them while it frees the activations: for a stack of similar layers the two sum to
     ``A + (G - A) f`` a fraction ``f`` into the backward, whose largest value is the larger of them, not their
-    sum. Measured: FSDP2 at 4 GiB per rank fitted a 397M ViTSTR that the sum put 0.66 GiB over budget."""
+    sum."""
     return state + activations - (min(grads, activations) if grads_freed else 0.0)
 
 

@@ -1,15 +1,9 @@
-"""Activation checkpointing (``--activation-checkpointing``): trade compute for memory.
+"""Activation checkpointing (``--activation-checkpointing``): trade compute for memory (docs/models.md).
 
-Each of a model's ``checkpoint_units()`` (ViT blocks, CNN backbone stages) keeps only its input for the
-backward pass and recomputes its activations there. Written once for every model family and strategy:
-each unit is replaced in its parent by torch's non-reentrant ``checkpoint_wrapper``, whose state-dict hooks
-keep parameter names as they were (checkpoints load with or without it, and DCP knows the wrapper), and it
-runs as the model is built, before any strategy wraps it, so an engine that shards unit by unit (FSDP2)
-shards the wrapped units, as torchtitan does.
-
-BatchNorm: recomputing a unit runs its forward twice per step, which would update running statistics
-twice. During the recomputation their momentum is zero and the batch counter is put back, so a
-checkpointed run's buffers, and so its validation, equal the plain run's.
+Each of a model's ``checkpoint_units()`` is replaced in its parent by torch's non-reentrant ``checkpoint_wrapper``
+(parameter names kept) as the model is built, before any strategy wraps it, so FSDP2 shards the wrapped units.
+A recomputed forward would update BatchNorm's running statistics twice: during it their momentum is zero and the
+batch counter is put back, so a checkpointed run's buffers equal the plain run's.
 """
 
 from __future__ import annotations

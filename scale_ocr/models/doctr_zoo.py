@@ -1,28 +1,10 @@
-"""docTR's own recognition models in the registry, as ``doctr:<arch>`` (the optional extra ``scale-ocr[doctr]``).
+"""docTR's own models in the registry, as ``doctr:<arch>`` (the optional extra ``scale-ocr[doctr]``; docs/models.md).
 
-``doctr:crnn_mobilenet_v3_small`` is ``doctr.models.crnn_mobilenet_v3_small(pretrained=False,
-pretrained_backbone=False)``: docTR's class, layers, initialisation, loss and post-processing, built without
-downloading anything. Only its ``forward`` is adapted to scale_ocr's model interface, by a subclass that adds no
-state, so its ``state_dict`` is docTR's key for key and loads into docTR's own class with ``strict=True``:
-
-* ``model(images, targets, target_lengths)`` -> ``{"logits", "loss"}``: the targets are the task's padded
-  class indices (0 is the blank, character ``i`` is ``i + 1``); they are turned back into the words docTR's
-  ``forward`` takes, and the loss is docTR's own (CTC for the CRNNs and VIPTR, cross-entropy for the
-  attention and transformer decoders);
-* ``model(images)`` -> ``{"logits"}``, docTR's ``out_map``, which docTR's post-processor of the architecture
-  (:func:`postprocessor`) turns into words and confidences.
-
-docTR's detectors (DBNet, LinkNet, FAST) are adapted the same way:
-
-* ``model(images, polygons, counts)`` -> ``{"probs", "loss"}``: ``polygons`` is the batch's word polygons
-  padded to one tensor ``(B, N, 4, 2)`` of relative coordinates, ``counts`` how many of each page's are real
-  (a tensor layout, so DataParallel scatters pages and their words together); they become the per-page
-  ``[{"words": (n, 4, 2) float32}]`` that docTR's ``forward`` builds its targets and loss from;
-* ``model(images)`` -> ``{"probs"}``, docTR's ``out_map`` (sigmoid probabilities), which docTR's
-  post-processor of the architecture (:func:`det_postprocessor`) turns into boxes.
-
-docTR is imported only when a ``doctr:`` model is asked for: its import costs seconds, and without the extra
-the rest of scale_ocr works and a ``doctr:`` name is one line saying what to install.
+Each is docTR's model built with ``pretrained=False, pretrained_backbone=False``; only its ``forward`` is adapted to
+scale_ocr's model interface, by a subclass without state of its own, so its ``state_dict`` is docTR's key for key.
+A recognizer takes the task's padded class indices (0 is the blank) and returns ``{"logits", "loss"}``; a detector
+takes padded relative polygons ``(B, N, 4, 2)`` with per-page ``counts`` and returns ``{"probs", "loss"}``. docTR
+is imported only when a ``doctr:`` model is asked for: its import costs seconds.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Build models by name: scale_ocr's registered architectures, and docTR's own as ``doctr:<arch>``.
-
-The registry (:mod:`scale_ocr.models.registry`) is a leaf that holds entries; this module parses a name's
-source (timm's ``_factory.parse_model_name``), adds a ``doctr:`` entry the first time one is asked for, and
-answers what callers need of a name: its entry, whether it takes a keyword, its learning rate and vocabularies.
-"""
+"""Build models by name: scale_ocr's registered architectures, and docTR's own as ``doctr:<arch>`` (whose entry is
+added to the registry the first time one is asked for)."""
 
 from __future__ import annotations
 
@@ -55,9 +51,7 @@ def recommended_lr(name: str) -> float:
 
 
 def reference_batch(name: str) -> int:
-    """The global batch :func:`recommended_lr` is stated at (``--lr-scaling`` carries the rate from there): the
-    convergence record's 2 ranks x 32 for the MobileNet CRNNs (their 3e-3 was measured there), docTR's training
-    scripts' batch for the rest (64 words for recognizers, 2 pages for DBNet), whose rate they keep."""
+    """The global batch :func:`recommended_lr` is stated at (``--lr-scaling`` carries the rate from there)."""
     return int(model_entry(name).reference_batch)
 
 

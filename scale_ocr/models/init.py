@@ -1,12 +1,8 @@
 """Initial weights that depend only on (seed, parameter name): the same whole, sharded or partitioned.
 
-A model that defines ``init_param(name, tensor, generator)`` (its initialisation rule, by parameter name)
-gets every parameter drawn from a generator seeded by the run's seed and the parameter's name. The values
-then do not depend on the order modules were built in, nor on where the tensor lives: an FSDP2 model built
-on the meta device draws each whole parameter on the host, one at a time, and keeps its own shard, and
-ends with exactly the weights of a model built whole with the same seed; a ZeRO-3 model built inside
-``deepspeed.zero.Init`` gathers one parameter at a time to write it. No rank ever holds more than one whole
-parameter beyond its shards.
+A model's ``init_param(name, tensor, generator)`` rule draws each whole parameter from a generator seeded by both,
+one at a time, so a model built on meta (FSDP2) or inside ``zero.Init`` (ZeRO-3) ends with exactly the weights of
+one built whole, and no rank holds more than one whole parameter beyond its shards.
 """
 
 from __future__ import annotations
@@ -42,12 +38,9 @@ def has_init_rule(model: nn.Module) -> bool:
 class ModelFactory:
     """How to build a run's model, handed to a strategy, which never learns whose model it is (a task's).
 
-    Attributes:
-        create: builds the bare architecture; an engine may call it inside its own context (``zero.Init``).
-        apply_options: wraps a built model as the run asks (activation checkpointing, channels-last images)
-            without renaming parameters.
-        load_weights: ``--init-from``: fills a whole built model from a file and returns a line saying so; when
-            set, the model is built whole and loaded before an engine shards it.
+    ``create`` builds the bare architecture (an engine may call it inside ``zero.Init``); ``apply_options`` wraps it
+    as the run asks without renaming parameters; ``load_weights`` (``--init-from``) fills a whole built model before
+    an engine shards it and returns a line saying so.
     """
 
     create: Callable[[], nn.Module]
@@ -59,9 +52,8 @@ class ModelFactory:
         return self.apply_options(self.create())
 
     def meta_with_rule(self) -> nn.Module | None:
-        """The model built on the meta device (no memory, no initialisation work) when it has a per-parameter
-        init rule, so it can be materialised anywhere and filled by :func:`init_weights`; None when it has not,
-        and must be built whole from the global RNG (or from the weights ``--init-from`` names)."""
+        """The model built on the meta device when it has a per-parameter init rule (to be materialised anywhere and
+        filled by :func:`init_weights`); None when it must be built whole (global RNG, or ``--init-from``)."""
         if self.load_weights is not None:
             return None
         with torch.device("meta"):

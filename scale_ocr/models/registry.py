@@ -1,8 +1,7 @@
 """The model registry, a leaf: typed entries by name, filled by ``@register_model``; it builds nothing itself.
 
-Building by name, listing and the ``doctr:`` source live in :mod:`scale_ocr.models.factory` (timm's
-``_registry``/``_factory`` split): this module imports no model, so every model module can register here
-without an import circle.
+It imports no model, so every model module can register here without an import circle; building by name lives in
+:mod:`scale_ocr.models.factory` (timm's ``_registry``/``_factory`` split).
 """
 
 from __future__ import annotations
@@ -20,14 +19,10 @@ from scale_ocr.config import DEFAULT_LR, DEFAULT_REFERENCE_BATCH
 #: Names of docTR's own models start with it (``doctr:crnn_vgg16_bn``); the factory builds them.
 PREFIX = "doctr:"
 
-#: The largest value each size keyword of a builder may take (``--model-width`` ..., or what a model file's
-#: config.json, export metadata or trainer.json claims), and ``input_side`` each side of the input size. They stop
-#: a crafted or damaged file from making scale-ocr build something absurd before its weights are compared
-#: (:mod:`scale_ocr.checkpoint.identity`), and are generous for real models: the largest ViTSTR trained here is
-#: width 2048, depth 15, 32 heads, MLP ratio 4 (0.756B parameters under FSDP2,
-#: benchmarks/results/large-model-vm-20261201) and the depth searches reach 64 blocks; the bounds allow 8x that
-#: width (above ViT-22B's 6144), 4x that depth, 16x the heads, 4x the MLP ratio, and 8192-pixel sides (a whole
-#: A4 page scanned at 600 dpi, 4961x7016). At the width and depth bounds a ViTSTR holds 0.8 trillion parameters.
+#: The largest value each size keyword of a builder may take (``--model-width`` ..., or what a model file claims),
+#: and ``input_side`` each side of the input size: a crafted or damaged file cannot make scale-ocr build something
+#: absurd before its weights are compared (:mod:`scale_ocr.checkpoint.identity`). Generous for real models: several
+#: times the largest ViTSTR trained (width 2048, depth 15; ViT-22B is 6144 wide), and a 600 dpi A4 page a side.
 SIZE_BOUNDS = MappingProxyType({"width": 16384, "depth": 256, "heads": 512, "mlp_ratio": 16.0, "input_side": 8192})
 
 
@@ -36,11 +31,9 @@ class ModelEntry:
     """What the registry knows of one model before building it.
 
     Attributes:
-        name: the registered name, ``<arch>_<backbone>[_<size>]`` or ``doctr:<arch>``.
         build: the builder; its keyword arguments are what the model lets a run set (``accepts``).
         task: the name of the task that trains it (data, targets, metrics), a key of the task registry.
-        default_lr: the peak learning rate ``--lr`` defaults to (measured to learn fastest with the default recipe).
-        reference_batch: the global batch ``default_lr`` is stated at; ``--lr-scaling`` carries it from there.
+        default_lr: the peak learning rate ``--lr`` defaults to, stated at the global batch ``reference_batch``.
         vocabs: the named vocabularies ``--vocab NAME`` may use; None: scale_ocr's.
         default_vocab: the vocabulary used when none is given; None: latin.
         bounds: the largest value of each size keyword and input side (:data:`SIZE_BOUNDS` unless registered).

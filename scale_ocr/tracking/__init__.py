@@ -58,11 +58,8 @@ class FanOut:
 
 def build_logger(cfg: LoggingConfig, is_main: bool, run_dir: Path, run_config: dict[str, Any],
                  resume: bool = False, keep_records: int | None = None):
-    """JSONL plus W&B on global rank 0; a :class:`NullLogger` on every other rank.
-
-    ``keep_records``: a run resumed from its own checkpoint trims metrics.jsonl to the records that
-    checkpoint accounts for (see :class:`JsonlLogger`).
-    """
+    """JSONL plus W&B on global rank 0 (``keep_records``: :class:`JsonlLogger`'s ``keep``); a :class:`NullLogger`
+    on every other rank."""
     if not is_main:
         return NullLogger()
     jsonl = JsonlLogger(run_dir, append=resume, keep=keep_records)

@@ -23,12 +23,8 @@ def clean(value: Any) -> Any:
 class JsonlLogger:
     """Appends one JSON object per logged step; the summary is replaced atomically.
 
-    Args:
-        run_dir: the run directory.
-        append: keep earlier records (a resumed run) instead of starting the file afresh.
-        keep: with ``append``, keep only the first ``keep`` records: those the resumed checkpoint
-            accounts for. Later ones belong to steps the resumed run trains again, and would
-            otherwise appear twice.
+    ``append`` keeps a resumed run's earlier records, only the first ``keep`` of them: those its checkpoint accounts
+    for (later ones belong to steps trained again, and would appear twice).
     """
 
     def __init__(self, run_dir: Path, append: bool = False, keep: int | None = None) -> None:

@@ -1,12 +1,8 @@
-"""Weights & Biases: one run per job, offline unless an API key is configured, never fatal.
+"""Weights & Biases: one run per job, offline unless an API key is configured, never fatal (docs/wandb.md).
 
-No W&B server is reachable from many training hosts, so the default is offline mode whenever no API
-key is configured (``wandb sync RUN_DIR/wandb/offline-run-*`` uploads later; ``$WANDB_DIR/wandb``
-instead of ``RUN_DIR/wandb`` when the user sets it). Anything that goes wrong with W&B - a missing
-install, an unreachable server, a failing call - becomes one warning and the run carries on with
-``metrics.jsonl``, except a full disk: W&B's writer drops records silently when its file system is full (it
-only notes it in its own debug log), so the logger checks the room left before each call and stops the run the way
-every other full-disk write does (:class:`~scale_ocr.disk.DiskFault`, exit 74).
+Any W&B trouble becomes one warning and the run carries on with ``metrics.jsonl``, except a full disk: W&B's writer
+drops records silently then, so the room left is checked before each call and a full disk stops the run
+(:class:`~scale_ocr.disk.DiskFault`, exit 74).
 """
 
 from __future__ import annotations
@@ -145,8 +141,7 @@ class WandbLogger:
 def open_wandb(cfg: LoggingConfig, run_dir: Path, run_config: dict[str, Any], resume: bool = False):
     """Start (or, when resuming, reopen) this job's single W&B run; None when disabled or unavailable.
 
-    W&B's files go under ``$WANDB_DIR/wandb`` when the user sets it (clusters point it at scratch
-    space), else under ``run_dir/wandb``; the run id file that resuming needs stays in ``run_dir``.
+    W&B's files go under ``$WANDB_DIR/wandb`` when set, else ``run_dir/wandb``; the run id file stays in ``run_dir``.
     """
     mode = resolve_mode(cfg.wandb_mode)
     if mode == "disabled":

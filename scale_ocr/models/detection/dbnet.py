@@ -1,9 +1,7 @@
 """DBNet (Liao et al. 2020): backbone -> FPN -> probability and threshold maps, trained with the DB loss.
 
-Backbones come from torchvision with random weights, cut into four stages that end at strides 4, 8,
-16 and 32. The FPN fuses them at stride 4 and two heads upsample 4x back to the input resolution.
-At training time the approximate binary map sigmoid(k * (P - T)) ties the two maps together; at
-inference only the probability map is needed, so the threshold head is skipped in eval mode.
+Four torchvision backbone stages (strides 4-32) fused at stride 4; only the probability map is needed at
+inference, so the threshold head is skipped in eval mode (docs/models.md).
 """
 
 from __future__ import annotations
@@ -35,11 +33,8 @@ class FPN(nn.Module):
     """Feature pyramid: 1x1 laterals, top-down upsample + add, a 3x3 conv per level, concat at stride 4.
 
     docTR's ``FeaturePyramidNetwork`` computation exactly (bilinear, corner-aligned upsampling), so that a DBNet
-    here and docTR's DBNet of the same backbone give the same maps from the same weights.
-
-    Args:
-        in_channels: channels of each backbone level, shallowest first.
-        out_channels: width of the laterals and of the fused output (each level gives a quarter).
+    here and docTR's DBNet of the same backbone give the same maps from the same weights. ``in_channels``:
+    shallowest level first; ``out_channels``: the laterals' and the fused output's width (a share per level).
     """
 
     def __init__(self, in_channels: Sequence[int], out_channels: int) -> None:
@@ -71,13 +66,7 @@ def _head(channels: int) -> nn.Sequential:
 
 
 class DBNet(nn.Module):
-    """DBNet text detector.
-
-    Args:
-        stages: four backbone stages applied in turn, ending at strides 4, 8, 16 and 32.
-        stage_channels: output channels of each stage.
-        fpn_channels: FPN width (docTR's: 256 for both backbones).
-    """
+    """DBNet text detector over four backbone ``stages`` ending at strides 4, 8, 16 and 32."""
 
     doctr_arch: str | None = None  # docTR's name for the same architecture (set by the builders below)
     channels_last = True  # convolutional: faster fed NHWC images (ModelConfig.channels_last)
@@ -109,12 +98,8 @@ class DBNet(nn.Module):
     def forward(self, images: torch.Tensor, prob_target: torch.Tensor | None = None,
                 prob_mask: torch.Tensor | None = None, thresh_target: torch.Tensor | None = None,
                 thresh_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """Probability logits, plus the loss when all four (B, H, W) targets are given.
-
-        Returns:
-            ``logits``: (B, 1, H, W) raw probability logits; ``thresh``: the (B, 1, H, W) sigmoid
-            threshold map, in training mode or with targets; with targets also ``losses`` (B,) per
-            sample (validation masks padded samples with it) and ``loss``, their mean.
+        """``logits`` (B, 1, H, W); ``thresh`` (its sigmoid map) in training mode or with targets; given all four
+        (B, H, W) targets, ``losses`` per sample (validation masks padded samples with it) and ``loss``, their mean.
         """
         targets = (prob_target, prob_mask, thresh_target, thresh_mask)
         given = sum(t is not None for t in targets)

@@ -57,23 +57,11 @@ def db_loss(prob_logits: torch.Tensor, thresh_map: torch.Tensor, prob_target: to
             prob_mask: torch.Tensor, thresh_target: torch.Tensor, thresh_mask: torch.Tensor,
             reduction: str = "mean", alpha: float = 1.0, beta: float = 10.0, neg_ratio: float = 3.0,
             eps: float = 1e-6) -> torch.Tensor:
-    """DB loss of one batch.
+    """DB loss of one batch: a float32 scalar, or one loss per sample (B,) for ``reduction="none"``.
 
-    Args:
-        prob_logits: raw logits of the probability map, (B, 1, H, W) or (B, H, W).
-        thresh_map: the threshold map after its sigmoid, same shape as ``prob_logits``.
-        prob_target: 1 inside the shrunk text regions, (B, H, W).
-        prob_mask: 0 on ignored pixels (tiny or degenerate words), else 1, (B, H, W).
-        thresh_target: threshold target in [thresh_min, thresh_max], (B, H, W).
-        thresh_mask: 1 inside the dilated text regions, (B, H, W).
-        reduction: ``"mean"`` for a scalar over the batch, ``"none"`` for one loss per sample (B,).
-        alpha: weight of the dice loss on the approximate binary map.
-        beta: weight of the L1 loss on the threshold map.
-        neg_ratio: at most this many hard negatives per positive pixel, per sample.
-        eps: keeps empty pages (no positives, no threshold region) finite.
-
-    Returns:
-        A float32 scalar, or a (B,) float32 tensor for ``reduction="none"``.
+    ``prob_logits`` (raw) and ``thresh_map`` (after its sigmoid) are (B, 1, H, W) or (B, H, W); the targets and
+    masks are :func:`~scale_ocr.models.detection.targets.build_targets`' maps, (B, H, W). ``eps`` keeps empty pages
+    (no positives, no threshold region) finite.
     """
     if reduction not in ("mean", "none"):
         raise ValueError(f"reduction must be 'mean' or 'none', not {reduction!r}")

@@ -1,18 +1,9 @@
 """DBNet training targets from word polygons (Liao et al. 2020, section 3.3).
 
-Each word polygon of area A and perimeter L is offset by D = A * (1 - r^2) / L:
-
-* shrunk by D, it is the positive region of the probability map (shrinking keeps touching words
-  apart, so each connected component is one word);
-* dilated by D, it is the region where the threshold map is supervised; there the target rises
-  from ``thresh_min`` far from the border to ``thresh_max`` on the polygon's edges.
-
-Words too small to shrink are not negatives but ignored (``prob_mask`` 0): they are text, just not
-text the model can be asked to separate.
-
-Coordinates are pixel units with pixel (x, y) centred at (x, y). Offsets and filling use 4 fractional
-bits (pyclipper works on integers; cv2.fillPoly takes the same fixed point through ``shift``), so the
-regions are accurate to a sixteenth of a pixel rather than rounded to whole pixels.
+Each polygon of area A and perimeter L, shrunk by D = A * (1 - r^2) / L, is the probability map's positive region
+(touching words stay apart); dilated by D, the threshold map's supervised region. Words too small to shrink are
+ignored (``prob_mask`` 0), not negatives: they are text. Pixel (x, y) is centred at (x, y); offsets and filling use
+4 fractional bits (pyclipper's integers, cv2.fillPoly's ``shift``), accurate to a sixteenth of a pixel.
 """
 
 from __future__ import annotations
@@ -52,9 +43,7 @@ def _draw_border(canvas: np.ndarray, poly: np.ndarray, d: float, box: tuple[int,
     """Max ``canvas`` over ``box`` with 1 - min(distance to the nearest edge of ``poly`` / d, 1).
 
     Exact point-to-segment distances to all K edges at once on (K, h, w) arrays built by broadcasting
-    a pixel row and column, then a minimum over the leading axis: a dozen numpy calls per word.
-    Measured alternatives: one flat array of every word's pixels was slower (per-pixel gathers), and
-    cv2.distanceTransform on the drawn outline, about twice as fast, was up to a pixel off.
+    a pixel row and column, then a minimum over the leading axis (cv2.distanceTransform is up to a pixel off).
     """
     x0, y0, x1, y1 = box
     a = poly.astype(np.float32) - np.array([x0, y0], np.float32)  # vertices relative to the box
@@ -76,22 +65,12 @@ def _draw_border(canvas: np.ndarray, poly: np.ndarray, d: float, box: tuple[int,
 
 def build_targets(polygons: np.ndarray, height: int, width: int, shrink_ratio: float = 0.4,
                   thresh_min: float = 0.3, thresh_max: float = 0.7, min_size: float = 3.0) -> dict[str, np.ndarray]:
-    """Probability and threshold targets and masks for one image.
+    """Probability and threshold targets and masks for one image, from (N, K >= 4, 2) word ``polygons`` in its
+    pixels (clipped to it first; N may be 0).
 
-    Args:
-        polygons: (N, K, 2) word polygons, K >= 4, (x, y) in pixels of the (already resized) image;
-            N may be 0. Polygons are clipped to the image first.
-        height: image height in pixels.
-        width: image width in pixels.
-        shrink_ratio: r in D = A * (1 - r^2) / L.
-        thresh_min: threshold target far from any border (and outside the dilated regions, where
-            ``thresh_mask`` is 0 anyway).
-        thresh_max: threshold target on a polygon's edges.
-        min_size: polygons whose minimum-area rectangle has a side shorter than this are ignored.
-
-    Returns:
-        float32 (height, width) maps ``prob_target`` (1 in shrunk words), ``prob_mask`` (0 on ignored
-        words), ``thresh_target`` (in [thresh_min, thresh_max]) and ``thresh_mask`` (1 in dilated words).
+    Returns float32 (height, width) maps ``prob_target`` (1 in shrunk words), ``prob_mask`` (0 on words whose
+    minimum-area rectangle has a side under ``min_size``), ``thresh_target`` (``thresh_max`` on the edges down to
+    ``thresh_min``) and ``thresh_mask`` (1 in dilated words); ``shrink_ratio`` is r in D = A * (1 - r^2) / L.
     """
     prob_target = np.zeros((height, width), np.float32)
     prob_mask = np.ones((height, width), np.float32)

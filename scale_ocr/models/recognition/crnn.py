@@ -1,8 +1,7 @@
 """CRNN: convolutional backbone -> column features -> BiLSTM -> per-frame classes, trained with CTC.
 
-Backbones come from torchvision with random weights. Their later stride-2 stages are turned into
-(2, 1) strides, as docTR's rectangular variants do: a stock MobileNetV3 reduces a 128-pixel-wide word
-to 4 columns, far too few CTC frames; with two square reductions kept it leaves W/4 = 32.
+The torchvision backbones' later stride-2 stages become (2, 1) strides, as docTR's do: a stock MobileNetV3 leaves a
+128-pixel-wide word 4 columns, far too few CTC frames; two square reductions leave W/4 = 32.
 """
 
 from __future__ import annotations
@@ -38,15 +37,8 @@ DOCTR_NAMES = {"backbone.": "feat_extractor.", "rnn.": "decoder.", "head.": "lin
 
 
 class CRNN(nn.Module):
-    """CRNN recognizer.
-
-    Args:
-        backbone: a module mapping (B, 3, H, W) images to (B, C, h, W/4) features.
-        feat_channels: C, the backbone's output channels.
-        feat_height: h, the backbone's output height for the model's input height.
-        num_classes: vocabulary size + 1 (class 0 is the CTC blank).
-        rnn_units: hidden units per LSTM direction.
-    """
+    """CRNN recognizer: ``backbone`` maps (B, 3, H, W) images to (B, ``feat_channels``, ``feat_height``, W/4)
+    features; ``num_classes`` is the vocabulary size + 1 (class 0 is the CTC blank)."""
 
     def __init__(self, backbone: nn.Module, feat_channels: int, feat_height: int, num_classes: int,
                  rnn_units: int = 128) -> None:
@@ -118,12 +110,9 @@ def _crnn(features: nn.Module, num_classes: int, input_size: tuple[int, int], rn
 
 
 # CTC's blank plateau: at AdamW 1e-3 a MobileNet CRNN predicts only blanks for hundreds of steps; at 3e-3 it
-# leaves the plateau about twice as soon (benchmarks/convergence.py; 400 steps at batch 32: loss 3.36 against
-# 4.12). The VGG backbone keeps the general default until measured.
+# leaves the plateau about twice as soon (benchmarks/convergence.py). The VGG backbone keeps the general default.
 MOBILENET_CRNN_LR = 3e-3
-# The global batch that rate is stated at: the convergence runs (benchmarks/results/convergence-vm-20261202 and
-# -20261203) trained it, defaults and bare loop alike, on 2 ranks x 32 words; docTR's recognition script's -b 64 too.
-MOBILENET_CRNN_BATCH = 64
+MOBILENET_CRNN_BATCH = 64  # the global batch that rate was found at (2 ranks x 32 words), docTR's -b 64 too
 
 
 @register_model(default_lr=MOBILENET_CRNN_LR, reference_batch=MOBILENET_CRNN_BATCH)

@@ -1,10 +1,7 @@
 """ViTSTR: a plain Vision Transformer over word images, read out per column with CTC.
 
-docTR's ViTSTR reads characters off the first tokens with cross-entropy; here the patch
-grid's columns become CTC frames (tokens of one column are averaged), so it trains with the same loss,
-data and decoding as CRNN and every strategy sees one more model family: all-Linear, LayerNorm, no
-BatchNorm, and sizes from 5M parameters to billions (``--model-width/--model-depth/--model-heads/--mlp-ratio``
-override any of the named sizes), where sharding starts to matter.
+Unlike docTR's (cross-entropy off the first tokens), the patch grid's averaged columns are CTC frames, so it trains
+like CRNN: one more model family for every strategy (all-Linear, no BatchNorm), from 5M parameters to billions.
 """
 
 from __future__ import annotations
@@ -20,15 +17,12 @@ from scale_ocr.models.registry import register_model
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention with ``nn.MultiheadAttention``'s parameters and names (``in_proj_weight``,
-    ``in_proj_bias``, ``out_proj``), so checkpoints of either load into the other, projecting q, k and v in one
-    product with the whole ``in_proj_weight``.
+    """Multi-head self-attention with ``nn.MultiheadAttention``'s parameters and names (checkpoints of either load
+    into the other), projecting q, k and v in one product with the whole ``in_proj_weight``.
 
-    ``nn.MultiheadAttention`` projects with three slices of that weight whenever its query, key and value are
-    distinct tensors, which they are under ZeRO-3 (DeepSpeed passes each module input through its own autograd
-    function). Autograd then saves the slices, and a slice keeps the whole gathered weight alive until the
-    backward, after DeepSpeed has released the parameter: 3.4 MB a block at width 768, every block at once.
-    A product with the parameter itself saves the parameter, whose storage DeepSpeed can release and re-gather.
+    Under ZeRO-3 query, key and value are distinct tensors, so ``nn.MultiheadAttention`` would project with three
+    slices of the weight, which autograd saves: a slice keeps the whole gathered weight alive after DeepSpeed has
+    released it, every block at once. A product with the parameter itself lets DeepSpeed release and re-gather it.
     """
 
     def __init__(self, dim: int, heads: int) -> None:
@@ -63,15 +57,8 @@ class Block(nn.Module):
 
 
 class ViTSTR(nn.Module):
-    """ViT recognizer.
-
-    Args:
-        num_classes: vocabulary size + 1 (class 0 is the CTC blank).
-        input_size: (H, W) of the word images; both must be multiples of ``patch``.
-        patch: (ph, pw) patch size; W / pw is the number of CTC frames.
-        dim, depth, heads: transformer width, number of blocks, attention heads.
-        mlp_ratio: each block's MLP hidden width over ``dim``.
-    """
+    """ViT recognizer: ``num_classes`` is the vocabulary size + 1 (class 0 is the CTC blank); ``input_size`` (H, W)
+    must be a multiple of ``patch`` (ph, pw), and W / pw is the number of CTC frames."""
 
     def __init__(self, num_classes: int, input_size: tuple[int, int], patch: tuple[int, int], dim: int,
                  depth: int, heads: int, mlp_ratio: float = 4.0) -> None:
