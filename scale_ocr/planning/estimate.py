@@ -105,7 +105,7 @@ def build_strategy(name: str, world: int, precision: str, ds_config: str | None,
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     dist = DistInfo(0, ranks, 0, min(ranks_per_node or ranks, ranks), device,
                     "nccl" if device.type == "cuda" else "gloo", "estimate")
-    cfg = StrategyConfig(strategy=name, ds_config=ds_config if "preset" in entry.preset else None)
+    cfg = StrategyConfig(strategy=name, ds_config=ds_config if entry.cls.reads_ds_config else None)
     return entry.cls(cfg, dist, TrainConfig(precision=precision), OptimConfig(), **entry.preset), ranks
 
 

@@ -137,6 +137,8 @@ class Strategy(ABC):
     compiles: bool = False
     #: ``--bucket-mb`` and ``--static-graph`` set its gradient reducer (DDP's).
     tunes_reducer: bool = False
+    #: ``--ds-config`` (a DeepSpeed JSON) configures it.
+    reads_ds_config: bool = False
 
     @classmethod
     def takes_shard_size(cls, cfg: StrategyConfig, **preset: Any) -> bool:

@@ -1,4 +1,4 @@
-"""Helpers the torch-native strategies compose (not inherit): loss scaling, backward and step."""
+"""Helpers the torch-native strategies share: loss scaling, backward and step."""
 
 from __future__ import annotations
 
@@ -63,6 +63,20 @@ class TorchStepper:
             self.optimizer.step()
         self.zero_grad()
         return StepStats(grad_norm=norm, skipped=skipped, loss_scale=scale)
+
+
+class StepperMixin:
+    """``backward`` and ``step`` for strategies whose ``setup`` sets ``self.stepper`` (a :class:`TorchStepper`), and
+    ``no_sync`` as their wrapper's own (DDP, ShardedDataParallel); strategies without one override ``no_sync``."""
+
+    def no_sync(self):
+        return self.model.no_sync()
+
+    def backward(self, loss) -> None:
+        self.stepper.backward(loss)
+
+    def step(self) -> StepStats:
+        return self.stepper.step()
 
 
 def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:

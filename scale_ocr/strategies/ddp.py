@@ -10,8 +10,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from scale_ocr.memory.model import StateLayout
 from scale_ocr.optim import OptimizerSpec
-from scale_ocr.strategies.base import ModelPiece, StepStats, Strategy, replica_pieces
+from scale_ocr.strategies.base import ModelPiece, Strategy, replica_pieces
 from scale_ocr.strategies.common import (
+    StepperMixin,
     TorchStepper,
     broadcast_buffers,
     dense_clip,
@@ -23,7 +24,7 @@ from scale_ocr.strategies.common import (
 )
 
 
-class DDP(Strategy):
+class DDP(StepperMixin, Strategy):
     """Replicated model, bucketed gradient all-reduce overlapped with backward.
 
     ``gradient_as_bucket_view=True`` makes ``.grad`` views into the reducer's buckets; without it
@@ -58,15 +59,6 @@ class DDP(Strategy):
     def state_layout(self) -> StateLayout:
         return StateLayout(ideal_stage=0, note="gradient_as_bucket_view=True: gradients are views of the reducer's "
                            "buckets; without it DDP keeps a second gradient-sized copy")
-
-    def no_sync(self):
-        return self.model.no_sync()
-
-    def backward(self, loss) -> None:
-        self.stepper.backward(loss)
-
-    def step(self) -> StepStats:
-        return self.stepper.step()
 
     def checkpoint_state(self) -> dict[str, Any]:
         # DDP broadcasts rank 0's buffers before each forward, but the forward then updates every rank's

@@ -36,6 +36,7 @@ class DeepSpeed(Strategy):
     """
 
     shards_state = True
+    reads_ds_config = True
 
     @classmethod
     def takes_shard_size(cls, cfg, **preset) -> bool:

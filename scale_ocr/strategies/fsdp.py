@@ -20,13 +20,13 @@ from scale_ocr.optim import OptimizerSpec
 from scale_ocr.precision import compute_weight_dtype
 from scale_ocr.strategies.base import (
     ModelPiece,
-    StepStats,
     Strategy,
     shard_size,
     single_group_notice,
     written_dtype,
 )
 from scale_ocr.strategies.common import (
+    StepperMixin,
     TorchStepper,
     broadcast_buffers,
     make_scaler,
@@ -58,7 +58,7 @@ def apply_fsdp(model: nn.Module, mesh, reshard_after_forward: bool, precision: s
     return model
 
 
-class FSDP(Strategy):
+class FSDP(StepperMixin, Strategy):
     """Fully sharded data parallel: parameters, gradients and optimizer state split across ranks.
 
     Args:
@@ -134,12 +134,6 @@ class FSDP(Strategy):
             yield
         finally:
             self.model.set_requires_gradient_sync(True)
-
-    def backward(self, loss) -> None:
-        self.stepper.backward(loss)
-
-    def step(self) -> StepStats:
-        return self.stepper.step()
 
     def sync_buffers(self) -> None:
         broadcast_buffers(self.model)  # FSDP keeps each rank's BatchNorm statistics; DDP replicates rank 0's

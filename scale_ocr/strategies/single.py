@@ -10,8 +10,9 @@ from torch import nn
 
 from scale_ocr.memory.model import StateLayout
 from scale_ocr.optim import OptimizerSpec
-from scale_ocr.strategies.base import ModelPiece, StepStats, Strategy, replica_pieces
+from scale_ocr.strategies.base import ModelPiece, Strategy, replica_pieces
 from scale_ocr.strategies.common import (
+    StepperMixin,
     TorchStepper,
     dense_clip,
     dense_grad_norm,
@@ -22,7 +23,7 @@ from scale_ocr.strategies.common import (
 )
 
 
-class SingleDevice(Strategy):
+class SingleDevice(StepperMixin, Strategy):
     """One process, one device, no wrapper: the reference every other strategy is compared to."""
 
     max_world_size = 1
@@ -47,12 +48,6 @@ class SingleDevice(Strategy):
 
     def no_sync(self):
         return contextlib.nullcontext()
-
-    def backward(self, loss) -> None:
-        self.stepper.backward(loss)
-
-    def step(self) -> StepStats:
-        return self.stepper.step()
 
     def checkpoint_state(self) -> dict[str, Any]:
         return torch_checkpoint_state(self.module, self.optimizer)
