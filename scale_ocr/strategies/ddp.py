@@ -13,11 +13,8 @@ from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import ModelPiece, Strategy, replica_pieces
 from scale_ocr.strategies.common import (
     StepperMixin,
-    TorchStepper,
     broadcast_buffers,
-    dense_clip,
-    dense_grad_norm,
-    make_scaler,
+    replica_stepper,
     torch_checkpoint_state,
     torch_load_checkpoint_state,
     torch_state_meter,
@@ -25,19 +22,15 @@ from scale_ocr.strategies.common import (
 
 
 class DDP(StepperMixin, Strategy):
-    """Replicated model, bucketed gradient all-reduce overlapped with backward.
-
-    ``gradient_as_bucket_view=True`` makes ``.grad`` views into the reducer's buckets; without it
-    DDP keeps a second gradient-sized copy per rank.
-    """
+    """Replicated model, bucketed gradient all-reduce overlapped with backward; ``.grad`` tensors are views of the
+    reducer's buckets (``gradient_as_bucket_view``), not a second gradient-sized copy."""
 
     compiles = True
     tunes_reducer = True
 
     def setup(self, model: nn.Module, optimizer: OptimizerSpec) -> tuple[nn.Module, Any]:
         # Channels-last images give convolutions channels-last weight gradients, which the reducer copies into its
-        # contiguous buckets (one copy of each such gradient per step, included in the measured gain) after warning
-        # once about exactly that: the warning tells a user nothing they can act on.
+        # contiguous buckets after warning once about exactly that: the warning tells a user nothing they can act on.
         warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
         device = self.dist.device
         self.module = model.to(device)
@@ -49,10 +42,7 @@ class DDP(StepperMixin, Strategy):
             static_graph=self.cfg.static_graph,
         )
         self.optimizer = optimizer.build(self.module)
-        params = list(self.module.parameters())
-        self.stepper = TorchStepper(self.optimizer, self.train.grad_accum, self.optim.clip_grad,
-                                    dense_grad_norm(params), dense_clip(params),
-                                    make_scaler(self.train.precision, device))
+        self.stepper = replica_stepper(self.optimizer, self.module, self.train, self.optim.clip_grad, device)
         self.meter = torch_state_meter(self.module, self.optimizer, device)
         return self.model, self.optimizer
 

@@ -13,10 +13,7 @@ from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies.base import ModelPiece, Strategy, replica_pieces
 from scale_ocr.strategies.common import (
     StepperMixin,
-    TorchStepper,
-    dense_clip,
-    dense_grad_norm,
-    make_scaler,
+    replica_stepper,
     torch_checkpoint_state,
     torch_load_checkpoint_state,
     torch_state_meter,
@@ -36,10 +33,7 @@ class SingleDevice(StepperMixin, Strategy):
         self.module = model.to(self.dist.device)
         self.model = self._wrap(self.module)
         self.optimizer = optimizer.build(self.module)
-        params = list(self.module.parameters())
-        self.stepper = TorchStepper(self.optimizer, self.train.grad_accum, self.optim.clip_grad,
-                                    dense_grad_norm(params), dense_clip(params),
-                                    make_scaler(self.train.precision, self.dist.device))
+        self.stepper = replica_stepper(self.optimizer, self.module, self.train, self.optim.clip_grad, self.dist.device)
         self.meter = torch_state_meter(self.module, self.optimizer, self.dist.device)
         return self.model, self.optimizer
 
@@ -60,11 +54,8 @@ class SingleDevice(StepperMixin, Strategy):
 
 
 class DataParallel(SingleDevice):
-    """``torch.nn.DataParallel``: one process drives every local GPU by scattering each batch.
-
-    The baseline of the benchmarks. On a CPU-only host it runs the module directly in one process
-    that uses all cores as threads, which is DataParallel's own behaviour without GPUs.
-    """
+    """``torch.nn.DataParallel``: one process drives every local GPU by scattering each batch (the benchmarks'
+    baseline); without GPUs it runs the module directly, DataParallel's own behaviour."""
 
     compiles = False  # the baseline stays as users run it; torch.compile does not trace DataParallel's scatter
 
