@@ -17,8 +17,7 @@ from scale_ocr.strategies.deepspeed_internals import ddp_bucket_buffers
 
 class Fairscale(StepperMixin, Strategy):
     """fairscale's ZeRO-2 analogue: each rank owns a shard of the optimizer state, and gradients are
-    reduced to their owner only; updated parameters are broadcast back after each step.
-    """
+    reduced to their owner only; updated parameters are broadcast back after each step."""
 
     shards_state = True
 
