@@ -1,13 +1,7 @@
-"""Turn a training checkpoint into a single-file model, and predict with it.
+"""Turn a training checkpoint into a single-file model, and predict with it (docs/checkpoints.md).
 
-``scale-ocr export CKPT OUT.safetensors`` reads a checkpoint written under any strategy and world size
-(without starting a process group) and writes the consolidated fp32 weights with the model's identity
-(name, input size, and what its task records, such as the vocabulary) as metadata. It reads and writes one tensor
-at a time (:func:`open_weights`, :mod:`scale_ocr.checkpoint.piecewise`): exporting a model needs its largest tensor
-in memory, not the model. ``scale-ocr predict MODEL IMAGE...`` accepts either file kind; the model's task says what a
-prediction is.
-Nothing runs code: a checkpoint's manifest is checked and it is read through :mod:`scale_ocr.checkpoint.safe_dcp`,
-exports are safetensors.
+A checkpoint of any strategy and world size is read without a process group, one tensor at a time
+(:func:`open_weights`); nothing runs code: manifests are checked, DCP goes through :mod:`.safe_dcp`.
 """
 
 from __future__ import annotations
@@ -150,11 +144,8 @@ def _with_weights(model: nn.Module, task: Task, state: dict, path: Path) -> Load
 
 
 def _run_weights(path: Path, *, layout_only: bool) -> tuple[nn.Module, Task, dict]:
-    """A run's ``best_model.pt`` or ``last_model.pt``: a plain state dict, its identity from the run's config.json.
-
-    Read with ``torch.load(weights_only=True)``: tensors and plain containers only, never code. ``layout_only``: the
-    tensors are loaded to the meta device (to be read a tensor at a time) and the model is returned as its layout.
-    """
+    """A run's ``best_model.pt`` or ``last_model.pt`` (read with ``weights_only=True``), its identity from the run's
+    config.json; ``layout_only``: tensors on the meta device, the model as its layout."""
     from scale_ocr.checkpoint.safe_dcp import load_tensors
 
     config_file = path.parent / "config.json"
@@ -211,14 +202,8 @@ def load_any(path: str | Path) -> LoadedModel:
 
 @dataclass
 class Weights:
-    """A model file opened to be read one tensor at a time.
-
-    Attributes:
-        layout: the model it holds, on the meta device (names, shapes and dtypes; no memory), or built for real when
-            it cannot be built there (a small docTR model).
-        task: the model's task (its identity).
-        read: one tensor of the file by its name in ``layout``'s state dict, as stored.
-    """
+    """A model file opened to be read one tensor at a time: ``layout`` is its model on the meta device (built for
+    real when it cannot be built there, a small docTR model), ``read`` one tensor by its state-dict name."""
 
     layout: nn.Module
     task: Task
@@ -245,8 +230,7 @@ class Weights:
 @contextmanager
 def open_weights(path: str | Path) -> Iterator[Weights]:
     """A checkpoint folder or run directory, a ``.safetensors`` export, or a run's ``.pt`` model, opened to be read
-    a tensor at a time: a checkpoint's tensors through DCP (each rank's pieces of one tensor), an export's through
-    safetensors, a ``.pt`` file's from where each lies in it (:class:`TorchFileReader`)."""
+    a tensor at a time (through DCP, safetensors, or :class:`TorchFileReader`)."""
     p = _existing(path)
     if p.is_dir():
         yield _checkpoint_weights(p)
@@ -308,9 +292,7 @@ FORMATS = ("safetensors", "doctr")
 
 
 def export(src: str | Path, out: str | Path, fmt: str = "safetensors") -> Path:
-    """Write ``src``'s model as consolidated fp32 safetensors with its metadata, or (``doctr``) as the plain state
-    dict docTR's own class of the architecture loads with ``strict=True``, with ``OUT.json`` beside it saying how
-    to build that class (architecture, vocabulary, input shape, normalisation). One tensor at a time."""
+    """Write ``src``'s model as :func:`write_export` or (``doctr``) :func:`write_doctr` writes it."""
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
     with open_weights(src) as weights:
@@ -318,9 +300,8 @@ def export(src: str | Path, out: str | Path, fmt: str = "safetensors") -> Path:
 
 
 def write_doctr(weights: Weights, out: str | Path) -> tuple[Path, str]:
-    """``weights`` as the plain state dict docTR's class of the architecture loads with ``strict=True``, a tensor
-    at a time, and beside it ``OUT.json`` with what that class must be built with (vocabulary, input shape,
-    normalisation); returns the file and docTR's architecture."""
+    """``weights`` as the plain state dict docTR's class of the architecture loads with ``strict=True``, and beside it
+    ``OUT.json`` with what that class must be built with; returns the file and docTR's architecture."""
     from scale_ocr.checkpoint.weights_io import doctr_layout
 
     doctr_arch, to_doctr = doctr_layout(weights.layout, weights.task.arch)

@@ -1,19 +1,8 @@
-"""A model file's claimed identity, checked against the registry and against the weights the file holds, before
-anything is built.
+"""A model file's claimed identity, checked against the registry and the weights the file holds, before a build.
 
-A run's ``config.json`` (beside ``best_model.pt``), an export's safetensors metadata and a checkpoint's
-``trainer.json`` say which model their weights belong to: architecture, input size, size overrides, vocabulary.
-Built as claimed, a crafted 1 KB ``config.json`` could make ``predict`` allocate gigabytes. So, in this order:
-
-1. the architecture must be registered, and every size and input side within its registry entry's bounds
-   (:meth:`scale_ocr.models.registry.ModelEntry.size_problem`);
-2. the claimed model is built on the meta device (shapes only: no memory, no initialisation) and the elements of
-   its state dict are counted;
-3. that count must equal the elements the file holds, counted from the safetensors header, the DCP ``.metadata``
-   or the loaded state dict's shapes;
-
-and only then is the model built for real. A mismatch is one :class:`~scale_ocr.errors.UserError` line naming the
-file, what it claims and what it holds.
+Built as claimed, a crafted 1 KB ``config.json`` could make ``predict`` allocate gigabytes. So the architecture
+must be registered and its sizes in bounds, and the claimed model, built on the meta device, must hold as many
+elements as the file; only then is it built for real.
 """
 
 from __future__ import annotations
@@ -40,12 +29,8 @@ def describe(identity: dict[str, Any]) -> str:
 
 
 def check_claim(identity: dict[str, Any], claimed_in: str) -> None:
-    """Refuse an identity whose architecture is not registered or whose sizes are outside the registry's bounds.
-
-    Args:
-        identity: what the file records (``arch``, ``input_size``, size fields such as ``model_width``).
-        claimed_in: the file that records it, for the message.
-    """
+    """Refuse an identity whose architecture is not registered or whose sizes are outside the registry's bounds;
+    ``claimed_in`` names the file that records it."""
     arch = identity.get("arch") if isinstance(identity, dict) else None
     if not isinstance(arch, str):
         raise UserError(f"{claimed_in} records no model architecture (arch); {NOT_OURS}")
@@ -89,17 +74,9 @@ def build_checked(identity: dict[str, Any], held: tuple[int, int], path: str | P
                   claimed_in: str | Path, *, layout_only: bool = False) -> tuple[nn.Module, Task]:
     """The model ``identity`` describes, built only once its claim is in bounds and matches what the file holds.
 
-    Args:
-        identity: the recorded identity.
-        held: ``(elements, tensors)`` of the model weights in the file.
-        path: the weights file (or checkpoint folder), for the message.
-        claimed_in: the file the identity was read from (the same file for an export).
-        layout_only: return the model built on the meta device (its tensors' names, shapes and dtypes, no memory),
-            built for real only when it cannot be built there (docTR's viptr_tiny, a small model).
-
-    Raises:
-        UserError: an unknown architecture, a size beyond the registry's bounds, or a claim whose model would hold
-            a different number of elements than the file.
+    ``held``: ``(elements, tensors)`` of the model weights in the file ``path``; ``claimed_in``: the file the identity
+    was read from. ``layout_only``: the model on the meta device, built for real only when it cannot be built there
+    (docTR's viptr_tiny, a small model).
     """
     check_claim(identity, str(claimed_in))
     task = task_from_identity(identity)

@@ -2,16 +2,14 @@
 
 Layout of ``RUN_DIR/checkpoints/``::
 
-    step_00000100/            torch.distributed.checkpoint shards (model + optimizer by parameter
-                              name; sharded strategies write their shards) and .metadata
+    step_00000100/            DCP shards (model + optimizer by parameter name) and .metadata
     step_00000100/trainer.json  step, epoch, data position, LR schedule, best score, model and vocab
     step_00000100/rng_rank{r}.pt  each rank's RNG states
     latest                    name of the newest complete checkpoint
 
-A checkpoint is written into ``step_N.tmp/`` and renamed only once every rank has finished, and
-``latest`` moves after that, so a crash or kill during a save leaves the previous one loadable.
-Rank 0 writes ``manifest.json`` (size and SHA-256 of every file) before the rename; loading checks it
-first, and executes nothing from the files (:mod:`scale_ocr.checkpoint.safe_dcp`).
+A checkpoint is written into ``step_N.tmp/`` and renamed only once every rank has finished (rank 0 writes
+``manifest.json`` first), and ``latest`` moves after that, so a crash or kill during a save leaves the previous one
+loadable.
 """
 
 from __future__ import annotations
@@ -97,14 +95,8 @@ def _save_planner():
 
 
 class CheckpointManager:
-    """Saves, finds and loads checkpoints of one run directory.
-
-    Args:
-        cfg: the checkpoint section (cadence, resume, pruning).
-        run_dir: the run directory; checkpoints go to ``run_dir/checkpoints``.
-        dist: this process's place in the job.
-        identity: what must match on resume (model name, vocabulary).
-    """
+    """Saves, finds and loads the checkpoints of ``run_dir/checkpoints``; ``identity`` must match on resume (model
+    name, vocabulary)."""
 
     def __init__(self, cfg: CheckpointConfig, run_dir: Path, dist: DistInfo, identity: dict[str, Any]) -> None:
         self.cfg, self.dir, self.dist, self.identity = cfg, run_dir / "checkpoints", dist, identity
@@ -119,13 +111,9 @@ class CheckpointManager:
         return self.cfg.save_every > 0 and step % self.cfg.save_every == 0
 
     def save(self, strategy: Strategy, trainer_state: dict[str, Any]) -> Path:
-        """Write a complete checkpoint for ``trainer_state["step"]`` (a collective).
-
-        Raises:
-            DiskFault: on every rank together, when any rank's write (or a rank-0 write held since, see
-                :func:`~scale_ocr.disk.defer`) met a full disk: the partial ``step_N.tmp`` is
-                removed and ``latest`` still names the previous checkpoint.
-        """
+        """Write a complete checkpoint for ``trainer_state["step"]`` (a collective). A full disk on any rank raises
+        :class:`DiskFault` on every rank together: ``step_N.tmp`` is removed and ``latest`` still names the previous
+        checkpoint."""
         step = trainer_state["step"]
         final = self.dir / step_name(step)
         tmp = self.dir / f"{step_name(step)}.tmp"
@@ -190,9 +178,8 @@ class CheckpointManager:
     def write_shards(self, strategy: Strategy, folder: Path, kept: str = "") -> None:
         """This rank's part of a checkpoint into ``folder``: its shards of model and optimizer, and its RNG states.
 
-        Each rank writes what it holds, a tensor (or a box of one) at a time, where it lies: a save needs no more
-        memory than training plus the largest such piece. Should even that not fit, the line says so (``kept``:
-        what the failed save leaves).
+        A save needs no more memory than training plus the largest piece; should even that not fit, the line says
+        so (``kept``: what the failed save leaves).
         """
         import torch.distributed.checkpoint as dcp  # 1 s of imports a run that never saves need not pay
 

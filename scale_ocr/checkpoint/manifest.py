@@ -1,10 +1,7 @@
 """``manifest.json``: the size and SHA-256 of every file of a checkpoint, to refuse damaged copies.
 
-Rank 0 writes it once every rank's files are on disk and before ``step_N.tmp`` becomes ``step_N``;
-every loader checks it before it parses anything else, so a half-copied file (size) or bit rot
-(hash) ends in one line naming the file instead of a confusing error deep inside a reader. It guards
-integrity, not authenticity: whoever can edit a checkpoint can rewrite its manifest too, which is why
-loading never executes code either (see :mod:`scale_ocr.checkpoint.safe_dcp`).
+Checked before anything else is parsed. It guards integrity, not authenticity: whoever can edit a checkpoint can
+rewrite its manifest too, which is why loading never executes code either (:mod:`scale_ocr.checkpoint.safe_dcp`).
 """
 
 from __future__ import annotations
@@ -60,15 +57,8 @@ def _read(folder: Path) -> dict[str, dict]:
 
 
 def verify_manifest(folder: Path, warn: bool = True) -> set[str] | None:
-    """Check every file the manifest lists; the names it lists, or None for an older checkpoint without one.
-
-    Args:
-        folder: a ``step_N`` folder.
-        warn: print the one-line "no manifest" warning (only rank 0 does, so it shows once).
-
-    Raises:
-        UserError: a listed file is missing, has another size, or another SHA-256.
-    """
+    """Check every file the manifest of the ``step_N`` ``folder`` lists; the names it lists, or None for an older
+    checkpoint without one (``warn``: print the "no manifest" line; only rank 0 does, so it shows once)."""
     if not (folder / MANIFEST).is_file():
         if warn:
             print(f"scale-ocr: warning: checkpoint {folder} has no {MANIFEST} (written by an older scale-ocr); "

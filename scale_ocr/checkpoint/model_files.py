@@ -1,10 +1,7 @@
 """Whole-model files from a strategy's pieces: ``last_model.pt`` and ``best_model.pt``, one tensor at a time.
 
-Every rank fetches every piece in order (a sharded engine gathers each tensor with a collective); rank 0 writes each
-into its place in every file as it arrives (:mod:`scale_ocr.checkpoint.piecewise`) and drops it, so writing the
-whole model needs its largest tensor in memory beside the training state, never the model. A fault on rank 0
-(a full disk, a file that is a link, a tensor holding NaN) stops its writing but not its fetching, so the other ranks
-are never left waiting in a collective; it is raised once every piece went by.
+A fault on rank 0 (a full disk, a file that is a link, a tensor holding NaN) stops its writing but not its
+fetching, so the other ranks are never left waiting in a collective; it is raised once every piece went by.
 """
 
 from __future__ import annotations
@@ -40,13 +37,7 @@ def whole_bytes(pieces: Sequence[ModelPiece]) -> tuple[int, int]:
 
 def write_whole_model(pieces: Sequence[ModelPiece], paths: Sequence[Path], is_main: bool, *, kept: str) -> None:
     """Fetch every piece (every rank, in order) and write them, on rank 0, as the torch file ``{name: tensor}`` at
-    each of ``paths``, each whole or not at all.
-
-    Args:
-        pieces: from :meth:`~scale_ocr.strategies.Strategy.model_pieces`.
-        paths: the files (the same content in each).
-        is_main: this rank writes.
-        kept: what a failed write leaves intact, for a disk fault's message.
+    each of ``paths``, each whole or not at all; ``kept``: what a failed write leaves intact, for the message.
 
     Raises:
         NonFiniteWeights: a floating-point piece held NaN/inf (nothing written).

@@ -1,22 +1,8 @@
 """Whole-model files written one tensor at a time, so that writing one never holds the whole model.
 
-A run's ``last_model.pt``/``best_model.pt`` and ``scale-ocr export``'s files hold a whole model in fp32. A large
-model's whole (a 0.76B ViTSTR: 3 GB) does not fit beside the training state of a rank that holds its shards. So a
-file's layout is written first, from the tensors' names, shapes and dtypes alone, and each tensor's bytes are then
-written into their place as the tensor arrives (gathered by its owner, read from a checkpoint): the memory a write
-needs is its largest tensor, not the model.
-
-- :class:`TorchFile`: the ``torch.save`` format that ``torch.load(weights_only=True)`` reads. The layout is
-  ``torch.save`` of fake tensors under ``torch.serialization.skip_data(materialize_fake_tensors=True)``, torch's own
-  way to write a file whose storage bytes are filled in a later pass: every storage's record is reserved (a sparse
-  gap, no memory), and the zip directory gives its place. Records carry no CRC, as torch writes them with
-  ``compute_crc32`` off; torch does not check it on load.
-- :class:`SafetensorsFile`: the safetensors format (an 8-byte header length, a JSON header whose offsets follow
-  from the shapes, then the bytes in order).
-
-Both take the tensors in the order of their specs, check each against its spec, and are atomic through the caller's
-:func:`scale_ocr.disk.atomic_file`. :class:`TorchFileReader` reads such a file (any ``torch.save`` of a
-dict of tensors) back a tensor at a time.
+The layout is written first, from names, shapes and dtypes, then each tensor's bytes into their place as it arrives.
+:class:`TorchFile` lays out with ``torch.save`` of fake tensors under ``torch.serialization.skip_data``, torch's own
+way to fill storage bytes in a later pass (records carry no CRC: torch writes them with ``compute_crc32`` off).
 """
 
 from __future__ import annotations
@@ -60,12 +46,8 @@ def _raw(tensor: torch.Tensor) -> memoryview:
 
 
 class PiecewiseFile:
-    """A file laid out for ``specs``, whose tensors arrive one at a time, in the specs' order.
-
-    Args:
-        f: a readable, writable, seekable binary file, empty (the layout is written into it at once).
-        specs: every tensor the file holds, in order.
-    """
+    """A file laid out for ``specs`` in ``f`` (empty, readable, writable, seekable), whose tensors arrive one at a
+    time, in the specs' order."""
 
     def __init__(self, f: BinaryIO, specs: Iterable[TensorSpec]) -> None:
         if sys.byteorder != "little":
@@ -126,11 +108,7 @@ class TorchFile(PiecewiseFile):
 
 
 class SafetensorsFile(PiecewiseFile):
-    """A safetensors file, with ``metadata`` (strings) in its header.
-
-    Args:
-        metadata: the header's ``__metadata__`` (string keys and values).
-    """
+    """A safetensors file, with ``metadata`` (strings) as its header's ``__metadata__``."""
 
     def __init__(self, f: BinaryIO, specs: Iterable[TensorSpec], metadata: dict[str, str] | None = None) -> None:
         self.metadata = dict(metadata or {})
@@ -159,12 +137,8 @@ class TorchFileReader:
 
     The layout comes from ``torch.load(weights_only=True, map_location="meta")`` (``layout``: meta tensors, no
     memory), which records where each storage lies in the file; :meth:`read` then reads one tensor's bytes from
-    there. A mapping of the file would do it too, but a private writable one (torch's) counts the whole file against
-    a data-segment cap.
-
-    Args:
-        path: the file.
-        layout: what the meta load returned (the caller loads it, so that refusing a crafted file is its one line).
+    there (the caller loads ``layout``, so that refusing a crafted file is its one line). A mapping of the file would
+    do it too, but a private writable one (torch's) counts the whole file against a data-segment cap.
     """
 
     def __init__(self, path: Path, layout: dict[str, torch.Tensor]) -> None:

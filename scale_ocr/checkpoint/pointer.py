@@ -1,8 +1,7 @@
 """``checkpoints/latest``: the one file that says which ``step_N`` folder beside it is a run's newest checkpoint.
 
-Every reader of the pointer (``--resume``, ``export``/``predict``, a benchmark continuing its jobs, Ray's restart)
-goes through here, so each follows it the same way and none follows it out of its folder: a pointer a user edited
-or a damaged one naming anything but a ``step_N`` beside it is refused in one line, never read as a path.
+Every reader goes through here, so none follows it out of its folder: a pointer naming anything but a ``step_N``
+beside it is refused in one line, never read as a path.
 """
 
 from __future__ import annotations

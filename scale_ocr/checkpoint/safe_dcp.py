@@ -1,11 +1,7 @@
 """Read torch.distributed.checkpoint (DCP) folders without ever executing code from them.
 
-Stock DCP unpickles ``.metadata`` with plain :mod:`pickle` and the non-tensor entries (optimizer
-hyper-parameters) with ``torch.load(weights_only=False)``: a crafted checkpoint could run anything
-the moment it is loaded. Here ``.metadata`` goes through an unpickler that resolves only the classes
-DCP writes there (below), bytes entries and ``rng_rank*.pt`` through ``torch.load(weights_only=True)``,
-and anything else is refused with one line before it runs. Tensors were already read with
-``weights_only=True`` by DCP itself. Callers check ``manifest.json`` (:mod:`scale_ocr.checkpoint.manifest`) first.
+Stock DCP unpickles ``.metadata`` with plain :mod:`pickle` and non-tensor entries with ``weights_only=False``: a
+crafted checkpoint could run anything. Here only the classes DCP writes are resolved, and anything else is refused.
 """
 
 from __future__ import annotations
@@ -58,11 +54,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def read_metadata_file(path: Path) -> Metadata:
-    """Unpickle a DCP ``.metadata`` file, resolving only DCP's own classes.
-
-    Raises:
-        UserError: the file refers to anything else, is not a DCP metadata file, or is damaged.
-    """
+    """Unpickle a DCP ``.metadata`` file, resolving only DCP's own classes; anything else is one line."""
     try:
         with open(path, "rb") as f:
             metadata = _MetadataUnpickler(f).load()
@@ -107,11 +99,8 @@ class SafeFileSystemReader(FileSystemReader):
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
-    """DefaultLoadPlanner with non-tensor entries read by ``torch.load(weights_only=True)``.
-
-    Args:
-        where: the checkpoint folder, for the error message.
-    """
+    """DefaultLoadPlanner with non-tensor entries read by ``torch.load(weights_only=True)``; ``where``: the checkpoint
+    folder, for the error message."""
 
     def __init__(self, where: Path, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -172,17 +161,8 @@ def load(state: dict[str, Any], folder: Path, listed: set[str] | None, *, no_dis
     """``dcp.load(state, folder)``, executing nothing from the files.
 
     Every process reads ``.metadata`` on its own before any collective, so all ranks refuse together
-    instead of one raising while the others wait.
-
-    Args:
-        state: the layout to fill in place, as for ``dcp.load``.
-        folder: a ``step_N`` folder whose manifest was verified.
-        listed: what :func:`scale_ocr.checkpoint.manifest.verify_manifest` returned (None: no manifest); every
-            shard ``.metadata`` names must be among these.
-        no_dist: load in this process alone (export, predict).
-
-    Raises:
-        UserError: damaged files, or anything in them that would run code.
+    instead of one raising while the others wait. ``listed``: what :func:`.manifest.verify_manifest` returned (None:
+    no manifest); every shard ``.metadata`` names must be among these. ``no_dist``: load in this process alone.
     """
     reader = SafeFileSystemReader(folder)
     metadata = reader.read_metadata()  # here, not inside dcp.load: DCP logs a traceback and retries on failure

@@ -1,12 +1,7 @@
 """Weights in and out in other layouts: ``--init-from`` a state dict file, ``export --format doctr``.
 
-A model that has a docTR twin says so with two methods (a capability, never a name):
-``to_doctr_state_dict(state) -> (doctr_arch, state)`` and ``from_doctr_state_dict(state) -> state``. docTR's own
-models (``doctr:``) are docTR's classes, so their state dict already is docTR's; scale_ocr's CRNNs are docTR's
-CRNNs under other key names with the CTC blank first instead of last (:mod:`scale_ocr.models.recognition.crnn`),
-and its DBNets docTR's DBNets under other key names (:mod:`scale_ocr.models.detection.dbnet`).
-
-Files are read as tensors only (``torch.load(weights_only=True)`` or safetensors): nothing in them runs.
+A model that has a docTR twin says so with two methods (a capability, never a name): ``to_doctr_state_dict`` and
+``from_doctr_state_dict``. Files are read as tensors only: nothing in them runs.
 """
 
 from __future__ import annotations
@@ -87,12 +82,6 @@ def load_initial_weights(model: nn.Module, path: str | Path, arch: str) -> int:
     return len(state)
 
 
-def fp32_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """``model``'s state dict as contiguous tensors, floating-point ones in fp32 (what every export writes)."""
-    return {k: v.detach().float().contiguous() if v.is_floating_point() else v.detach().contiguous()
-            for k, v in model.state_dict().items()}
-
-
 StateDict = dict[str, torch.Tensor]
 
 
@@ -114,4 +103,5 @@ def doctr_state_dict(model: nn.Module, arch: str) -> tuple[str, dict[str, torch.
     """``(docTR architecture, state dict in docTR's layout)`` of a bare model, fp32, or one line when it has no
     docTR twin."""
     doctr_arch, to_doctr = doctr_layout(model, arch)
-    return doctr_arch, to_doctr(fp32_state_dict(model))
+    state = {k: v.detach().float() if v.is_floating_point() else v.detach() for k, v in model.state_dict().items()}
+    return doctr_arch, to_doctr({k: v.contiguous() for k, v in state.items()})

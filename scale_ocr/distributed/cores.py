@@ -1,11 +1,6 @@
-"""The cores a job may use, and one line when its ranks' threads exceed them.
-
-A host's core count says little inside a container or a batch job: the scheduler pins the job to some cores
-(CPU affinity) and the container runtime caps its CPU time (the cgroup quota, ``cpu.max`` in cgroup v2,
-``cpu.cfs_quota_us`` in v1). Torch's intra-op threads meet at a barrier after each operator, so when local ranks
-times threads exceed the usable cores, threads wait for descheduled siblings at every operator: a 2-rank DDP
-recognizer with ``OMP_NUM_THREADS=2`` on 2 cores trained at 10 samples/s instead of 210. scale_ocr honours the
-user's thread count; it says so at start instead.
+"""The cores a job may use (CPU affinity, capped by the cgroup quota), and one line when its ranks' threads exceed
+them: torch's intra-op threads meet at a barrier after each operator, so oversubscribed threads wait for descheduled
+siblings at every operator. The user's thread count is honoured; its cost is said at start.
 """
 
 from __future__ import annotations
@@ -21,12 +16,8 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 @dataclass(frozen=True)
 class Cores:
-    """Cores usable by this process.
-
-    Attributes:
-        affinity: cores the scheduler lets this process run on.
-        quota: the cgroup's CPU quota in cores (the tightest along its path), None when unlimited.
-    """
+    """Cores usable by this process: its affinity, and the cgroup's CPU quota in cores (the tightest along its path,
+    None when unlimited)."""
 
     affinity: int
     quota: float | None

@@ -1,17 +1,8 @@
 """DeepSpeed's compiled ops: built once by the install step into this environment, found there by every launch.
 
-DeepSpeed JIT-compiles C++ ops the first time a job needs them (on CPU hosts: the shared-memory communication
-op at every process-group start, the fused Adam of the ZeRO presets, pinned-memory and async_io for
-offload) into ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``, a cache every venv on the
-host shares: a job waits about a minute on a compiler the first time, and again whenever a venv with another
-torch rebuilt the op there. Every scale_ocr entry point calls :func:`use_environment_extensions`, which points
-an unset ``TORCH_EXTENSIONS_DIR`` at the active venv's own ``torch_extensions`` folder, and ``make install``
-(``python -m scale_ocr.distributed.extensions``) builds the ops there, so no job compiles anything.
-
-torch runs whichever ``ninja`` comes first on ``PATH``. Two ninjas with different build-log formats (a
-system 1.11 and the venv's 1.13 that DeepSpeed depends on) each discard the other's log and rebuild every
-op from scratch (async_io: 5 minutes on 2 cores), so the environment's own ``bin`` goes first on ``PATH``,
-as activating the venv would do, and every build and every job uses the same ninja.
+``TORCH_EXTENSIONS_DIR`` defaults to a cache every venv on the host shares; an unset one points at the venv's own
+folder, which ``make install`` fills. The venv's ``bin`` goes first on ``PATH``: two ninjas with different build-log
+formats discard each other's log and rebuild every op from scratch.
 """
 
 from __future__ import annotations

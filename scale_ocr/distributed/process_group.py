@@ -197,8 +197,7 @@ def _torchrun_default_threads(launcher: str) -> bool:
 def rank_threads(requested: int | None, local_world: int, launcher: str) -> tuple[int, str]:
     """Intra-op threads for a CPU rank and where the number came from: ``--threads``, else an ``OMP_NUM_THREADS``
     the user set, else the cores this job may use (affinity and cgroup quota: :mod:`~scale_ocr.distributed.cores`)
-    divided by
-    its local ranks (oversubscribed threads slow every rank)."""
+    divided by its local ranks (oversubscribed threads slow every rank)."""
     if requested:
         return requested, "--threads"
     env = os.environ.get("OMP_NUM_THREADS", "").strip()
@@ -212,13 +211,9 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0, threa
     """Read the launcher's environment, pick device and backend, and start the process group.
 
     A process group is started even for a single plain-python process (on a free loopback port) so
-    that every strategy, DeepSpeed and FSDP included, runs unchanged at world size 1.
-
-    Args:
-        backend: nccl or gloo; None picks nccl with GPUs and gloo without.
-        timeout_s: ``--dist-timeout``. The backend's own timeout is a minute longer, so the
-            :mod:`~scale_ocr.run.watchdog`, which names the silent rank, speaks first.
-        threads: ``--threads`` for CPU ranks (see :func:`rank_threads`).
+    that every strategy, DeepSpeed and FSDP included, runs unchanged at world size 1. The backend's own timeout is a
+    minute longer than ``timeout_s`` (``--dist-timeout``), so the :mod:`~scale_ocr.run.watchdog`, which names the
+    silent rank, speaks first.
     """
     launcher = detect_launcher()
     rank, world, local_rank, local_world = _read_env(launcher)
@@ -262,12 +257,8 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0, threa
 
 
 def destroy_distributed(clean: bool = True) -> None:
-    """Tear the process group down (safe to call twice or when none was started).
-
-    Args:
-        clean: the job ended normally, so wait for every rank first. After an error no barrier is
-            entered: peers may be stuck in a collective this rank will never join.
-    """
+    """Tear the process group down (safe to call twice or when none was started); ``clean``: the job ended normally,
+    so wait for every rank first (after an error, peers may be stuck in a collective this rank will never join)."""
     if dist.is_available() and dist.is_initialized():
         # Engines keep async work handles (fairscale's OSS broadcasts, for one) in reference cycles;
         # freed at interpreter exit after the group is gone, gloo can abort the process. Free them now.

@@ -1,21 +1,13 @@
 """A fresh key-value store for every round of an elastic (``torchrun --max-restarts``) job.
 
-torchrun's agents hand their workers one TCPStore for the whole job (``TORCHELASTIC_USE_AGENT_STORE``)
-and, as of torch 2.14, the workers' keys in it carry no per-round prefix. After a restart the new
-round's ranks can read the dead round's gloo addresses and fail with "Gloo connectFullMesh failed ...
-Connection refused", so every restart fails the same way and ``--max-restarts`` never resumes a job.
-Nor does ``TORCHELASTIC_RESTART_COUNT`` name the round: an agent restarted by a peer's failure does
-not count it, so nodes disagree.
+torchrun's agents hand their workers one TCPStore for the whole job (``TORCHELASTIC_USE_AGENT_STORE``) and, as of
+torch 2.14, the workers' keys in it carry no per-round prefix: a restarted round's ranks can read the dead round's
+gloo addresses ("Gloo connectFullMesh failed"), so ``--max-restarts`` never resumes a job. Nor does
+``TORCHELASTIC_RESTART_COUNT`` name the round: an agent restarted by a peer's failure does not count it.
 
-Here rank 0 serves a new TCPStore each round and publishes ``port round-id`` under one key of the
-agent's store. The other ranks read that key and keep only an address that answers with the same
-round id: a dead round's server no longer answers (the agents stop every worker before a new round
-starts), so a stale value is simply read again until rank 0 of this round has replaced it.
-
-The agents' own use of that shared store fails a node that joins an elastic job (``--nnodes MIN:MAX``) in a
-later round: its agent waits for a key only the first round wrote, and no worker ever starts to say so. Under
-``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` every round has a store of its own and joins work;
-:func:`warn_if_joins_would_hang` tells an elastic job that lacks it.
+Here rank 0 serves a new TCPStore each round and publishes ``port round-id`` under one key of the agent's store;
+the other ranks keep only an address that answers with the same round id (a dead round's server no longer answers,
+so a stale value is read again until this round's rank 0 replaced it). Joins: see :func:`join_warning`.
 """
 
 from __future__ import annotations
@@ -85,13 +77,8 @@ def warn_if_joins_would_hang() -> None:
 
 
 def round_store(rank: int, world_size: int, timeout_s: float) -> tuple[tdist.Store, str]:
-    """This round's store and its id (the same on every rank), served by rank 0's process.
-
-    Args:
-        rank: global rank.
-        world_size: ranks in the job.
-        timeout_s: how long to wait for rank 0 of this round (and the store's own timeout).
-    """
+    """This round's store and its id (the same on every rank), served by rank 0's process; ``timeout_s``: how long
+    to wait for rank 0 of this round (and the store's own timeout)."""
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     timeout = datetime.timedelta(seconds=timeout_s)
     agent = tdist.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)

@@ -1,11 +1,7 @@
-"""``--strategy auto``: the fastest strategy predicted to fit in each device's memory.
+"""``--strategy auto``: the fastest strategy predicted to fit in each device's memory (docs/memory.md).
 
-Memory per rank = the memory model's model state and engine buffers (minus what an engine keeps on
-the host) + activations measured from one real forward at the run's batch (a short probe on CPU) +
-the gathered parameters of the largest unit for engines that gather + a runtime margin. Strategies
-are tried from the fastest to the slowest, in the order the quick benchmark measures them (replicated
-first, then sharded gradients/optimizer, then sharded parameters, then offload), and the first that
-fits is chosen; the choice and why are printed in one line.
+Strategies are tried from the fastest to the slowest (replicated first, then sharded gradients/optimizer, then
+sharded parameters, then offload); the first that fits is chosen, and the choice and why are printed in one line.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ from scale_ocr.config import RunConfig
 from scale_ocr.errors import UserError
 from scale_ocr.memory.model import step_peak
 
-#: Fastest first (benchmarks/results, quick preset: ddp > zero1/zero2 > fairscale > fsdp_grad_op > fsdp > zero3).
+#: Fastest first, as the quick benchmark ranks them.
 MULTI_RANK_ORDER = ("ddp", "zero2", "zero1", "fairscale", "fsdp_grad_op", "fsdp", "zero3", "zero2_offload",
                     "zero3_offload")
 SINGLE_RANK_ORDER = ("single", "zero2_offload", "zero3_offload")
@@ -38,19 +34,14 @@ def device_memory_bytes(cfg: RunConfig, local_world: int) -> tuple[int, str]:
 
 def runtime_margin(on_gpu: bool) -> int:
     """What the process needs besides model state and activations: CUDA context and allocator slack on
-    GPU; the interpreter, torch's libraries and the data pipeline on CPU (measured ~0.7 GiB RSS)."""
+    GPU; the interpreter, torch's libraries and the data pipeline on CPU."""
     return int(0.75 * GIB) if on_gpu else 1 * GIB
 
 
 def rank_need(row: dict, largest_layer: int, on_gpu: bool, activations: float = 0.0) -> float:
-    """Bytes a rank needs: the larger of an ``estimate`` row's step peak (``activations`` added to any already in
-    it, and the gathered largest unit in flight and the next for engines that gather) and its save peak (the
-    checkpoint and model files written a tensor at a time), plus the runtime margin.
-
-    A row's figures are device memory, less what the engine keeps in host memory; a CPU rank's device is the
-    host, so there offloading keeps nothing off it (measured: zero3_offload peaked at 8.4 GiB per CPU rank where
-    zero3 peaked at 7.0, on the 0.76B ViTSTR of benchmarks/results' large_model record).
-    """
+    """Bytes a rank needs: the larger of an ``estimate`` row's step peak (plus ``activations``, and two gathered
+    largest units for engines that gather) and its save peak, plus the runtime margin. A CPU rank's device is the
+    host, so there offloading keeps nothing off it."""
     on_host = 0.0 if on_gpu else row["host"]
     gathered = 2 * 4 * largest_layer if row["params_sharded"] else 0
     acts = (row["activations"] or 0) + activations

@@ -1,10 +1,7 @@
 """Per-rank memory of every strategy before launching anything (``scale-ocr estimate-memory``, ``--strategy auto``).
 
-It describes each strategy's engine (which needs no process group) and applies the memory model
-(:mod:`scale_ocr.memory`) to it, so it sits beside the strategies, above the model of memory. Per strategy:
-the engine model's parameters / gradients / optimizer state / engine buffers, the ZeRO paper's ideal,
-DeepSpeed's own estimate for the DeepSpeed strategies, and optionally the activations of one real forward
-at the given batch and input size (the table: :mod:`scale_ocr.cli.estimate_memory`).
+Each strategy's engine is described (no process group) and the memory model (:mod:`scale_ocr.memory`) applied to
+it; DeepSpeed's own estimate and one real forward's activations come beside (docs/memory.md).
 """
 
 from __future__ import annotations
@@ -41,9 +38,8 @@ def model_size(model: nn.Module) -> ModelSize:
 
 @dataclass(frozen=True)
 class Activations:
-    """Bytes autograd saves in one training forward, per rank: ``casting`` where autocast multiplies fp32
-    weights (and saves a 16-bit copy of each for the backward), ``sixteen_bit`` where the engine holds or
-    gathers its weights in 16 bits (DeepSpeed bf16/fp16, FSDP's mixed-precision policy). Equal in fp32 runs."""
+    """Bytes autograd saves in one training forward, per rank: ``casting`` where autocast casts fp32 weights (and
+    saves a 16-bit copy of each), ``sixteen_bit`` where the engine holds or gathers 16-bit weights."""
 
     casting: int
     sixteen_bit: int
@@ -67,9 +63,8 @@ def activation_bytes(model: nn.Module, inputs: tuple[torch.Tensor, ...], precisi
                      weights_16bit: bool = False) -> int:
     """Bytes autograd saves for backward in one training forward of ``inputs`` (a task's dummy batch, per rank).
 
-    Counted from the saved tensors themselves (distinct storages), so it is exact on any device and
-    independent of allocator caching. ``weights_16bit``: the forward runs over a 16-bit copy of the weights,
-    as an engine holding them so computes (:func:`scale_ocr.precision.compute_weight_dtype`).
+    Counted from the saved tensors themselves (distinct storages): exact on any device, whatever the allocator
+    caches. ``weights_16bit``: the forward runs over a 16-bit copy of the weights, as an engine holding them does.
     """
     import copy
 
@@ -105,17 +100,15 @@ def build_strategy(name: str, world: int, precision: str, ds_config: str | None,
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     dist = DistInfo(0, ranks, 0, min(ranks_per_node or ranks, ranks), device,
                     "nccl" if device.type == "cuda" else "gloo", "estimate")
-    cfg = StrategyConfig(strategy=name, ds_config=ds_config if "preset" in entry.preset else None)
+    cfg = StrategyConfig(strategy=name, ds_config=ds_config if entry.cls.reads_ds_config else None)
     return entry.cls(cfg, dist, TrainConfig(precision=precision), OptimConfig(), **entry.preset), ranks
 
 
 def estimate(size: ModelSize, world: int, precision: str, strategies: list[str], ds_config: str | None = None,
              activations: Activations | None = None, model: nn.Module | None = None,
              ranks_per_node: int | None = None) -> dict[str, Any]:
-    """Per-strategy predictions in bytes (the ``--json`` document); ``model``, when known, lets engines
-    adapt to it as they will at set-up (DeepSpeed keeps fp32 weights for BatchNorm models). Each row's
-    activations are the figure for its engine's weights (:meth:`Activations.under`). ``ranks_per_node``: the
-    shard groups of hsdp and zero3_hpz (default: one node holds every rank)."""
+    """Per-strategy predictions in bytes (the ``--json`` document); ``model``, when known, lets engines adapt to it as
+    they will at set-up (DeepSpeed keeps fp32 weights for BatchNorm models)."""
     rows = {}
     for name in strategies:
         strategy, ranks = build_strategy(name, world, precision, ds_config, ranks_per_node)

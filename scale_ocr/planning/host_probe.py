@@ -1,27 +1,19 @@
 """Measurements of this host for the time model (:mod:`scale_ocr.planning.time_model`), a few seconds each.
 
-* :func:`compute_rate`: the model's own training FLOP/s here, forward and backward timed at the batch and thread
-  count a rank will have (counted FLOPs / seconds: what peak x MFU stands for on a GPU); with ``ranks`` > 1, in
-  that many processes at once, as a job's ranks share the host's cores and memory bandwidth.
-* :func:`memory_bandwidth`: a large tensor copy, bytes read and written per second (Adam's step is bound by it).
-* :func:`gloo_link`: bus bandwidth of a gloo all-reduce between local processes, fitted over three message sizes
-  (what DDP and the ZeRO engines use between CPU ranks), and the cost of one small call between ranks that compute.
-* :func:`engine_cost`: each engine's own step on one rank, from a short training run: the host-side work (hooks,
-  casts, copies, the optimizer's flat buffers) that FLOPs do not count.
-
 Each figure is the median of a few timed calls after a warm-up: the host as it is, neighbours included, as the
-training steps the prediction is compared with see it.
+training steps the prediction is compared with see it (docs/memory.md, ``--device host``).
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+from scale_ocr.distributed.process_group import free_port
 
 
 def _best(fn, repeats: int) -> float:
@@ -88,12 +80,9 @@ def _spawn(worker, nprocs: int, *args) -> list[float]:
     """Run ``worker(rank, nprocs, init, out, *args)`` in ``nprocs`` local processes over gloo; rank 0's numbers."""
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out")
-        mp.spawn(worker, args=(nprocs, f"tcp://127.0.0.1:{port}", out, *args), nprocs=nprocs)
+        mp.spawn(worker, args=(nprocs, f"tcp://127.0.0.1:{free_port()}", out, *args), nprocs=nprocs)
         return [float(v) for v in Path(out).read_text().split()]
 
 
@@ -134,9 +123,8 @@ SLICES = (0.3e-3, 3e-3)  # seconds of compute between calls: an engine's bookkee
 
 def _busy_call_seconds(world: int, slice_s: float) -> float:
     """Seconds a small all-gather adds between ``slice_s`` slices of compute, as engines call it: each rank
-    computes, then waits for the other to arrive and for gloo's thread to get a core the compute is using (on a
-    2-core host 0.7-0.9 ms a call between 0.3 ms slices, 1.3-1.5 ms between 3 ms slices; 0.2-0.3 ms between idle
-    ranks)."""
+    computes, then waits for the other to arrive and for gloo's thread to get a core the compute is using (several
+    times what the same call costs between idle ranks)."""
     import torch.distributed as dist
 
     a, small = torch.randn(192, 192), torch.ones(256)  # 1 KiB
@@ -165,8 +153,8 @@ def gloo_link(world: int = 2) -> tuple[float, float, float]:
     """(bus bandwidth in bytes/s, seconds per call, seconds per call between a layer's compute) of gloo collectives
     between ``world`` local processes: the bandwidth from a least-squares line through (bytes moved per rank,
     seconds) of all-reduces at three sizes, the costs of a small all-gather between short and long slices of
-    compute (:func:`_busy_call_seconds`; the line's intercept is too uncertain, and idle ranks answer 3-5x faster
-    than ranks that compute, as ranks in a job do)."""
+    compute (:func:`_busy_call_seconds`; the line's intercept is too uncertain, and idle ranks answer faster than
+    ranks that compute, as ranks in a job do)."""
     *values, latency, busy = _spawn(_all_reduce_worker, world)
     pairs = [(2 * (world - 1) / world * values[i] * 4, values[i + 1]) for i in range(0, len(values), 2)]
     mx = sum(x for x, _ in pairs) / len(pairs)
@@ -176,9 +164,8 @@ def gloo_link(world: int = 2) -> tuple[float, float, float]:
 
 
 def engine_cost(strategy: str, model_cfg, batch: int, precision: str, threads: int, steps: int = 10):
-    """:class:`~scale_ocr.planning.time_model.EngineCost` of ``strategy`` on this host: a short training run of the
-    model on one rank (no communication), ``threads`` threads, synthetic samples, read back from its metrics.json
-    time breakdown (``steps`` optimizer steps, the first quarter untimed). About 5-20 s each."""
+    """:class:`~scale_ocr.planning.time_model.EngineCost` of ``strategy`` on this host: a short training run on one
+    rank (no communication), synthetic samples, read back from its metrics.json time breakdown."""
     import json
     import subprocess
     import sys

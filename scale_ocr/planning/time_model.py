@@ -1,38 +1,9 @@
 """The time model: a training step's time per strategy, before launching, from counted FLOPs and bytes moved.
 
-Beside the memory model (:mod:`scale_ocr.planning.estimate`), per strategy and per rank at a fixed per-rank
-batch (weak scaling, as data parallelism grows):
-
-* **compute**: the model's counted training FLOPs per sample (:func:`scale_ocr.run.flops.flops_per_sample`,
-  torch's own counter) x batch, at the device's peak for the precision x an assumed MFU. With activation
-  checkpointing the forward runs twice.
-* **communication**: the bytes each engine moves per step, as its :class:`~scale_ocr.memory.model.StateLayout`
-  describes it, over the link's bandwidth with ring algorithms' volumes (Patarasuk & Yuan 2009; NCCL's
-  "bus bandwidth"): DDP all-reduces the gradients, 2(n-1)/n x G bytes; ZeRO-1/2, fairscale and FSDP without
-  resharding reduce-scatter the gradients and all-gather the parameters once, (n-1)/n x (G + P); FSDP and
-  ZeRO-3 gather the parameters for the forward and again for the backward, (n-1)/n x (G + 2P); HSDP does
-  that within its shard group and all-reduces its fp32 shard of the gradients across groups. Each collective
-  also pays a latency of 2 log2(n) hops (tree and hierarchical algorithms, which NCCL picks at scale).
-* **optimizer**: Adam's step is memory-bound: about 28 bytes read and written per parameter it updates
-  (parameter, gradient, two moments; 34 with DeepSpeed's 16-bit copy and upcast gradient), over the device's
-  memory bandwidth, for the parameters the rank updates (its shard when the optimizer state is sharded).
-* **overlap** (stated, not measured): on GPUs collectives run on their own stream. DDP's gradient all-reduce
-  hides behind the backward except its last bucket; FSDP/ZeRO-3's gathers and reduce-scatters hide behind the
-  forward and backward except the first unit's gather and the last unit's reduce-scatter; ZeRO-1/2's
-  reduce-scatter hides behind the backward, and the all-gather of the updated parameters after the step does
-  not hide. On CPU hosts (gloo) nothing hides: the collectives run on the cores the compute needs (measured:
-  ZeRO-3 trained 4.9% faster with overlap_comm off, benchmarks/results/engine-knobs-vm-20261202).
-
-On a measured CPU host (:func:`with_host`, ``--device host``) two things a FLOP and byte count misses are measured
-instead (:mod:`scale_ocr.planning.host_probe`): each engine's own step on one rank (:class:`EngineCost`: its
-hooks, casts and copies, its optimizer step, shared out as the engine shards the optimizer state), and what a
-call costs when ranks compute between calls (``Link.busy``: they wait for the slower rank and for a core), with
-gloo's calls counted one by one where NCCL coalesces them (``Cluster.coalesces``).
-
-Links are per rank ("bus") bandwidths: within a node the intra-node link, beyond it the inter-node link (one NIC
-per device, as DGX/HGX nodes have). The figures in :data:`DEVICES` and :data:`LINKS` are vendors' datasheet
-peaks; achieved bandwidths are lower (NCCL's all-reduce bus bandwidth is typically 75-90% of them), which the
-``efficiency`` of each link states.
+Per rank at a fixed per-rank batch: compute (counted FLOPs at the device's peak x an assumed MFU), communication
+(each engine's ring volumes over the link, plus 2 log2(n) hops of latency per collective) and Adam's memory-bound
+step; on GPUs collectives overlap compute, on CPU hosts (gloo) nothing hides. :func:`with_host` puts a measured CPU
+host in place of the datasheets (:mod:`scale_ocr.planning.host_probe`). The figures and assumptions: docs/memory.md.
 """
 
 from __future__ import annotations
@@ -72,10 +43,8 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
 
 @dataclass(frozen=True)
 class Link:
-    """A per-rank link: bandwidth in bytes/s each way, latency per hop in seconds, and the share of the
-    bandwidth collectives achieve on it; ``busy``: what a call costs beyond its latency when the ranks compute
-    between calls (a CPU host's ranks wait for the slower one and for a core; 0 where a device computes and the
-    host only queues work)."""
+    """A per-rank link: bandwidth in bytes/s each way, latency per hop in seconds, the share of the bandwidth
+    collectives achieve on it, and ``busy``: a call's cost beyond its latency when CPU ranks compute between calls."""
 
     name: str
     bandwidth: float
@@ -139,13 +108,9 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Workload:
-    """One rank's work per optimizer step: FLOPs of a training sample, samples, parameters and the largest
-    layer (the unit engines gather and reduce at once), the precision, activation checkpointing, and how many
-    sharding units (FSDP's) the model has and how many all-gathers ZeRO-3 issues a step (``modules``), which set
-    how many collectives those engines issue (0: estimated from the sizes), and how many weights are too small for
-    ZeRO-3 to
-    partition (``persistent``, of ``persistent_numel`` elements in all: DeepSpeed all-gathers each of them after
-    every optimizer step, one call each)."""
+    """One rank's work per optimizer step. ``units`` (FSDP's) and ``modules`` (ZeRO-3's all-gathers a step) set how
+    many collectives those engines issue (0: estimated from the sizes); ``persistent`` weights (``persistent_numel``
+    elements in all) are too small for ZeRO-3 to partition: DeepSpeed all-gathers each after every step."""
 
     flops_forward: float
     flops_backward: float
@@ -195,10 +160,8 @@ class StepTime:
 
 @dataclass(frozen=True)
 class EngineCost:
-    """One engine's own step on one rank of this host, measured by a short training run (no communication at world
-    size 1): ``compute`` is the forward and backward with the engine's hooks, casts and copies, ``optimizer`` its
-    step, ``other`` the loop's remainder; ``threads`` the run's. Engines' host-side work costs the same whatever
-    the bytes, so on small models it, not the FLOPs, sets the step: a FLOP count at the model's rate misses it."""
+    """One engine's own step on one rank of this host, from a short training run: its forward and backward with the
+    engine's hooks, casts and copies (on small models this, not the FLOPs, sets the step), its optimizer, the rest."""
 
     compute: float
     optimizer: float
@@ -244,8 +207,7 @@ def comm_volumes(layout: StateLayout, n: int, world: int,
     phases = [("reduce-scatter grads", scatter, group, calls(scatter, "unit" if layout.gathers_per == "unit" else "")),
               (f"all-gather params x{gathers}", gathered, group, calls(gathered, layout.gathers_per, gathers))]
     if layout.gathers_per == "module" and work is not None and work.persistent:
-        # DeepSpeed ZeRO-3 after each step: every weight under its persistence threshold, gathered one by one
-        # (counted in the scaling record's traces: crnn_mobilenet_v3_small 128 a step, db_mobilenet_v3_large 168).
+        # DeepSpeed ZeRO-3 after each step: every weight under its persistence threshold, gathered one by one.
         phases.append((SMALL_PARAMS, f * gather * work.persistent_numel, group, work.persistent))
     if group < world:  # HSDP: the shard's gradients all-reduced across the replica groups
         replicas = world // group
@@ -256,7 +218,8 @@ def comm_volumes(layout: StateLayout, n: int, world: int,
 
 
 def optimizer_bytes(layout: StateLayout, n: int, world: int) -> float:
-    """Bytes Adam's step reads and writes on one rank (see the module doc)."""
+    """Bytes Adam's step reads and writes on one rank: about 28 per parameter it updates (parameter, gradient, two
+    moments), 34 with DeepSpeed's 16-bit copy and upcast gradient."""
     group = min(layout.shard_group or world, world)
     updated = n / group if layout.optim_sharded else n
     return updated * (34 if layout.mixed else 28)
@@ -299,9 +262,8 @@ def predict_step(layout: StateLayout, work: Workload, world: int, cluster: Clust
 
 def with_host(cluster: Cluster, flops: float, memory_bandwidth: float, bandwidth: float, latency: float,
               busy: float | None = None) -> Cluster:
-    """``cluster`` on a measured host: its achieved FLOP/s (``mfu`` 1 then applies), memory bandwidth and
-    link (gloo between local processes: bandwidth, seconds per call, and per call between slices of a layer's
-    compute), and no overlap."""
+    """``cluster`` on a measured host: its achieved FLOP/s (``mfu`` 1 then applies), memory bandwidth and gloo link
+    (bandwidth, seconds per call, and per call between slices of compute), and no overlap."""
     host = Device("host", {p: flops for p in ("fp32", "bf16", "fp16")}, memory_bandwidth, "measured on this host")
     # A call over 2 ranks pays 2 log2(2) = 2 hops in _collective: the measured per-call latency is split over them.
     measured = Link("host", bandwidth, latency / 2, 1.0, "gloo between two local processes, measured",

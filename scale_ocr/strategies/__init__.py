@@ -1,8 +1,5 @@
-"""Strategy registry and every strategy name scale-ocr ships.
-
-Engines are imported inside each strategy's methods, so listing or validating names does not
-import deepspeed or fairscale.
-"""
+"""Strategy registry and every strategy name scale-ocr ships (engines are imported inside each strategy's methods,
+so listing or validating names does not import deepspeed or fairscale)."""
 
 from scale_ocr.strategies.base import StepStats, Strategy
 from scale_ocr.strategies.ddp import DDP

@@ -1,8 +1,6 @@
 """The strategy interface: the only thing the training loop knows about distribution.
 
-A strategy wraps a model and its optimizer for one engine (DDP, FSDP2, DeepSpeed, fairscale, ...)
-and hides that engine's way of accumulating, scaling, clipping and stepping. The loop asks for
-capabilities, never for names.
+The loop asks a strategy for capabilities, never for its name (docs/strategies.md).
 """
 
 from __future__ import annotations
@@ -47,9 +45,7 @@ def tensor_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
 def shard_size(flag: int | None, world: int, local_world: int, what: str) -> int:
     """Ranks per shard group of the hybrid strategies (hsdp, zero3_hpz): ``--shard-size`` (``flag``) or the
     launcher's ranks per node, which must divide the world size; ``what`` names the strategy or file in the message.
-
-    Launchers number ranks node by node, so a group of consecutive ranks is a node: state is sharded within it,
-    where links are fast, and replicated (hsdp) or given an in-group copy (hpZ) across the groups.
+    Launchers number ranks node by node, so a group of consecutive ranks is a node, where links are fast.
     """
     size = flag or local_world
     if size < 1 or world % size:
@@ -70,15 +66,9 @@ def single_group_notice(strategy: str, size: int, world: int, plain: str) -> str
 
 
 class ModelPiece(NamedTuple):
-    """One tensor of the whole model, as :meth:`Strategy.model_pieces` lists it.
-
-    Attributes:
-        name: its key in the bare model's state dict.
-        shape: its whole shape.
-        dtype: as written: fp32 for floating-point tensors, whatever the engine computes in.
-        fetch: a collective (every rank calls it, in the pieces' order): the whole tensor, on the CPU in ``dtype``,
-            on rank 0; None on the other ranks.
-    """
+    """One tensor of the whole model, as :meth:`Strategy.model_pieces` lists it: its key in the bare model's state
+    dict, whole shape, written dtype (:func:`written_dtype`), and ``fetch``, a collective that returns the whole
+    tensor on the CPU on rank 0, None on the other ranks."""
 
     name: str
     shape: tuple[int, ...]
@@ -103,14 +93,9 @@ def replica_pieces(state: dict[str, torch.Tensor], is_main: bool) -> list[ModelP
 
 @dataclass(frozen=True)
 class StepStats:
-    """What one optimizer step reports.
-
-    Attributes:
-        grad_norm: global L2 norm of the gradients before clipping (inf when fp16 overflowed); a
-            0-d tensor may stay on the device until the loop logs it.
-        skipped: the step was skipped (fp16 overflow, or a NaN/inf gradient norm) and parameters did not change.
-        loss_scale: the fp16 loss scale in use, None without loss scaling.
-    """
+    """What one optimizer step reports: the global pre-clip gradient norm (inf when fp16 overflowed; a 0-d tensor may
+    stay on the device until the loop logs it), whether the step was skipped (fp16 overflow, or a NaN/inf norm), and
+    the fp16 loss scale (None without loss scaling)."""
 
     grad_norm: float | torch.Tensor
     skipped: bool = False
@@ -118,16 +103,8 @@ class StepStats:
 
 
 class Strategy(ABC):
-    """Base of every strategy.
-
-    Args:
-        cfg: the strategy section of the run config.
-        dist: this process's place in the job.
-        train: batch size, accumulation and precision, which engines such as DeepSpeed must know.
-        optim: learning rate, weight decay and clipping.
-        run_dir: the run's output directory, where an engine may keep scratch files (NVMe offload's swap
-            files); None when the strategy is only described (memory estimates).
-    """
+    """Base of every strategy; ``run_dir`` is where an engine may keep scratch files (NVMe offload's swap files),
+    None when the strategy is only described (memory estimates)."""
 
     #: At most this many ranks make sense (1 for single-process strategies such as DataParallel).
     max_world_size: int | None = None
@@ -137,6 +114,8 @@ class Strategy(ABC):
     compiles: bool = False
     #: ``--bucket-mb`` and ``--static-graph`` set its gradient reducer (DDP's).
     tunes_reducer: bool = False
+    #: ``--ds-config`` (a DeepSpeed JSON) configures it.
+    reads_ds_config: bool = False
 
     @classmethod
     def takes_shard_size(cls, cfg: StrategyConfig, **preset: Any) -> bool:
@@ -164,10 +143,9 @@ class Strategy(ABC):
     def build_model(self, factory: ModelFactory, seed: int) -> nn.Module:
         """The model ``factory`` builds, with its initial weights, the same on every rank and under every strategy.
 
-        A model with a per-parameter rule (``init_param``) is initialised from ``(seed, name)``
-        (:mod:`scale_ocr.models.init`), which a sharding engine can reproduce shard by shard; others from
-        the global RNG seeded with ``seed``; with ``--init-from`` (``factory.load_weights``), every model is built
-        whole and then set from the file (the engines shard it afterwards).
+        A model with a per-parameter rule (``init_param``) is initialised from ``(seed, name)``, which a sharding
+        engine can reproduce shard by shard; others from the global RNG; with ``--init-from`` it is built whole and
+        then set from the file.
         """
         model = factory.meta_with_rule()
         if model is None:
@@ -183,18 +161,14 @@ class Strategy(ABC):
 
     @abstractmethod
     def setup(self, model: nn.Module, optimizer: OptimizerSpec) -> tuple[nn.Module, Any]:
-        """Move, wrap and shard ``model``; build the optimizer over the result.
-
-        Returns the module to call in the loop and an object with ``param_groups`` whose ``lr``
-        the learning-rate schedule sets.
-        """
+        """Move, wrap and shard ``model``; build the optimizer over the result. Returns the module to call in the loop
+        and an object with ``param_groups`` whose ``lr`` the learning-rate schedule sets."""
 
     def compile(self, model: nn.Module) -> None:
         """torch.compile ``model`` (what :meth:`setup` returned) in place with ``--compile``'s backend.
 
         In place (``nn.Module.compile``), so parameter and state-dict names do not change and checkpoints stay
-        portable. The first forward compiles (and a validation forward once more, in eval mode); engines'
-        hooks (DDP's buckets, FSDP2's all-gathers) stay outside the compiled graphs, where dynamo puts them.
+        portable; engines' hooks stay outside the compiled graphs, where dynamo puts them.
         """
         if self.cfg.compile == "inductor" and self.dist.device.type == "cpu" and not cpp_compiler():
             raise UserError("--compile on CPU generates C++, but no compiler was found ($CXX, g++, c++ or clang++ on "
@@ -217,10 +191,9 @@ class Strategy(ABC):
         """Global L2 norm of the trainable weights as the last step left them: a 0-d tensor (perhaps on the device),
         NaN/inf when some weight is, the same on every rank. A collective: every rank calls it.
 
-        The loop checks it after each step (a step that leaves the weights non-finite or far grown is a bad step),
-        so it must cost about one read of the local weights. This default reads ``self.model``'s parameters: whole
-        replicas (single, DDP, fairscale, whose OSS broadcasts updated weights), or FSDP2's DTensor shards, whose
-        norm is a partial DTensor that ``full_tensor()`` reduces over the ranks. None: this engine cannot tell now.
+        The loop checks it after each step, so it must cost about one read of the local weights. This default reads
+        ``self.model``'s parameters: whole replicas, or FSDP2's DTensor shards (:func:`tensor_norm`). None: this
+        engine cannot tell now.
         """
         return tensor_norm([p for p in self.model.parameters() if p.requires_grad])
 
@@ -229,8 +202,8 @@ class Strategy(ABC):
         """The whole model's state dict, one tensor at a time: each piece's name (no wrapper prefixes, so the
         result loads into the bare model), shape and written dtype, and how to fetch it.
 
-        Every rank calls every piece's ``fetch`` in order (a fetch may be a collective); rank 0 gets the tensor, so
-        writing the whole model needs its largest tensor in memory, never all of them (:mod:`scale_ocr.checkpoint`).
+        Every rank calls every piece's ``fetch`` in order; writing the whole model then needs its largest tensor in
+        memory, never all of them.
         """
 
     @abstractmethod
@@ -254,10 +227,8 @@ class Strategy(ABC):
     def sync_buffers(self) -> None:  # noqa: B027 - optional hook: one process, or an engine that syncs itself
         """Give every rank rank 0's buffers (BatchNorm running statistics) before the model is evaluated or saved.
 
-        Engines that do not replicate buffers themselves (FSDP2, DeepSpeed) let each rank update its own copy
-        from its own batches. A training forward never reads them, so only their value when the model is
-        observed matters: syncing then gives every rank the model rank 0 holds, as DDP does, without a
-        collective at every step. A collective: every rank calls it.
+        Engines that do not replicate buffers (FSDP2, DeepSpeed) let each rank update its own copy; a training
+        forward never reads them, so syncing only when the model is observed avoids a collective at every step.
         """
 
     def configure_for(self, model: nn.Module) -> None:  # noqa: B027 - optional hook

@@ -1,4 +1,4 @@
-"""Helpers the torch-native strategies compose (not inherit): loss scaling, backward and step."""
+"""Helpers the torch-native strategies share: loss scaling, backward and step."""
 
 from __future__ import annotations
 
@@ -9,22 +9,15 @@ from typing import Any
 import torch
 
 from scale_ocr.memory.meter import StateMeter, module_tensors, optimizer_tensors
-from scale_ocr.strategies.base import StepStats
+from scale_ocr.strategies.base import StepStats, tensor_norm
 
 
 class TorchStepper:
     """Backward and optimizer step for engines that expose plain torch gradients.
 
-    Args:
-        optimizer: the (possibly sharded) optimizer.
-        grad_accum: micro-batches per optimizer step; each backward is scaled by its inverse so the
-            accumulated gradient is the mean over the whole global batch, as with one big batch.
-        max_norm: clip threshold, 0 for no clipping (the norm is still measured and reported).
-        grad_norm: returns the global pre-clip norm of the gradients (a tensor, left on the device).
-        clip: scales gradients given (max_norm, total_norm).
-        scaler: a GradScaler for fp16, or None.
-        zero_grad: clears gradients after the step; defaults to the optimizer's. Engines that keep
-            gradients in their own buckets (fairscale's ShardedDataParallel) must clear those too.
+    Each backward is scaled by ``1 / grad_accum``, so the accumulated gradient is the mean over the global batch;
+    ``max_norm`` 0 clips nothing (the norm is still reported). ``zero_grad`` defaults to the optimizer's; engines
+    that keep gradients in their own buckets (fairscale's ShardedDataParallel) must clear those too.
     """
 
     def __init__(self, optimizer: Any, grad_accum: int, max_norm: float,
@@ -65,10 +58,23 @@ class TorchStepper:
         return StepStats(grad_norm=norm, skipped=skipped, loss_scale=scale)
 
 
+class StepperMixin:
+    """``backward`` and ``step`` for strategies whose ``setup`` sets ``self.stepper`` (a :class:`TorchStepper`), and
+    ``no_sync`` as their wrapper's own (DDP, ShardedDataParallel); strategies without one override ``no_sync``."""
+
+    def no_sync(self):
+        return self.model.no_sync()
+
+    def backward(self, loss) -> None:
+        self.stepper.backward(loss)
+
+    def step(self) -> StepStats:
+        return self.stepper.step()
+
+
 def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
-    """Give every rank rank ``src``'s buffers (BatchNorm running statistics), as DDP does before each
-    forward. Engines that do not (FSDP, DeepSpeed) call this after each step, so all ranks hold the same
-    buffers: evaluation, checkpoints and resumes then see one model, not one per rank."""
+    """Give every rank rank ``src``'s buffers (BatchNorm running statistics), as DDP does before each forward, so
+    evaluation, checkpoints and resumes see one model, not one per rank."""
     import torch.distributed as tdist
 
     if not tdist.is_initialized() or tdist.get_world_size() == 1:
@@ -84,21 +90,11 @@ def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
             b.detach().copy_(value.view_as(b))
 
 
-def local_grads(params) -> list[torch.Tensor]:
-    return [p.grad for p in params if p.grad is not None]
-
-
 def dense_grad_norm(params) -> Callable[[], torch.Tensor]:
-    """Global norm of replicated gradients (DDP, DataParallel, single): every rank holds them all."""
+    """Global norm of the gradients of ``params``: replicated (DDP, DataParallel, single), or FSDP2's DTensor shards,
+    whose norm :func:`~scale_ocr.strategies.base.tensor_norm` reduces over the ranks."""
     params = list(params)
-
-    def fn() -> torch.Tensor:
-        grads = local_grads(params)
-        if not grads:
-            return torch.zeros(())
-        return torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-
-    return fn
+    return lambda: tensor_norm([p.grad for p in params if p.grad is not None])
 
 
 def dense_clip(params) -> Callable[[float, torch.Tensor], None]:
@@ -108,6 +104,13 @@ def dense_clip(params) -> Callable[[float, torch.Tensor], None]:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm)
 
     return fn
+
+
+def replica_stepper(optimizer, module: torch.nn.Module, train, clip_grad: float, device: torch.device) -> TorchStepper:
+    """A :class:`TorchStepper` over ``module``'s replicated gradients (single, DataParallel, DDP)."""
+    params = list(module.parameters())
+    return TorchStepper(optimizer, train.grad_accum, clip_grad, dense_grad_norm(params), dense_clip(params),
+                        make_scaler(train.precision, device))
 
 
 def make_scaler(precision: str, device: torch.device, sharded: bool = False):
@@ -156,13 +159,8 @@ def init_optimizer_state(optimizer) -> None:
 
 def torch_state_meter(module: torch.nn.Module, optimizer, device: torch.device, stepping=None,
                       other: Callable[[], list[torch.Tensor]] = list) -> StateMeter:
-    """A :class:`StateMeter` for engines whose state is plain (or DTensor) parameters, their
-    gradients and a torch optimizer's state.
-
-    Args:
-        stepping: the torch optimizer that actually steps, if ``optimizer`` wraps one (fairscale's OSS).
-        other: returns engine buffers to count besides (reduce buckets).
-    """
+    """A :class:`StateMeter` for plain (or DTensor) parameters, their gradients and a torch optimizer's state;
+    ``stepping``: the optimizer that steps, if ``optimizer`` wraps one (fairscale's OSS); ``other``: engine buffers."""
     inner = stepping or optimizer
 
     def collect() -> dict[str, list]:

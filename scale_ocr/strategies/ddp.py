@@ -10,33 +10,27 @@ from torch.nn.parallel import DistributedDataParallel
 
 from scale_ocr.memory.model import StateLayout
 from scale_ocr.optim import OptimizerSpec
-from scale_ocr.strategies.base import ModelPiece, StepStats, Strategy, replica_pieces
+from scale_ocr.strategies.base import ModelPiece, Strategy, replica_pieces
 from scale_ocr.strategies.common import (
-    TorchStepper,
+    StepperMixin,
     broadcast_buffers,
-    dense_clip,
-    dense_grad_norm,
-    make_scaler,
+    replica_stepper,
     torch_checkpoint_state,
     torch_load_checkpoint_state,
     torch_state_meter,
 )
 
 
-class DDP(Strategy):
-    """Replicated model, bucketed gradient all-reduce overlapped with backward.
-
-    ``gradient_as_bucket_view=True`` makes ``.grad`` views into the reducer's buckets; without it
-    DDP keeps a second gradient-sized copy per rank.
-    """
+class DDP(StepperMixin, Strategy):
+    """Replicated model, bucketed gradient all-reduce overlapped with backward; ``.grad`` tensors are views of the
+    reducer's buckets (``gradient_as_bucket_view``), not a second gradient-sized copy."""
 
     compiles = True
     tunes_reducer = True
 
     def setup(self, model: nn.Module, optimizer: OptimizerSpec) -> tuple[nn.Module, Any]:
         # Channels-last images give convolutions channels-last weight gradients, which the reducer copies into its
-        # contiguous buckets (one copy of each such gradient per step, included in the measured gain) after warning
-        # once about exactly that: the warning tells a user nothing they can act on.
+        # contiguous buckets after warning once about exactly that: the warning tells a user nothing they can act on.
         warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
         device = self.dist.device
         self.module = model.to(device)
@@ -48,25 +42,13 @@ class DDP(Strategy):
             static_graph=self.cfg.static_graph,
         )
         self.optimizer = optimizer.build(self.module)
-        params = list(self.module.parameters())
-        self.stepper = TorchStepper(self.optimizer, self.train.grad_accum, self.optim.clip_grad,
-                                    dense_grad_norm(params), dense_clip(params),
-                                    make_scaler(self.train.precision, device))
+        self.stepper = replica_stepper(self.optimizer, self.module, self.train, self.optim.clip_grad, device)
         self.meter = torch_state_meter(self.module, self.optimizer, device)
         return self.model, self.optimizer
 
     def state_layout(self) -> StateLayout:
         return StateLayout(ideal_stage=0, note="gradient_as_bucket_view=True: gradients are views of the reducer's "
                            "buckets; without it DDP keeps a second gradient-sized copy")
-
-    def no_sync(self):
-        return self.model.no_sync()
-
-    def backward(self, loss) -> None:
-        self.stepper.backward(loss)
-
-    def step(self) -> StepStats:
-        return self.stepper.step()
 
     def checkpoint_state(self) -> dict[str, Any]:
         # DDP broadcasts rank 0's buffers before each forward, but the forward then updates every rank's

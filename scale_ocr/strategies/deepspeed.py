@@ -25,17 +25,11 @@ from scale_ocr.strategies.nvme import check_async_io, nvme_sections, prepare_swa
 
 
 class DeepSpeed(Strategy):
-    """DeepSpeed's engine; ZeRO stage, offload and buckets come from the JSON.
-
-    Args:
-        preset: name of a JSON in ``ds_configs/`` used when ``--ds-config`` is not given.
-
-    The engine owns accumulation (it scales the loss by 1/accumulation and counts micro-steps),
-    clipping (``gradient_clipping``) and fp16 loss scaling; this class maps the shared interface
-    onto it so the same flags mean the same maths as under DDP or FSDP.
-    """
+    """DeepSpeed's engine, configured by the JSON (``preset``: a ``ds_configs/`` name used without ``--ds-config``).
+    It owns accumulation, clipping and fp16 loss scaling; the same flags mean the same maths as under DDP or FSDP."""
 
     shards_state = True
+    reads_ds_config = True
 
     @classmethod
     def takes_shard_size(cls, cfg, **preset) -> bool:
@@ -78,14 +72,9 @@ class DeepSpeed(Strategy):
             self._swap_ready = True
 
     def _init_comm(self) -> None:
-        """DeepSpeed's communication layer over our process group, its shared-memory files unlinked at once.
-
-        On CPU hosts DeepSpeed's all-reduce maps one ``/dev/shm`` file per rank (66 MB) and never removes
-        it: every job, and every killed one, left its files behind until /dev/shm filled the host's memory.
-        Once every rank has mapped every file (DeepSpeed's init returns only then, and the barrier waits for
-        all ranks) the names are no longer needed: each rank unlinks its own, and the memory is freed when
-        the last process holding the mapping exits, however it exits.
-        """
+        """DeepSpeed's communication layer over our process group. On CPU hosts its all-reduce maps one ``/dev/shm``
+        file per rank and never removes it: once every rank has mapped every file, each unlinks its own, and the
+        memory is freed when the last process holding the mapping exits, however it exits."""
         import deepspeed
 
         deepspeed.init_distributed(dist_backend=self.dist.backend, auto_mpi_discovery=False, dist_init_required=False)
@@ -97,12 +86,8 @@ class DeepSpeed(Strategy):
         self.fp32_for_batchnorm = keep_fp32_weights(self.ds_config, self.raw_config, model)
 
     def build_model(self, factory: ModelFactory, seed: int) -> nn.Module:
-        """Under ZeRO-3, a model with a per-parameter init rule is built inside ``deepspeed.zero.Init``.
-
-        Each module's parameters are partitioned as soon as it is built, so no rank holds the whole model;
-        then each parameter is gathered in turn and set from ``(seed, name)``, the weights of a whole build
-        (:mod:`scale_ocr.models.init`). Other stages, and models without the rule, are built whole.
-        """
+        """Under ZeRO-3, a model with a per-parameter init rule is built inside ``deepspeed.zero.Init`` (no rank holds
+        it whole), then each parameter is gathered in turn and set from ``(seed, name)``; others are built whole."""
         if self.ds_config.get("zero_optimization", {}).get("stage", 0) != 3 or factory.meta_with_rule() is None:
             return super().build_model(factory, seed)
         import deepspeed
@@ -153,13 +138,7 @@ class DeepSpeed(Strategy):
         return self.engine, self.optimizer
 
     def _state_tensors(self) -> dict[str, list]:
-        """What this rank holds, as DeepSpeed lays it out (see scale_ocr.memory.meter).
-
-        Parameters: ZeRO-3's partitions (``ds_tensor``), otherwise the full (flat) module weights.
-        Gradients: module ``.grad``, ZeRO's gradient partitions, and the fp32 gradient the base
-        optimizer steps on. Optimizer: the fp32 master partitions plus Adam's moments. Other: any other
-        tensor the ZeRO optimizer keeps (reduce buckets, staging buffers).
-        """
+        """What this rank holds, as DeepSpeed lays it out, by the categories of :mod:`scale_ocr.memory.meter`."""
         zero_opt, base = self.engine.optimizer, self._base_optimizer()
         params = list(self.engine.module.parameters())
         masters = [p for g in base.param_groups for p in g["params"]]  # ZeRO-3: only the sub-group stepping
@@ -268,12 +247,8 @@ class DeepSpeed(Strategy):
         )
 
     def weight_norm(self):
-        """ZeRO-0/1/2: every rank holds the whole (16-bit or fp32) module weights. ZeRO-3: the squares of this rank's
-        partitions (``ds_tensor``), summed over the ranks. None under NVMe parameter offload (partitions swapped out).
-
-        Only a partition's weights count, not the padding after the last one's: DeepSpeed allocates it uninitialized,
-        and counting it made the norm NaN now and then, every step judged bad and the run end without a model (seen
-        twice in a day on a 3-step DBNet test run)."""
+        """ZeRO-3: the squares of this rank's partitions summed over the ranks, without the last one's padding, which
+        DeepSpeed leaves uninitialized (it would make the norm NaN now and then); None under NVMe parameter offload."""
         import torch.distributed as tdist
 
         params = [p for p in self.engine.module.parameters() if p.requires_grad]
@@ -298,11 +273,8 @@ class DeepSpeed(Strategy):
         return internals.base_optimizer(self.engine.optimizer)
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """Each rank's part of every fp32 master and Adam moment, where it lies (:mod:`.deepspeed_state`).
-
-        ZeRO's own checkpoints only reopen under the same stage and world size; this is the layout every strategy
-        shares, written without gathering anything: a save needs no memory beyond the state itself.
-        """
+        """Each rank's part of every fp32 master and Adam moment, where it lies, in the layout every strategy shares
+        (ZeRO's own checkpoints only reopen under the same stage and world size)."""
         return self.state.checkpoint_state()
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
@@ -342,8 +314,7 @@ def release_shm_buffer(rank: int) -> None:
 
 def refuse_flattened(ds_config: dict[str, Any], source: str, name: str) -> None:
     """A layer-wise optimizer (LAMB) only where DeepSpeed hands it whole tensors: ZeRO stage 0 in fp32, with no
-    optimizer of the JSON's own. ZeRO stages 1-3 and the 16-bit optimizers give it flat partitions of many
-    tensors, and its trust ratio would be one rank's partition's instead of each tensor's."""
+    optimizer of the JSON's own (elsewhere its trust ratio would be a flat partition's, not each tensor's)."""
     stage = ds_config.get("zero_optimization", {}).get("stage", 0)
     half = any(ds_config.get(k, {}).get("enabled") for k in ("fp16", "bf16"))
     if "optimizer" in ds_config:

@@ -1,16 +1,5 @@
-"""What a DeepSpeed rank writes to the checkpoint layout every strategy shares, what it reads back, and the whole
-model, one parameter at a time.
-
-The layout holds each parameter's fp32 master weights and Adam moments under its name, in its own shape: what
-``get_state_dict`` gives for a torch module and optimizer, so a checkpoint written under ZeRO-3 resumes under FSDP
-or DDP at any world size. Each rank writes the part it holds, where it lies (ZeRO-3's partition, ZeRO-1/2's
-fragment of the flat partition: a :class:`~scale_ocr.strategies.flat_shard.FlatShard`), and reads the part it will
-hold straight into DeepSpeed's buffers; no rank ever holds another rank's part. Buffers (BatchNorm statistics) are
-whole on every rank, written once and read in place. After a load, the 16-bit weights that forward() uses are set
-from the loaded fp32 masters, one parameter at a time.
-
-DeepSpeed's stage 0 in fp32 (a ``--ds-config`` without ZeRO or 16 bits) steps a torch optimizer over whole module
-weights: every rank writes them whole (DCP keeps one copy).
+"""What a DeepSpeed rank writes to the checkpoint layout every strategy shares and reads back (only the part it
+holds, straight from and into DeepSpeed's buffers), and the whole model, one parameter at a time (docs/checkpoints.md).
 """
 
 from __future__ import annotations
@@ -32,13 +21,8 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 class DeepSpeedState:
-    """The checkpoint and whole-model view of one DeepSpeed engine.
-
-    Args:
-        engine: the initialized engine.
-        client_groups: the optimizer's param groups as the client built them (their settings are checkpointed).
-        is_main: this is rank 0, which receives the whole model's pieces.
-    """
+    """The checkpoint and whole-model view of one DeepSpeed engine; ``client_groups`` are the optimizer's param
+    groups as the client built them (their settings are checkpointed)."""
 
     def __init__(self, engine: Any, client_groups: list[dict[str, Any]], is_main: bool) -> None:
         self.engine, self.client_groups, self.is_main = engine, client_groups, is_main
@@ -60,11 +44,8 @@ class DeepSpeedState:
         return [(bare_name(k), v) for k, v in self.module.state_dict(keep_vars=True).items() if id(v) not in params]
 
     def link_optimizer_state(self) -> None:
-        """Make sure Adam's moments exist and DeepSpeed's per-parameter views point at them.
-
-        Both are built lazily at the first step (ZeRO-3 creates the moments then; ZeRO-1/2 link their fragments
-        then), and a checkpoint may be read or written before it.
-        """
+        """Make sure Adam's moments exist and DeepSpeed's per-parameter views point at them: both are built lazily at
+        the first step, and a checkpoint may be read or written before it."""
         zero_opt = self.engine.optimizer
         with internals.fp32_partitions_attached(zero_opt):  # ZeRO-3 attaches partitions only to step
             init_optimizer_state(self._base_optimizer())
@@ -77,11 +58,8 @@ class DeepSpeedState:
         return 0.0
 
     def _held(self, p: torch.nn.Parameter, key: str | None, to_load: bool) -> FlatShard | torch.Tensor:
-        """This rank's part of ``p``'s fp32 master (``key=None``) or Adam moment ``key``.
-
-        ``to_load``: a view of DeepSpeed's own buffer to read into; otherwise read when DCP writes it, one at a time
-        (under NVMe offload the swap buffer is given back after each).
-        """
+        """This rank's part of ``p``'s fp32 master (``key=None``) or Adam moment ``key``: a view of DeepSpeed's own
+        buffer to read into (``to_load``), else read when DCP writes it (under NVMe offload, swapped back after)."""
         shape = full_shape(p)
         n = math.prod(shape)
         if self.zero_stage == 3:
@@ -100,10 +78,8 @@ class DeepSpeedState:
         return p.data if key is None else self._base_optimizer().state[p][key]  # stage 0 in fp32: whole
 
     def checkpoint_state(self, to_load: bool = False) -> dict[str, Any]:
-        """``{"model": ..., "optim": ...}`` in the shared layout, each rank's part of every tensor where it lies.
-
-        ``to_load``: the layout to load into (views of DeepSpeed's buffers); see :meth:`finish_load`.
-        """
+        """``{"model": ..., "optim": ...}`` in the shared layout, each rank's part of every tensor where it lies;
+        ``to_load``: views of DeepSpeed's buffers to load into (see :meth:`finish_load`)."""
         broadcast_buffers(self.module)  # one set of BatchNorm statistics, rank 0's
         self.link_optimizer_state()
         step = torch.tensor(self._adam_step())

@@ -72,20 +72,13 @@ def resolve_ds_config(raw: dict[str, Any], *, source: str, micro_batch: int, gra
     """A copy of ``raw`` with every ``"auto"`` filled and the batch arithmetic checked.
 
     fp16/bf16 ``"auto"`` follow ``--precision``: DeepSpeed then holds 16-bit weights with fp32 master
-    partitions, the mixed-precision layout ZeRO's memory savings are defined for (with fp32 weights it
-    still clones an fp32 master, so ZeRO-3 would hold 20 bytes per parameter / N instead of 16).
-    The trainer's autocast stays on around the forward, so the CTC loss is still computed in fp32.
-    Models with BatchNorm are the exception (see :func:`keep_fp32_weights`).
+    partitions, the layout ZeRO's memory savings are defined for (with fp32 weights it still clones an fp32 master);
+    autocast stays on around the forward, so the CTC loss is still computed in fp32. Models with BatchNorm are the
+    exception (see :func:`keep_fp32_weights`).
 
-    An NVMe offload section's ``nvme_path`` follows ``--nvme-path`` (``nvme_path``), or when that is not
-    given and the JSON says "auto", ``nvme_default`` (the run's own ``OUTPUT_DIR/nvme``).
-
-    ``zero_optimization.overlap_comm`` "auto" (the zero3 preset's) is on where ranks have a device (``device_type``
-    "cuda": communication runs on its own stream, beside backward) and off on CPU ranks, where there is no second
-    stream to overlap on and ZeRO-3 trained 4.9% faster without it (benchmarks/results/engine-knobs-vm-20261202).
-
-    ``zero_optimization.zero_hpz_partition_size`` (ZeRO++ hpZ) "auto" is ``--shard-size`` (``shard_size``), else the
-    launcher's ranks per node (``local_world``); see :func:`fill_hpz`.
+    An NVMe section's ``nvme_path`` follows ``--nvme-path``, else (when "auto") ``nvme_default``, the run's own
+    folder. ``overlap_comm`` "auto" is on where ranks have a device and off on CPU ranks, which have no second stream
+    to overlap on. ``zero_hpz_partition_size`` "auto": see :func:`fill_hpz`.
     """
     check_keys(raw, source)  # unknown or removed keys, against the installed DeepSpeed's own config classes
     cfg = copy.deepcopy(raw)
@@ -129,11 +122,7 @@ def resolve_ds_config(raw: dict[str, Any], *, source: str, micro_batch: int, gra
 
 def fill_hpz(zero: dict[str, Any], source: str, flag: int | None, world: int, local_world: int) -> None:
     """Fill and check ``zero_hpz_partition_size``: ZeRO++ hpZ's secondary weight partition over that many ranks.
-
-    "auto" is ``--shard-size`` (``flag``) or the ranks per node, and must leave hpZ on (above 1: DeepSpeed turns it
-    off at 1, silently); any value above 1 must divide the world size and needs stage 3 (other stages ignore it).
-    ``--shard-size`` with a JSON that has no such key would change nothing, so it is refused.
-    """
+    "auto" is ``--shard-size`` (``flag``) or the ranks per node; DeepSpeed turns hpZ off at 1, silently."""
     key = "zero_hpz_partition_size"
     if key not in zero:
         if flag is not None:
@@ -159,11 +148,10 @@ def fill_hpz(zero: dict[str, Any], source: str, flag: int | None, world: int, lo
 
 
 def keep_fp32_weights(cfg: dict[str, Any], raw: dict[str, Any], model) -> bool:
-    """Turn DeepSpeed's 16-bit weights off again for a model with BatchNorm when they came from "auto".
+    """Turn DeepSpeed's 16-bit weights off again for a model with BatchNorm when they came from "auto"; True if it did.
 
-    DeepSpeed casts the whole module, BatchNorm's weights and running statistics included, while
-    autocast computes BatchNorm in fp32: the two cannot run together, and bf16 running statistics drift.
-    Such models keep fp32 weights with autocast, as under every other engine. Returns True if it did.
+    DeepSpeed casts the whole module, BatchNorm's running statistics included, while autocast computes BatchNorm in
+    fp32: the two cannot run together, and bf16 running statistics drift.
     """
     from scale_ocr.precision import has_batchnorm
 

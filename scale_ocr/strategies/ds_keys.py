@@ -1,21 +1,10 @@
-"""The keys a DeepSpeed JSON may hold, read from the installed DeepSpeed, and a user's JSON checked against them.
+"""A user's DeepSpeed JSON checked against the installed DeepSpeed, in one line before anything starts (DeepSpeed
+itself refuses later, with a traceback on every rank).
 
-* ``zero_optimization``: the fields of DeepSpeed's pydantic model ``DeepSpeedZeroConfig`` and their aliases
-  (``stage3_prefetch_bucket_size`` ...). DeepSpeed itself refuses any other key there (the model forbids extras),
-  but only inside ``deepspeed.initialize``, after the process group and the model exist, with a pydantic traceback on
-  every rank; here it is one line before anything starts, naming the key and the closest known one.
-* Top level: every key ``DeepSpeedConfig`` asks its dict for, found by letting it parse a dict that records each
-  key asked for (so a DeepSpeed release that reads a new key is followed without editing a list), plus the two keys
-  only ``deepspeed.initialize`` reads (:data:`READ_BY_INITIALIZE`). DeepSpeed ignores any other top-level key, so an
-  unknown one is a warning, not an error: a key read only on a branch the recording did not take would otherwise be
-  refused wrongly, and JSON has no comments, so configs carry ``"_comment"`` keys that DeepSpeed is meant to ignore.
-* Keys DeepSpeed removed (``elasticity``, ``amp``, ``zero_optimization.mics_shard_size`` ...) are errors with
-  DeepSpeed's own sentence, as DeepSpeed refuses them too, later.
-* Shape: the sections scale-ocr reads and fills (:data:`OBJECTS`) must be objects, and ``fp16.enabled`` /
-  ``bf16.enabled`` true, false or "auto" (DeepSpeed reads the string "false" as true).
-* Values: the resolved config goes through the installed DeepSpeed's own parser (``DeepSpeedConfig``, the first
-  thing ``deepspeed.initialize`` runs, its pydantic models included), so a value DeepSpeed refuses (``"stage": 7``)
-  is one line here, not a traceback on every rank after the model is built (:func:`parsed_by_deepspeed`).
+``zero_optimization`` keys are ``DeepSpeedZeroConfig``'s fields and aliases. Top-level keys are those
+``DeepSpeedConfig`` asks its dict for (recorded, so a new release is followed without a list) plus
+:data:`READ_BY_INITIALIZE`; an unknown one is only a warning, because a key read on a branch the recording did not
+take would be refused wrongly, and configs carry ``"_comment"`` keys that DeepSpeed ignores.
 """
 
 from __future__ import annotations
@@ -145,13 +134,10 @@ SECTION_OF = {"DeepSpeedZeroConfig": "zero_optimization", "DeepSpeedFP16Config":
 
 
 def parsed_by_deepspeed(cfg: dict[str, Any], source: str) -> dict[str, Any]:
-    """``cfg`` once the installed DeepSpeed's own parser takes it (nothing is checked without DeepSpeed).
+    """``cfg`` once the installed DeepSpeed's own parser takes it, else the first value it refuses as one line.
 
     ``train_batch_size`` is left out of the trial: it was checked against the job's world size, which a parser
     without a process group takes to be 1.
-
-    Raises:
-        UserError: the first value DeepSpeed refuses, with its reason.
     """
     try:
         from deepspeed.runtime.config import DeepSpeedConfig
@@ -180,15 +166,8 @@ def parsed_by_deepspeed(cfg: dict[str, Any], source: str) -> dict[str, Any]:
 
 
 def check_keys(raw: dict[str, Any], source: str) -> None:
-    """Refuse unknown or removed ``zero_optimization`` keys and removed top-level keys; warn of unknown top-level ones.
-    Then :func:`check_shape`.
-
-    Nothing but the shape is checked without DeepSpeed installed: there is no engine to compare with, and none to
-    run either.
-
-    Raises:
-        UserError: the first such key, with the closest known one or DeepSpeed's own reason.
-    """
+    """Refuse unknown or removed ``zero_optimization`` keys and removed top-level keys (with the closest known key or
+    DeepSpeed's own reason); warn of unknown top-level ones. Without DeepSpeed only :func:`check_shape` runs."""
     check_shape(raw, source)
     try:
         from scale_ocr.strategies.deepspeed_internals import removed_config_keys

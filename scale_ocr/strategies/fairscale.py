@@ -10,15 +10,14 @@ from torch import nn
 from scale_ocr.memory.model import StateLayout
 from scale_ocr.models.checkpointing import bare_name
 from scale_ocr.optim import OptimizerSpec
-from scale_ocr.strategies.base import ModelPiece, StepStats, Strategy, replica_pieces
-from scale_ocr.strategies.common import TorchStepper, init_optimizer_state, torch_state_meter
+from scale_ocr.strategies.base import ModelPiece, Strategy, replica_pieces
+from scale_ocr.strategies.common import StepperMixin, TorchStepper, init_optimizer_state, torch_state_meter
 from scale_ocr.strategies.deepspeed_internals import ddp_bucket_buffers
 
 
-class Fairscale(Strategy):
+class Fairscale(StepperMixin, Strategy):
     """fairscale's ZeRO-2 analogue: each rank owns a shard of the optimizer state, and gradients are
-    reduced to their owner only; updated parameters are broadcast back after each step.
-    """
+    reduced to their owner only; updated parameters are broadcast back after each step."""
 
     shards_state = True
 
@@ -59,15 +58,6 @@ class Fairscale(Strategy):
     def _clip(self, max_norm: float, total_norm: torch.Tensor) -> None:
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm)
-
-    def no_sync(self):
-        return self.model.no_sync()
-
-    def backward(self, loss) -> None:
-        self.stepper.backward(loss)
-
-    def step(self) -> StepStats:
-        return self.stepper.step()
 
     def _names(self) -> dict[int, str]:
         return {id(p): bare_name(n) for n, p in self.module.named_parameters()}

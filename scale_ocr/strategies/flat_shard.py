@@ -1,17 +1,7 @@
-"""A rank's share of a tensor that its engine stores flattened, as a checkpoint writes and reads it.
+"""A rank's flat range of a tensor (DeepSpeed's partitions) as the rectangular boxes a DCP checkpoint holds.
 
-DeepSpeed keeps each parameter's fp32 master and Adam moments as a range of a flat buffer: ZeRO-3 gives every rank
-an equal range of each parameter, ZeRO-1/2 a range of the concatenation of all of them. A checkpoint that gathered
-whole tensors would hold the whole optimizer state on one rank; instead each rank writes what it holds. The one
-layout every strategy shares keeps tensors in their own shapes (a checkpoint written under ZeRO-3 resumes under
-FSDP), so a flat range ``[start, start + numel)`` of a tensor's row-major order is described as the few rectangular
-boxes it covers (:func:`flat_boxes`: a partial row, whole rows, a partial row, recursively): that is what
-``torch.distributed.checkpoint`` (DCP) writes, reshards and reads back.
-
-:class:`FlatShard` offers DCP what a DTensor does (``__create_write_items__``, ``__create_chunk_list__``); the
-planners in :mod:`scale_ocr.checkpoint` find a box's tensor with :meth:`FlatShard.box`. Its values come from a
-function called when DCP reaches one of its boxes, so a save holds one box at a time, and a load writes straight
-into the engine's buffer.
+Each rank writes what it holds, in the tensor's own shape, so any strategy can read it back; :class:`FlatShard`
+offers DCP what a DTensor does, and reads its values only when DCP reaches a box (docs/checkpoints.md).
 """
 
 from __future__ import annotations
@@ -27,11 +17,8 @@ Box = tuple[tuple[int, ...], tuple[int, ...], int]  # (offsets, sizes, index of 
 
 
 def flat_boxes(shape: tuple[int, ...], begin: int, end: int) -> list[Box]:
-    """The boxes that elements ``[begin, end)`` of a ``shape`` tensor's row-major order make up, in that order.
-
-    Each box is itself contiguous in the flat order, so its values are ``flat[first:first + prod(sizes)]``. A 0-d
-    tensor is one box of no dimensions.
-    """
+    """The boxes that elements ``[begin, end)`` of a ``shape`` tensor's row-major order make up, in that order: a
+    partial row, whole rows, a partial row, recursively. Each box's values are ``flat[first:first + prod(sizes)]``."""
     if begin >= end:
         return []
     if not shape:
@@ -60,15 +47,10 @@ def flat_boxes(shape: tuple[int, ...], begin: int, end: int) -> list[Box]:
 
 @dataclass(eq=False)
 class FlatShard:
-    """Elements ``[start, start + numel)`` of a ``shape`` tensor, held by this rank in a flat buffer.
+    """Elements ``[start, start + numel)`` of a ``shape`` tensor's row-major order, held by this rank in a flat buffer.
 
-    Args:
-        shape: the whole tensor's shape.
-        start: where this rank's range begins in its row-major order.
-        numel: how many elements this rank holds (0: none).
-        dtype: as stored.
-        local: returns this rank's ``numel`` elements as a 1-D tensor; called each time DCP reaches a box. To load
-            into, it must return a view of the engine's own buffer.
+    ``local`` returns this rank's ``numel`` elements as a 1-D tensor, each time DCP reaches a box; to load into, it
+    must return a view of the engine's own buffer.
     """
 
     shape: tuple[int, ...]

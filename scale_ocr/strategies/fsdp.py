@@ -20,15 +20,17 @@ from scale_ocr.optim import OptimizerSpec
 from scale_ocr.precision import compute_weight_dtype
 from scale_ocr.strategies.base import (
     ModelPiece,
-    StepStats,
     Strategy,
     shard_size,
     single_group_notice,
     written_dtype,
 )
 from scale_ocr.strategies.common import (
+    StepperMixin,
     TorchStepper,
     broadcast_buffers,
+    dense_clip,
+    dense_grad_norm,
     make_scaler,
     torch_checkpoint_state,
     torch_load_checkpoint_state,
@@ -42,9 +44,8 @@ def apply_fsdp(model: nn.Module, mesh, reshard_after_forward: bool, precision: s
     Per-unit sharding is what bounds memory: each unit's parameters are gathered just before its
     forward/backward and freed after, instead of the whole model at once. In a 16-bit run they are
     gathered as 16-bit copies of the fp32 shards (torchtitan's mixed-precision policy, gradients reduced in
-    fp32): half the all-gather bytes, and autocast then keeps no 16-bit copy of every weight until the
-    backward (2 bytes per parameter, unsharded, measured 1.4 GiB per rank on a 0.75B ViT). Models with
-    BatchNorm gather fp32 weights, as every engine keeps them (:func:`compute_weight_dtype`).
+    fp32): half the all-gather bytes, and autocast then keeps no unsharded 16-bit copy of every weight until the
+    backward. Models with BatchNorm gather fp32 weights, as every engine keeps them (:func:`compute_weight_dtype`).
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -58,13 +59,9 @@ def apply_fsdp(model: nn.Module, mesh, reshard_after_forward: bool, precision: s
     return model
 
 
-class FSDP(Strategy):
-    """Fully sharded data parallel: parameters, gradients and optimizer state split across ranks.
-
-    Args:
-        reshard_after_forward: free gathered parameters after forward (ZeRO-3 memory); False keeps
-            them until backward ends (ZeRO-2-like: more memory, one all-gather less per step).
-    """
+class FSDP(StepperMixin, Strategy):
+    """Fully sharded data parallel: parameters, gradients and optimizer state split across ranks;
+    ``reshard_after_forward=False`` keeps gathered parameters until backward ends (ZeRO-2-like)."""
 
     shards_state = True
     compiles = True
@@ -82,12 +79,8 @@ class FSDP(Strategy):
         return self._mesh
 
     def build_model(self, factory: ModelFactory, seed: int) -> nn.Module:
-        """Built on the meta device when the model has a per-parameter init rule: no rank ever holds it whole.
-
-        It is sharded there, then only this rank's shards are allocated and filled
-        (:func:`scale_ocr.models.init.init_weights`): exactly the weights a whole build with the same seed has.
-        Models without the rule are built whole and sharded by ``setup``.
-        """
+        """Built on the meta device when the model has a per-parameter init rule (no rank ever holds it whole),
+        sharded there, then only this rank's shards filled; others are built whole and sharded by ``setup``."""
         model = factory.meta_with_rule()
         if model is None:
             return super().build_model(factory, seed)
@@ -104,7 +97,7 @@ class FSDP(Strategy):
         self.optimizer = optimizer.build(self.model)  # over the sharded (DTensor) parameters
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.stepper = TorchStepper(self.optimizer, self.train.grad_accum, self.optim.clip_grad,
-                                    self._grad_norm, self._clip,
+                                    dense_grad_norm(self.params), dense_clip(self.params),
                                     make_scaler(self.train.precision, self.dist.device, sharded=True))
         self.meter = torch_state_meter(self.model, self.optimizer, self.dist.device)
         return self.model, self.optimizer
@@ -117,15 +110,6 @@ class FSDP(Strategy):
                            grads_freed=True, gathers_per="unit",
                            note=note)
 
-    def _grad_norm(self) -> torch.Tensor:
-        grads = [p.grad for p in self.params if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-        # The norm of sharded gradients is a partial DTensor; full_tensor() reduces it over ranks.
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-
-    def _clip(self, max_norm: float, total_norm: torch.Tensor) -> None:
-        torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, total_norm)
-
     @contextlib.contextmanager
     def no_sync(self):
         # Skip the reduce-scatter on accumulation micro-steps; gradients accumulate unsharded.
@@ -134,12 +118,6 @@ class FSDP(Strategy):
             yield
         finally:
             self.model.set_requires_gradient_sync(True)
-
-    def backward(self, loss) -> None:
-        self.stepper.backward(loss)
-
-    def step(self) -> StepStats:
-        return self.stepper.step()
 
     def sync_buffers(self) -> None:
         broadcast_buffers(self.model)  # FSDP keeps each rank's BatchNorm statistics; DDP replicates rank 0's
@@ -165,13 +143,7 @@ class FSDP(Strategy):
 
 class HSDP(FSDP):
     """Hybrid sharded data parallel: FSDP2 over a 2-D mesh, sharded within groups of ``--shard-size`` ranks (a
-    node by default) and replicated across the groups.
-
-    Each rank holds 1/shard-size of the parameters, gradients and optimizer state; the per-unit all-gathers and
-    gradient reduce-scatters stay inside a group (a node's fast links), and only the reduced gradient shards are
-    all-reduced between groups, once per step. The mesh's rows are groups of consecutive ranks, which launchers
-    number node by node.
-    """
+    node by default) and replicated across the groups; only the reduced gradient shards cross groups, once a step."""
 
     @classmethod
     def takes_shard_size(cls, cfg, **preset) -> bool:

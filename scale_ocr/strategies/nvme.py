@@ -1,13 +1,5 @@
-"""NVMe offload (ZeRO-Infinity): where DeepSpeed's swap files go, what they weigh, and removing them.
-
-DeepSpeed writes each rank's offloaded state under ``NVME_PATH/zero_stage_3/{optimizer,<dtype>params}/rankR``
-through its ``async_io`` op, a JIT-built C++ extension linked against libaio. This module checks that op
-before the engine needs it (so a host without libaio ends in one line, not a compiler log), empties this
-rank's swap folders before a run (a crashed run's files are never read back or counted), measures them
-(the bytes that left memory), and removes them afterwards when the directory was the run's own.
-
-``make install`` builds the op ahead of time with DeepSpeed's other ops (:mod:`scale_ocr.distributed.extensions`).
-"""
+"""NVMe offload (ZeRO-Infinity): DeepSpeed's swap files under ``NVME_PATH/zero_stage_3/*/rankR``; the ``async_io``
+op (libaio) is checked before the engine needs it, and a crashed run's swap files are never read back or counted."""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ def check_launch(cfg: StrategyConfig, world_size: int, launcher: str) -> Strateg
             f"--strategy {cfg.strategy} runs in one process, but this job has {world_size} ranks "
             f"(launched by {launcher}); start it with plain `python` or pick ddp, fsdp or zero2"
         )
-    if cfg.ds_config and "preset" not in entry.preset:
+    if cfg.ds_config and not entry.cls.reads_ds_config:
         raise UserError(
             f"--ds-config is read by DeepSpeed strategies only, not --strategy {cfg.strategy}; "
             "use --strategy deepspeed (or zero1/zero2/zero3) with it"

@@ -10,19 +10,17 @@ from torch import nn
 
 from scale_ocr.memory.model import StateLayout
 from scale_ocr.optim import OptimizerSpec
-from scale_ocr.strategies.base import ModelPiece, StepStats, Strategy, replica_pieces
+from scale_ocr.strategies.base import ModelPiece, Strategy, replica_pieces
 from scale_ocr.strategies.common import (
-    TorchStepper,
-    dense_clip,
-    dense_grad_norm,
-    make_scaler,
+    StepperMixin,
+    replica_stepper,
     torch_checkpoint_state,
     torch_load_checkpoint_state,
     torch_state_meter,
 )
 
 
-class SingleDevice(Strategy):
+class SingleDevice(StepperMixin, Strategy):
     """One process, one device, no wrapper: the reference every other strategy is compared to."""
 
     max_world_size = 1
@@ -35,10 +33,7 @@ class SingleDevice(Strategy):
         self.module = model.to(self.dist.device)
         self.model = self._wrap(self.module)
         self.optimizer = optimizer.build(self.module)
-        params = list(self.module.parameters())
-        self.stepper = TorchStepper(self.optimizer, self.train.grad_accum, self.optim.clip_grad,
-                                    dense_grad_norm(params), dense_clip(params),
-                                    make_scaler(self.train.precision, self.dist.device))
+        self.stepper = replica_stepper(self.optimizer, self.module, self.train, self.optim.clip_grad, self.dist.device)
         self.meter = torch_state_meter(self.module, self.optimizer, self.dist.device)
         return self.model, self.optimizer
 
@@ -47,12 +42,6 @@ class SingleDevice(Strategy):
 
     def no_sync(self):
         return contextlib.nullcontext()
-
-    def backward(self, loss) -> None:
-        self.stepper.backward(loss)
-
-    def step(self) -> StepStats:
-        return self.stepper.step()
 
     def checkpoint_state(self) -> dict[str, Any]:
         return torch_checkpoint_state(self.module, self.optimizer)
@@ -65,11 +54,8 @@ class SingleDevice(Strategy):
 
 
 class DataParallel(SingleDevice):
-    """``torch.nn.DataParallel``: one process drives every local GPU by scattering each batch.
-
-    The baseline of the benchmarks. On a CPU-only host it runs the module directly in one process
-    that uses all cores as threads, which is DataParallel's own behaviour without GPUs.
-    """
+    """``torch.nn.DataParallel``: one process drives every local GPU by scattering each batch (the benchmarks'
+    baseline); without GPUs it runs the module directly, DataParallel's own behaviour."""
 
     compiles = False  # the baseline stays as users run it; torch.compile does not trace DataParallel's scatter
 
