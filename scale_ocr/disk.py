@@ -1,22 +1,12 @@
 """Files of a run directory: ours or refused, written whole or not at all, and a full disk as one line.
 
-Every file scale-ocr writes in a run directory (the lock, ``config.json``, ``metrics.jsonl``/``.json``,
-``last_model.pt``/``best_model.pt``, checkpoint pointers, ``wandb_run_id``) and every export goes through here:
-
-- **No links, no foreign files.** An entry that is a symbolic link, not a regular file, or owned by another
-  user is refused with one line naming it (:func:`check_entry`). Files opened in place (the lock, the
-  ``metrics.jsonl`` stream) are opened with ``O_NOFOLLOW`` and checked with ``fstat`` before a byte is
-  written or truncated, so neither a link nor a hard link to someone else's file is ever written through.
-  Ownership is checked for root too: root is exactly the user whom a planted file could turn against a
-  file it does not mean to touch.
-- **Whole or nothing.** Other files are written to ``.NAME.tmpPID`` in the same directory (``O_EXCL |
-  O_NOFOLLOW``), flushed and fsynced, then renamed over the name (:func:`write_atomic`). A rename replaces a
-  link that appeared after the check instead of following it, so the check cannot race into harm.
-- **Disk faults.** ENOSPC, EDQUOT, EFBIG and EIO (or torch's errno-less ``unexpected pos`` that they become
-  inside ``torch.save``) turn into :class:`DiskFault`: one line naming the file, the bytes needed when
-  known and what is kept, exit :data:`EXIT_DISK_FULL`. A rank-0-only write in a multi-rank job cannot end
-  its rank alone (the others would wait in their next collective), so it :func:`defer` s the fault and
-  the loop's next agreement ends every rank together (:func:`take_pending`).
+- **No links, no foreign files**: an entry that is a symbolic link, not a regular file, or owned by another user
+  (root included) is refused in one line (:func:`check_entry`); files written in place are opened ``O_NOFOLLOW``
+  and checked with ``fstat`` before a byte is written.
+- **Whole or nothing**: other files go to ``.NAME.tmpPID`` beside the name, fsynced, then renamed over it
+  (:func:`write_atomic`); a rename replaces a link that appeared after the check instead of following it.
+- **Disk faults** (ENOSPC, EDQUOT, EFBIG, EIO) become one :class:`DiskFault` line, exit :data:`EXIT_DISK_FULL`. A
+  rank-0-only write :func:`defer` s its fault so the loop's next agreement ends every rank together.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Mixed precision as autocast over fp32 weights, the same for every strategy.
 
-On a CPU without 16-bit matrix units (no AVX512-BF16/FP16 or AMX: ``torch.ops.mkldnn._is_mkldnn_bf16_supported()``
-is False) torch runs bf16/fp16 matrix products through a scalar fallback: measured on an AVX2 host, a bf16
-``mm`` ran at 0.3 GFLOP/s against fp32's 85, and one backward of a width-2048 ViT block took 94 s instead of
-0.9 s. There the products of a low-precision run are computed by the fp32 GEMM from exactly upcast 16-bit
-operands and rounded back to 16 bits (:class:`Fp32Gemm`), what a 16-bit matrix unit does (it accumulates in
-fp32): the values a run keeps, saves for backward and communicates stay 16-bit, so its memory is a bf16
-run's, and only each product's operands are widened while it runs.
+On a CPU without 16-bit matrix units torch runs bf16/fp16 products through a scalar fallback, hundreds of times
+slower than fp32. There the products of a low-precision run are computed by the fp32 GEMM from exactly widened
+16-bit operands and rounded back (:class:`Fp32Gemm`), as a 16-bit matrix unit does (it accumulates in fp32): what the
+run keeps, saves for backward and communicates stays 16-bit.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Ray Train: scale_ocr's own training inside ``ray.train.torch.TorchTrainer`` (``scale-ocr ray-train``).
 
-::
-
-    scale-ocr ray-train --num-workers 2 --max-failures 2 -- crnn_mobilenet_v3_small --output-dir /shared/run
-
-The driver checks the training flags as ``scale_ocr/train.py`` does (a mistake is one line before Ray starts
-anything), then hands them to ``TorchTrainer(train_loop_per_worker, ScalingConfig(num_workers=N),
-RunConfig(failure_config=FailureConfig(max_failures=K)))``. Ray starts N workers, sets ``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` in each, and starts the process group
-(gloo on CPU, NCCL with GPUs) before the training function runs, in a thread of the worker.
-:func:`~scale_ocr.distributed.process_group.init_distributed` sees that group (launcher ``ray``) and trains in it; Ray,
-which
-made it, tears it down.
-
-The source of truth is scale_ocr's checkpoint, not Ray's: every worker trains into the same ``--output-dir`` with
-``--resume auto``, so when a worker dies and Ray restarts the worker group (``--max-failures``), the new group
-continues from the newest checkpoint there, exactly as a rerun of the command would. Nothing is reported to
-Ray's checkpoint store. A worker that ends on purpose (a user error, exit 2; divergence, 4; a full disk, 74) returns
-its exit code and line instead of raising, so Ray does not retry what would fail again, and the driver prints
-rank 0's line and exits with its code. A worker that loses a peer prints a line and ends its process, as the
-dead peer's did; any other exception is raised. Either way Ray restarts the group while ``--max-failures`` allows.
+The driver checks the training flags as ``scale_ocr/train.py`` does, then hands them to a ``TorchTrainer``; Ray
+starts the workers and their process group, which :func:`~scale_ocr.distributed.process_group.init_distributed`
+joins (launcher ``ray``). scale_ocr's checkpoint is the source of truth: every worker trains into the same
+``--output-dir`` with ``--resume auto``, so a group Ray restarts (``--max-failures``) continues from the newest
+checkpoint there. A worker that ends on purpose (exit 2, 4 or 74) returns its code and line instead of raising, so
+Ray does not retry what would fail again. Usage: docs/launchers.md.
 """
 
 from __future__ import annotations

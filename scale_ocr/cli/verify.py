@@ -1,26 +1,12 @@
 """``scale-ocr verify``: check that switching strategy leaves the training maths alone.
 
-Each strategy trains the same model from the same seed, data order and global batch as a real
-multi-process job; losses and global grad norms per step and the final parameters are compared with
-a reference strategy (DDP by default).
-
-Why the tolerances are not zero: engines reduce gradients in different ways - DDP and ZeRO sum then
-divide, fairscale's ShardedDataParallel divides each rank's gradient before summing - so gradients
-differ in the last bit. Adam then amplifies that: its first update is lr * g / (|g| + eps), about
-+-lr for any element whose gradient is near zero, so last-bit noise there flips whole updates.
-Measured over 20 steps at lr 1e-3 on 2 CPU ranks: for the CRNN, sum-then-divide engines stay within
-1e-4 of DDP (bitwise-equal sums for 2 ranks), fairscale within 4e-3 (loss), 3e-2 (grad norm), 1.5e-3
-(parameters). DBNet (db_mobilenet_v3_large at 128x128) amplifies more - its deep backbone has many
-near-zero gradients, and the binarization's steep sigmoid and hard-negative mining pass a moved
-weight on at once: ZeRO-1/2/3 stay within 1.5e-3 (loss), 1.3e-2 (grad norm, steps 1-5), 4e-3
-(parameters), fairscale within 3.2e-3, 3.1e-2 and 7.9e-3; by step 6 both engines' grad norms
-wander by 10-50% while losses still agree to 3e-3. So grad norms are compared over the first
-NORM_STEPS steps, where a lost accumulation or loss scale shows at once (a factor, not a percent),
-and losses and final parameters over the whole run, where a wrong learning rate, schedule or clip
-shows. A real difference is an order of magnitude or more above the tolerances below.
-
-``single`` is not a valid reference for models with BatchNorm (the CRNNs): one process over the global
-batch computes batch statistics over all of it, N ranks over their shards.
+Each strategy trains the same model from the same seed, data order and global batch as a real multi-process job;
+losses and global grad norms per step and the final parameters are compared with a reference strategy (DDP by
+default). The tolerances are not zero: engines reduce gradients in different orders (sum then divide, or divide
+then sum), and Adam's first updates turn last-bit differences of near-zero gradients into whole steps. Grad norms
+are compared over the first NORM_STEPS steps, where a lost accumulation or loss scale shows as a factor; losses
+and final parameters over the whole run, where a wrong rate, schedule or clip shows. ``single`` is no reference for
+models with BatchNorm: one process computes batch statistics over the global batch, N ranks over their shards.
 """
 
 from __future__ import annotations

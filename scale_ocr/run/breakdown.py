@@ -1,24 +1,9 @@
 """Where a step's time goes: data wait, compute, exposed communication, optimizer, other.
 
-Every run keeps a :class:`StepClock`: the loop marks the end of each phase of a step (``lap``), so the phases tile
-the step and add up to it. On CPU a lap is one ``time.perf_counter()``; on GPU it is a CUDA event on the current
-stream, so the phases are measured on the device's timeline (the host runs ahead of the device; its own clock would
-put a step's kernels in whichever phase next waits for them). Events are read back once they have completed, never
-waited for between steps.
-
-The phases:
-
-- **data**: waiting for the loader's next batch (and its copy to the device);
-- **compute**: forward and backward of every micro-batch, less the communication exposed in them;
-- **optimizer**: the strategy's step: unscale, clip, update, zero the gradients, less its exposed communication;
-- **other**: the rest of the step, in the loop: the ranks' per-step agreement (a collective, so waiting for a
-  slower rank lands here or in exposed communication), the schedule, logging;
-- **exposed_comm**: time in collectives that no compute hides, measured by torch.profiler over the last
-  ``--profile-steps`` steps (:func:`scale_ocr.run.profiling.exposed_comm`), as a share of each phase; that share
-  of the timed steps' phases is moved into this part. ``None`` when nothing was profiled.
-
-Timed steps are those samples/s counts (after warm-up, before the profiled ones), so the parts add up to the
-measured step time: what is left over is loop overhead between steps, a few microseconds.
+The loop marks the end of each phase of a step on a :class:`StepClock` (``lap``), so the phases tile the step and
+add up to it. On GPU a lap is a CUDA event on the current stream (the device's timeline, read back once complete,
+never waited for); on CPU it is ``time.perf_counter()``. The exposed communication that ``--profile-steps`` measures
+(:func:`scale_ocr.run.profiling.exposed_comm`) is moved out of the phases it hid in. The parts: docs/time-breakdown.md.
 """
 
 from __future__ import annotations

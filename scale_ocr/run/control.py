@@ -1,14 +1,9 @@
 """Decisions every rank must take together: stop for preemption, skip a non-finite step, save now.
 
-A signal may reach one rank a step before another, a loss may turn NaN on one rank only, and only
-rank 0's clock decides when a timed checkpoint is due. Acting on any of these alone would leave the
-ranks in different collectives (a hang), so after each optimizer step the ranks OR their flags in one
-tiny all-reduce. It runs on a gloo group over CPU tensors (the default group when it already is gloo),
-so on GPUs it costs one host round-trip and no device synchronisation of its own.
-
-Preemption: SIGTERM (what torchrun, SLURM and Kubernetes send before killing) and SIGUSR1 (SLURM's
-``--signal=USR1@SECONDS`` warning before a time limit) set a flag; the loop finishes its step, every
-rank writes a checkpoint together and the job exits with :data:`EXIT_PREEMPTED`.
+A signal may reach one rank a step before another, a loss may turn NaN on one rank only, and only rank 0's clock
+says when a timed checkpoint is due; acting alone would leave the ranks in different collectives (a hang). So after
+each optimizer step the ranks OR their flags in one tiny all-reduce on a gloo group over CPU tensors. SIGTERM and
+SIGUSR1 set the stop flag: the step ends, every rank checkpoints together and the job exits :data:`EXIT_PREEMPTED`.
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """Training FLOPs per sample, counted by torch's own counter (:class:`torch.utils.flop_counter.FlopCounterMode`).
 
-The count is what the model's operators do at the run's input size, not a formula: one forward and one backward
-of a batch of 2 (so BatchNorm trains as it does in a run), divided by 2. Like torch's counter, it counts the
-multiply-adds of matrix products, convolutions, attention and recurrent layers, 2 FLOPs each, and nothing else
-(normalisation, activations and losses are a few percent at most in these models).
-
-Three of torch's rules are completed here, each checked against a hand count (tests/unit/test_flops.py):
-
-- **Grouped and depthwise convolutions' weight gradient.** torch's ``convolution_backward`` rule counts the
-  weight gradient as a convolution over every input channel with every output channel, ignoring ``groups``: a
-  depthwise 3x3 over 576 channels is counted 576 times too high. That is where the 1.81 GFLOP of backward per
-  sample of crnn_mobilenet_v3_small at 32x128 came from (forward 0.11 GFLOP); the weight gradient is divided by
-  ``groups`` here (0.22 GFLOP of backward).
-- **LSTMs.** On CPU an ``nn.LSTM`` runs as ``mkldnn_rnn_layer`` (one call per layer and direction) and on CUDA as
-  ``_cudnn_rnn`` (one call for the whole stack); torch counts neither. Each is counted as its gate products,
-  ``2 * tokens * (W_ih + W_hh)`` per layer and direction, and its backward as twice that (the input and the
-  weight gradients), which is what the same LSTM costs when it runs as plain matrix products.
-- **CPU attention.** ``scaled_dot_product_attention`` on CPU runs ``_scaled_dot_product_flash_attention_for_cpu``,
-  which torch's table leaves out; it is counted with torch's own attention rules (the CUDA kernels' entries).
-
-Models are counted on the meta device (no memory, well under a second for scale_ocr's models); a model whose
-forward reads values (docTR's, which build their targets from numbers) is counted on the CPU for real. The bare
-architecture is counted: activation checkpointing's recomputation is not model FLOPs (PaLM's MFU convention).
+One forward and backward of a batch of 2 at the run's input size, divided by 2, counting the multiply-adds of
+matrix products, convolutions, attention and recurrent layers (2 FLOPs each). Three of torch's rules are completed
+here, each checked against a hand count (tests/unit/test_flops.py): grouped convolutions' weight gradient (torch
+ignores ``groups``), CPU and cuDNN LSTMs (torch counts neither), and CPU flash attention (missing from its table).
+Models are counted on the meta device, or on the CPU when their forward reads values (docTR's). Activation
+checkpointing's recomputation is not model FLOPs (PaLM's MFU convention).
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """Model FLOPs utilisation: the FLOP/s a run's model work amounts to, over what its devices can do.
 
-``MFU = counted FLOPs per training sample x samples/s / (peak FLOP/s of one device x devices)``, with the FLOPs
-counted once by :func:`scale_ocr.run.flops.flops_per_sample` and the peak from one of two places:
-
-- **GPUs**: :data:`GPU_PEAKS`, the vendors' datasheet figures of dense (no sparsity) tensor throughput per
-  precision. An fp32 run counts against the TF32 peak where torch lets cuDNN or matmuls use TF32 (cuDNN's
-  convolutions do by default), since that is what its kernels can reach. A GPU not in the table is measured as a
-  CPU is.
-- **CPUs** (and unknown GPUs): a matrix-multiply peak measured on the host at the run's dtype: square
-  ``torch.mm`` products on one thread, the best of a few timings (under a second), timed by the thread's own CPU
-  time, times the run's threads. Timing one core by its CPU time keeps other jobs on a shared host from lowering
-  the peak (measured here under a load of 12 on 2 cores: 2 threads by the wall clock read 28 GFLOP/s, one core by
-  CPU time about twice that); it assumes products scale with cores, which large products nearly do, so the
-  denominator errs high and MFU low. Cached in ``$XDG_CACHE_HOME/scale_ocr/peak_flops.json`` (``~/.cache``) by
-  CPU model, the instruction set torch's kernels use (``torch.backends.cpu.get_cpu_capability()``), dtype and
-  torch version. A bf16/fp16 run on a CPU with no 16-bit matrix unit computes its products in fp32
-  (:mod:`scale_ocr.precision`), so its peak is fp32's.
-
-The peak is what a matrix product reaches, not the chip's theoretical figure: a CPU's MFU says how far the
-model's kernels (depthwise convolutions, LSTM steps, small products) are from the best dense product on the
-same cores. Delete the cache file to measure again. Every rank is counted as one device (``dp``'s one process over
-several GPUs is counted as one).
+``MFU = counted FLOPs per training sample x samples/s / (peak FLOP/s of one device x devices)``. The peak comes from
+:data:`GPU_PEAKS` (datasheet dense figures; fp32 counts against TF32 where torch allows it) or, for CPUs and GPUs not
+in the table, from square ``torch.mm`` products measured on one thread by that thread's CPU time (so other jobs on
+a shared host do not lower it), times the run's threads, cached in ``$XDG_CACHE_HOME/scale_ocr/peak_flops.json``.
+Each rank counts as one device. How to read it: docs/mfu.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
 """``--profile-steps N``: profile the last N optimizer steps with torch.profiler.
 
-Writes rank 0's Chrome trace (``trace_rank0.json``, open it in Perfetto or chrome://tracing) and measures, on each
-rank, communication two ways (:func:`exposed_comm`):
-
-- **in flight**: the union of the intervals during which a collective ran. Overlapped communication counts
-  too, so this is an upper bound on what communication costs.
-- **exposed**: the part of that union during which no compute ran: time the step spent on communication alone,
-  which a faster link (or better overlap) would save. Split by the loop's phases (the ranges
-  :class:`~scale_ocr.run.breakdown.StepClock` names while the profiler runs), it becomes the ``exposed_comm``
-  part of the time breakdown.
-
-What counts as communication and compute depends on where the work runs:
-
-- **GPU (NCCL)**: the device timeline. Communication is NCCL's kernels (DDP's bucket all-reduces, FSDP2's
-  all-gathers and reduce-scatters and DeepSpeed's collectives all end in them, on their own streams); compute
-  is every other kernel and copy. A kernel waiting for a peer's data counts as communication, so a rank
-  waiting for a slower one shows as exposed communication.
-- **CPU (gloo)**: gloo runs each collective on its own worker threads (``gloo:*`` ranges), and the calling
-  thread starts it (``c10d::*`` ranges); compute is torch's operators (``aten::*``) on the other threads.
-  Synchronous collectives (FSDP2's, DeepSpeed's, the loop's per-step agreement) leave the calling thread
-  waiting, so they are exposed whole; DDP's buckets run while backward continues and are exposed only where
-  backward has finished and waits for them. On a host whose cores are all busy with compute threads, a gloo
-  thread hidden behind compute still takes a core from it: the exposed share is then a lower bound, and the
-  difference shows as slower compute (see the oversubscription line at start).
+Writes rank 0's Chrome trace (``trace_rank0.json``) and measures each rank's communication two ways
+(:func:`exposed_comm`): **in flight**, the union of the intervals a collective ran (an upper bound on its cost),
+and **exposed**, the part of it with no compute running, which a faster link or better overlap would save. On GPUs
+communication is NCCL's kernels; on CPUs it is gloo's worker threads and the calling thread's ``c10d::*`` ranges,
+so synchronous collectives are exposed whole. How to read both: docs/time-breakdown.md.
 """
 
 from __future__ import annotations

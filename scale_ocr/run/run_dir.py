@@ -15,14 +15,8 @@ def check_output_dir(path: str | os.PathLike[str]) -> None:
     """Refuse an output directory that cannot be created or written, before any work starts.
 
     Nothing is created here: the path is only checked, so every rank may call this. A directory that
-    does not exist yet is judged by its nearest existing parent, which is where it will be created.
-
-    Args:
-        path: the ``--output-dir`` value.
-
-    Raises:
-        UserError: the path, or one of its parents, is a file; or the directory that would hold the
-            run is not writable.
+    does not exist yet is judged by its nearest existing parent, which is where it will be created. A path
+    with a file among its parents, or a directory that is not writable, is a UserError.
     """
     target = Path(path).absolute()
     existing = next(p for p in (target, *target.parents) if p.exists())
@@ -147,15 +141,8 @@ def claim(run_dir: Path, checkpoints, dist) -> tuple[RunLock, Path | None]:
 
     Rank 0 takes the lock, removes half-written ``step_N.tmp`` folders, and, when this job does not
     continue the run the directory holds, moves that run aside. Every rank then learns whether that
-    worked and resolves ``--resume`` from the tidied directory.
-
-    Args:
-        run_dir: ``--output-dir``.
-        checkpoints: the run's :class:`~scale_ocr.checkpoint.manager.CheckpointManager`.
-        dist: this process's place in the job.
-
-    Returns:
-        The held lock (release it at the end) and the checkpoint to resume, or None for a fresh start.
+    worked and resolves ``--resume`` from the tidied directory. Returns the held lock (release it at the end) and
+    the checkpoint to resume, or None for a fresh start.
     """
     from scale_ocr.distributed.process_group import all_reduce_sum
 

@@ -1,15 +1,9 @@
 """Every rank must see the run directory that rank 0 writes: checked once at start, before any work.
 
-Rank 0 writes metrics and models there, every rank writes its checkpoint shards into one folder, and
-``--resume auto`` reads back what rank 0 wrote. On nodes that do not share ``--output-dir`` (a node-local
-``/tmp``, a volume mounted on some nodes only), each node would keep a part of the run that no single
-directory holds, and a later resume would find no checkpoint or another run's files. So, right after
-rank 0 has claimed the directory, it writes a random token file there, every rank reads it back, and
-the answers are gathered: if any rank does not see the token, every rank stops with one line naming
-those ranks and their hosts.
-
-The file's name is random too, so no node can hold an older copy of it, and no client's cache of a
-failed lookup can answer for it (NFS caches those). It is removed as soon as every rank has looked.
+Rank 0 writes metrics and models there, every rank its checkpoint shards, and a resume reads what rank 0 wrote;
+nodes that do not share ``--output-dir`` would each keep a part of the run. So rank 0 writes a token file with a
+random name (no node or NFS negative cache can hold an older answer), every rank reads it back, and if any does not
+see it every rank stops with one line naming those ranks and hosts.
 """
 
 from __future__ import annotations

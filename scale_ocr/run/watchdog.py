@@ -1,13 +1,9 @@
 """No silent hangs: heartbeats between ranks, a named culprit, and a line a minute on long waits.
 
-A rank that is stopped (SIGSTOP, a hung filesystem, a dead node) leaves its peers blocked inside a
-collective; the backend's own timeout fires late and names no one. Here every rank runs a daemon
-thread that bumps a counter in the job's rendezvous store every few seconds and watches everyone
-else's. When this rank's loop has made no progress for ``--dist-timeout`` seconds *and* a peer's
-counter has not moved for as long, the thread prints one line naming that rank and ends the process
-with :data:`EXIT_PEER_LOST` (the launcher then stops the rest; under ``--max-restarts`` it restarts the
-job, which resumes from its last checkpoint). Counters, not clocks, so hosts need no synchronised
-time. Rank 0 also prints an ``alive`` line whenever a minute passes without a log line.
+Every rank's daemon thread bumps a counter in the rendezvous store every few seconds and watches the others'. When
+this rank has made no progress for ``--dist-timeout`` seconds and a peer's counter has not moved for as long, it
+prints one line naming that rank and exits :data:`EXIT_PEER_LOST` (counters, not clocks: hosts need no common
+time). Rank 0 also prints an ``alive`` line whenever a minute passes without a log line.
 """
 
 from __future__ import annotations
