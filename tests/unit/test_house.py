@@ -221,3 +221,11 @@ def test_no_test_hooks_in_the_package():
     """Tests inject their hooks; production code reads no SCALE_OCR_TEST_* variable and ships no test reader."""
     offenders = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py") if "SCALE_OCR_TEST_" in p.read_text()]
     assert not offenders, f"test hooks read by production code: {offenders}"
+
+
+def test_the_architecture_page_names_every_module():
+    """docs/architecture.md's table of wings names each module of the package (a new one is added there too)."""
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    missing = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                     if p.name != "__init__.py" and f"`{p.name}`" not in page)
+    assert not missing, f"docs/architecture.md does not name: {missing}"
