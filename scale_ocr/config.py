@@ -237,7 +237,7 @@ DEFAULT_LR = 1e-3  # AdamW's peak rate for a model whose registry entry recommen
 # training script's batch (references/recognition/train_pytorch.py, -b 64 with Adam(W) 1e-3).
 DEFAULT_REFERENCE_BATCH = 64
 # The rule that carries a model's rate from its reference batch to the run's global batch: none (the rate as it is),
-# as the scale-accuracy record chose it (benchmarks/results/scale-accuracy-vm-20261204): in every model-and-set
+# as the scale-accuracy record chose it (benchmarks/results/README.md): in every model-and-set
 # group with a verdict, none is the best rule at the largest batch where it keeps accuracy within a point of the
 # smallest batch's, which no other rule is; docs/lr-scaling.md says what the scaled rules do above the reference.
 DEFAULT_LR_SCALING = "none"

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from scale_ocr.distributed.extensions import use_environment_extensions
@@ -301,14 +302,8 @@ def _benchmarks(module: str, command: str):
     return importlib.import_module(f"benchmarks.{module}").main
 
 
-def _bench(argv: list[str]) -> int:
-    """``python -m benchmarks.scaling``."""
-    return _benchmarks("scaling", "bench")(argv)
-
-
-def _max_model(argv: list[str]) -> int:
-    """``python -m benchmarks.max_model``."""
-    return _benchmarks("max_model", "max-model")(argv)
+def _benchmark(module: str, command: str) -> Callable[[list[str]], int]:
+    return lambda argv: _benchmarks(module, command)(argv)
 
 
 def _strategies(argv: list[str]) -> int:
@@ -319,52 +314,25 @@ def _strategies(argv: list[str]) -> int:
     return 0
 
 
-def _train(argv: list[str]) -> int:
-    from scale_ocr.train import main as train_main
+def _lazy(module: str) -> Callable[[list[str]], int]:
+    """``module``'s ``main``, imported when its command runs (importing every command would load every engine). An
+    entry point that reports user errors itself runs unwrapped: :func:`main` reports them once."""
+    def run(argv: list[str]) -> int:
+        import importlib
 
-    return train_main.__wrapped__(argv)  # this entry point already reports user errors
+        command = importlib.import_module(module).main
+        return getattr(command, "__wrapped__", command)(argv)
 
-
-def _ray_train(argv: list[str]) -> int:
-    from scale_ocr.cli.ray_train import main as ray_main
-
-    return ray_main.__wrapped__(argv)  # this entry point already reports user errors
-
-
-def _verify(argv: list[str]) -> int:
-    from scale_ocr.cli.verify import main as verify_main
-
-    return verify_main(argv)
+    return run
 
 
-def _make_shards(argv: list[str]) -> int:
-    from scale_ocr.cli.make_shards import main as shards_main
-
-    return shards_main(argv)
-
-
-def _make_dataset(argv: list[str]) -> int:
-    from scale_ocr.cli.make_dataset import main as make_dataset_main
-
-    return make_dataset_main.__wrapped__(argv)  # this entry point already reports user errors
-
-
-def _summary(argv: list[str]) -> int:
-    from scale_ocr.cli.summary import main as summary_main
-
-    return summary_main(argv)
-
-
-def _estimate_memory(argv: list[str]) -> int:
-    from scale_ocr.cli.estimate_memory import main as estimate_main
-
-    return estimate_main(argv)
-
-
-COMMANDS = {"train": _train, "ray-train": _ray_train, "verify": _verify, "export": _export, "predict": _predict,
-            "evaluate-pages": _evaluate_pages, "make-shards": _make_shards, "make-dataset": _make_dataset,
-            "estimate-memory": _estimate_memory, "bench": _bench, "max-model": _max_model, "models": _models,
-            "strategies": _strategies, "summary": _summary}
+COMMANDS = {"train": _lazy("scale_ocr.train"), "ray-train": _lazy("scale_ocr.cli.ray_train"),
+            "verify": _lazy("scale_ocr.cli.verify"), "export": _export, "predict": _predict,
+            "evaluate-pages": _evaluate_pages, "make-shards": _lazy("scale_ocr.cli.make_shards"),
+            "make-dataset": _lazy("scale_ocr.cli.make_dataset"),
+            "estimate-memory": _lazy("scale_ocr.cli.estimate_memory"),
+            "bench": _benchmark("scaling", "bench"), "max-model": _benchmark("max_model", "max-model"),
+            "models": _models, "strategies": _strategies, "summary": _lazy("scale_ocr.cli.summary")}
 
 
 @report_user_errors

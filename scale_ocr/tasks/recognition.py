@@ -69,11 +69,9 @@ class RecognitionTask(Task):
 
     name = "recognition"
     default_input_size = (32, 128)
-    # Off: with the augmentations the defaults never reached 90% exact match on synthetic words in 3 epochs
-    # (best 0.805); without, they did at the bare textbook loop's step (benchmarks/results/convergence-*).
+    # Both chosen by the convergence benchmark (its record in benchmarks/results/README.md): augmentation cost exact
+    # match within a few epochs, and OneCycle reached the bare loop's level where 5% warm-up + cosine did not.
     default_augment = False
-    # OneCycle: on the real-looking words (12 epochs) 5% warm-up + cosine ended at 0.064 exact match, OneCycle at
-    # the bare loop's level or above (benchmarks/results/convergence-*).
     default_sched = "onecycle"
     default_samples = (32768, 512)
     metric_names = ("exact_match", "ci_match", "cer")
