@@ -229,3 +229,22 @@ def test_the_architecture_page_names_every_module():
     missing = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                      if p.name != "__init__.py" and f"`{p.name}`" not in page)
     assert not missing, f"docs/architecture.md does not name: {missing}"
+
+
+def test_the_linter_reads_every_file_with_line_length_on():
+    """ruff reads every module of the package (a folder named like one of its default excludes, ``dist``, was never
+    read), and line length (E501) is checked."""
+    import shutil
+    import subprocess
+    import sys
+
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed (`pip install -e .[dev]`)")
+    out = subprocess.run([ruff, "check", "scale_ocr", "--show-files"], cwd=ROOT, capture_output=True, text=True).stdout
+    shown = {Path(line.strip()).resolve() for line in out.splitlines() if line.strip().endswith(".py")}
+    assert sorted(str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py") if p.resolve() not in shown) == []
+    long_line = f"x = {'1' * 130}\n"
+    checked = subprocess.run([ruff, "check", "--stdin-filename", "scale_ocr/long.py", "-"], cwd=ROOT, input=long_line,
+                             capture_output=True, text=True).stdout
+    assert "E501" in checked, checked
