@@ -131,7 +131,8 @@ def _crnn(features: nn.Module, num_classes: int, input_size: tuple[int, int], rn
 
 # CTC's blank plateau: at AdamW 1e-3 a MobileNet CRNN predicts only blanks for hundreds of steps; at 3e-3 it
 # leaves the plateau about twice as soon (benchmarks/convergence.py; 400 steps at batch 32: loss 3.36 against
-# 4.12). The VGG backbone keeps the general default until measured.
+# 4.12), measured before the head started at the blank's prior (ctc.BLANK_PRIOR), which shortens the plateau
+# again. The VGG backbone keeps the general default until measured.
 MOBILENET_CRNN_LR = 3e-3
 # The global batch that rate is stated at: the convergence runs (benchmarks/results/convergence-vm-20261202 and
 # -20261203) trained it, defaults and bare loop alike, on 2 ranks x 32 words; docTR's recognition script's -b 64 too.
