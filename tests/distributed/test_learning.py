@@ -16,8 +16,10 @@ def test_short_ddp_run_drives_loss_down(tmp_path):
     ], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = [r["train/loss"] for r in read_jsonl(tmp_path) if "train/loss" in r]
-    # From random init (~13 at step 10) to below a third, and still falling after the first collapse (measured on
-    # 2 CPU ranks: 13.2 -> 2.71 by step 60, against 3.05 and 2.78 at steps 20 and 30; 100 steps end at 2.70).
-    assert losses[-1] < 0.35 * losses[0], losses
+    # The head starts at the blank's prior (ctc.BLANK_PRIOR), so there is no first collapse from random init to fall
+    # from: the loss has to leave CTC's blank plateau, where the run sat before that head (2.71 at step 60, 2.70 at
+    # 100). Measured on 2 CPU ranks: 2.83 at step 10, 2.71, 2.44, 2.18, 1.88, 1.68 at step 60.
+    assert losses[-1] < 0.7 * losses[0], losses
+    assert losses[-1] < 2.2, losses  # below the plateau, not only down from the start
     assert losses[-1] < min(losses[1:3]), losses
     assert read_metrics(tmp_path)["steps"] == 60

@@ -3,7 +3,8 @@ import torch
 
 from scale_ocr.errors import UserError
 from scale_ocr.models import create_model, list_models
-from scale_ocr.models.recognition.ctc import ctc_greedy_decode, ctc_loss
+from scale_ocr.models.recognition.crnn import BN_MOMENTUM
+from scale_ocr.models.recognition.ctc import BLANK_PRIOR, ctc_greedy_decode, ctc_loss
 from scale_ocr.vocab import Vocab
 
 
@@ -25,6 +26,25 @@ def test_crnn_forward_backward(name):
 def test_crnn_other_input_size(name):
     model = create_model(name, num_classes=5, input_size=(48, 192))
     assert model(torch.randn(1, 3, 48, 192))["logits"].shape == (1, 48, 5)
+
+
+@pytest.mark.parametrize("name", list_models("crnn_*"))
+def test_crnn_starts_predicting_blank_at_its_prior(name):
+    """The head's blank bias (ctc.BLANK_PRIOR) holds after the builder: a fresh CRNN gives the blank about that
+    probability on every frame, where torch's default head would give it 1 in 95 (and the greedy decode reads "")."""
+    torch.manual_seed(0)
+    model = create_model(name, num_classes=95, input_size=(32, 128)).eval()
+    with torch.no_grad():
+        blank = model(torch.randn(4, 3, 32, 128))["logits"].softmax(-1)[..., 0]
+    assert abs(float(blank.mean()) - BLANK_PRIOR) < 0.05, float(blank.mean())
+    assert float(blank.min()) > 0.5
+
+
+@pytest.mark.parametrize("name", list_models("crnn_*"))
+def test_crnn_batchnorm_running_statistics_follow_within_steps(name):
+    """Every BatchNorm of a CRNN's backbone has torch's momentum 0.1, also MobileNetV3's (torchvision: 0.01)."""
+    norms = [m for m in create_model(name, num_classes=5).modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert norms and {m.momentum for m in norms} == {BN_MOMENTUM} == {0.1}
 
 
 def test_sharding_units_cover_all_parameters():
