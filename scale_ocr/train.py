@@ -89,7 +89,7 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
     model = strategy.build_model(task.model_factory(load), cfg.train.seed)  # same initial weights on every rank
     torch.manual_seed(cfg.train.seed + 1 + dist.rank)  # per-rank augmentation randomness
     data = task.build_data(cfg.data, cfg.train.batch_size, cfg.train.seed, dist)
-    wrapped, optimizer = strategy.setup(model, build_optimizer_spec(scaled_optim(cfg.optim, lr)))
+    wrapped, optimizer = strategy.setup(model, build_optimizer_spec(strategy.optim))  # the rate at this batch
     if cfg.strategy.compile:
         strategy.compile(wrapped)
     plan = build_plan(cfg, checkpoints.dir.parent, lr, len(data.train_loader), task, dist)

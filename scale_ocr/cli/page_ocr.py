@@ -148,7 +148,7 @@ def overlay(page: Image.Image, words: Sequence[dict[str, Any]], colour: tuple[in
     """
     from scale_ocr.boxes.draw import draw_polygons
 
-    polys = np.array([w["polygon"] for w in words], dtype=np.float64).reshape(-1, 4, 2)
+    polys = _polygons(words)
     thickness = max(1, round(min(page.size) / 500))
     img = Image.fromarray(draw_polygons(np.asarray(page.convert("RGB")), polys, colour, thickness)).convert("RGBA")
     if not len(polys):

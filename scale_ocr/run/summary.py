@@ -35,7 +35,7 @@ def run_summary(t: Trainer, wall: float) -> dict[str, Any]:
     timed = state.timed_seconds
     share = state.timed_data_seconds / timed if timed > 0 else 0.0
     loss_sum, n, share_sum = all_reduce_sum([local, len(state.epoch_loss), share], device)
-    sps = state.timed_steps * t.global_batch / timed if timed > 0 else float("nan")
+    sps = state.timed_steps * t.plan.global_batch / timed if timed > 0 else float("nan")
     data_share = share_sum / t.strategy.world_size if timed > 0 else None
     if data_share is not None and data_share >= DATA_SHARE_NOTE and t.strategy.is_main:
         print(f"scale-ocr: note: the ranks waited for data {data_share:.0%} of the timed training time; "
@@ -43,7 +43,7 @@ def run_summary(t: Trainer, wall: float) -> dict[str, Any]:
     ev = state.last_eval
     return {
         "world_size": t.strategy.world_size,
-        "global_batch": t.global_batch,
+        "global_batch": t.plan.global_batch,
         "steps": state.step,
         "epochs": state.epoch,
         "train_loss": loss_sum / n if n else None,  # None: nothing trained (resumed at the last step)
@@ -51,7 +51,7 @@ def run_summary(t: Trainer, wall: float) -> dict[str, Any]:
         **{k: ev.get(k) for k in t.task.metric_names},
         f"best_{t.task.metric_names[0]}": state.best[0] if state.best else None,
         "samples_per_sec": sps,
-        **t.utilization.summary(sps),  # mfu, flops_per_sample, peak_flops (with its source)
+        **t.plan.utilization.summary(sps),  # mfu, flops_per_sample, peak_flops (with its source)
         "data_share": data_share,
         "peak_memory_bytes": int(peak),
         "peak_reserved_bytes": (int(all_reduce_max(torch.cuda.max_memory_reserved(device), device))

@@ -76,8 +76,6 @@ class Trainer:
         self.strategy, self.model, self.schedule, self.data = parts.strategy, parts.model, parts.schedule, parts.data
         self.task, self.logger, self.checkpoints = parts.task, parts.logger, parts.checkpoints
         self.watchdog = parts.watchdog
-        self.run_dir, self.total_steps, self.global_batch = plan.run_dir, plan.total_steps, plan.global_batch
-        self.steps_per_epoch, self.utilization = plan.steps_per_epoch, plan.utilization
         self.last_saved = -1
         self.first_step = 0  # the step this job began at (fit() sets it: a resumed job's is its checkpoint's)
         self.control = parts.control or StepControl(StopSignal(), None, self.strategy.is_main)
@@ -86,11 +84,11 @@ class Trainer:
         self.autocast = autocast_factory(self.cfg.precision, self.device)
         self.gemm = gemm_factory(self.cfg.precision, self.device)  # the backward's products, as the forward's
         # Steps up to this one are allocator/engine warm-up and are not timed for samples/s.
-        self.warmup_steps = min(5, max(0, self.total_steps // 4))
+        self.warmup_steps = min(5, max(0, self.plan.total_steps // 4))
         self.timing_start: tuple[float, int] | None = None
         # The last --profile-steps steps are profiled, and left out of samples/s (the profiler slows them).
-        self.timing_end = self.total_steps - self.cfg.profile_steps
-        self.profiler = (StepProfiler(self.run_dir, self.timing_end + 1, self.total_steps, self.device,
+        self.timing_end = self.plan.total_steps - self.cfg.profile_steps
+        self.profiler = (StepProfiler(self.plan.run_dir, self.timing_end + 1, self.plan.total_steps, self.device,
                                       self.strategy.is_main) if self.cfg.profile_steps else None)
         self.clock = StepClock(self.device)  # data, compute, optimizer and other time of each step
         self.activations = ActivationProbe()  # bytes saved for backward by the first micro-batch
@@ -119,12 +117,12 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         start = time.perf_counter()
         self.weights = WeightCheck(self.strategy.weight_norm, self.cfg.max_weight_growth)  # as resumed, if it was
-        bar = tqdm(total=self.total_steps, desc="train", disable=not self.interactive, dynamic_ncols=True,
+        bar = tqdm(total=self.plan.total_steps, desc="train", disable=not self.interactive, dynamic_ncols=True,
                    mininterval=1.0)
         bar.update(self.state.step)
-        epochs = math.ceil(self.total_steps / self.steps_per_epoch)
+        epochs = math.ceil(self.plan.total_steps / self.plan.steps_per_epoch)
         self.first_step = self.state.step  # where this job began (a resumed one: the checkpoint's step)
-        while self.state.epoch < epochs and self.state.step < self.total_steps:
+        while self.state.epoch < epochs and self.state.step < self.plan.total_steps:
             self.train_epoch(bar)
             self._stop_timing()
             self.end_epoch()
@@ -137,11 +135,11 @@ class Trainer:
         """Everything besides model and optimizer that a resumed run needs to continue exactly."""
         return {
             "step": self.state.step, "epoch": self.state.epoch, "epoch_step": self.state.epoch_step,
-            "samples_in_epoch": self.state.epoch_step * self.global_batch, "global_batch": self.global_batch,
+            "samples_in_epoch": self.state.epoch_step * self.plan.global_batch, "global_batch": self.plan.global_batch,
             # Where the data stands, in samples and free of world size: the order's rest (shards) or its count.
             "data_position": self.data.position.state(
                 self.state.epoch, max(0, self.state.epoch_step - self.segment_start) * self.cfg.grad_accum),
-            "steps_per_epoch": self.steps_per_epoch,
+            "steps_per_epoch": self.plan.steps_per_epoch,
             "schedule": self.schedule.state_dict(), "best": list(self.state.best) if self.state.best else None,
             "metrics_records": self.logger.records(),  # lines of metrics.jsonl this state accounts for
             # Saved only after a good step: this records that its weights were finite and within the bound.
@@ -157,9 +155,10 @@ class Trainer:
         still trains to ``--epochs``/``--max-steps``. Returns a line describing where it continues.
         """
         epoch, samples = meta["epoch"], meta["samples_in_epoch"]
-        same = meta.get("global_batch") == self.global_batch and meta.get("steps_per_epoch",
-                                                                          self.steps_per_epoch) == self.steps_per_epoch
-        step = meta["step"] if same else epoch * self.steps_per_epoch + samples // self.global_batch
+        plan = self.plan
+        same = meta.get("global_batch") == plan.global_batch and meta.get("steps_per_epoch",
+                                                                     plan.steps_per_epoch) == plan.steps_per_epoch
+        step = meta["step"] if same else epoch * plan.steps_per_epoch + samples // plan.global_batch
         self.state.step, self.state.epoch = step, epoch
         self.schedule.load_state_dict({**meta["schedule"], "step_count": step})
         self.state.best = tuple(meta["best"]) if meta.get("best") else None
@@ -167,10 +166,10 @@ class Trainer:
         where = f"at step {meta['step']}"
         if not same:
             where += (f" (epoch {epoch + 1}, {samples} samples into it; step {step} at this run's global batch of "
-                      f"{self.global_batch} instead of {meta.get('global_batch')})")
-        if step >= self.total_steps:
+                      f"{self.plan.global_batch} instead of {meta.get('global_batch')})")
+        if step >= self.plan.total_steps:
             raise UserError(f"nothing to train: the checkpoint {where} already reaches this run's last step "
-                            f"({self.total_steps}: --epochs {self.cfg.epochs}, --max-steps {self.cfg.max_steps}); "
+                            f"({self.plan.total_steps}: --epochs {self.cfg.epochs}, --max-steps {self.cfg.max_steps}); "
                             "raise --epochs or --max-steps to train on, or pass --resume none to start afresh")
         return f"{where}; {self.schedule.resume_note}"  # the peak rate it continues at: --lr-on-resume
 
@@ -184,14 +183,14 @@ class Trainer:
         # A resumed run continues the epoch's sample order where the checkpoint left it.
         self.data.position.set_epoch(self.state.epoch)
         steps = len(self.data.train_loader) // self.cfg.grad_accum
-        self.state.epoch_step = self.segment_start = max(0, self.steps_per_epoch - steps)
+        self.state.epoch_step = self.segment_start = max(0, self.plan.steps_per_epoch - steps)
         self.model.train()
         batches = iter(self.data.train_loader)
         self.state.epoch_loss = []
         self._start_timing()
         window = Window(self._now())
         for _ in range(steps):
-            if self.state.step >= self.total_steps:
+            if self.state.step >= self.plan.total_steps:
                 break
             if self.profiler is not None:
                 if self.state.step == self.timing_end:
@@ -216,9 +215,9 @@ class Trainer:
                 window.add(loss, stats, lr)
                 self.state.epoch_loss.append(loss)
             if self.watchdog is not None:
-                self.watchdog.progress(self.state.step, self.total_steps)
+                self.watchdog.progress(self.state.step, self.plan.total_steps)
             bar.update(1)
-            if self.state.step % self.cfg.log_every == 0 or self.state.step == self.total_steps:
+            if self.state.step % self.cfg.log_every == 0 or self.state.step == self.plan.total_steps:
                 self.log_window(window, bar)  # before a save, so the checkpoint accounts for this record
                 window = Window(self._now())
             self.clock.end_step()  # saves and validation below are not step time
@@ -228,7 +227,7 @@ class Trainer:
                 self._checkpoint(window)
                 self._preempted()
             if (self.cfg.eval and self.cfg.eval_every and self.state.step % self.cfg.eval_every == 0
-                    and self.state.epoch_step < self.steps_per_epoch and self.state.step < self.total_steps):
+                    and self.state.epoch_step < self.plan.steps_per_epoch and self.state.step < self.plan.total_steps):
                 self._stop_timing()  # validation is not step time; end_epoch validates the epoch's last step
                 t0 = self._now()
                 self.validate()
@@ -269,8 +268,8 @@ class Trainer:
     def _diverged(self) -> RunStopped:
         """The end of a run whose last steps were bad (:meth:`_bad_step`), exit :data:`EXIT_DIVERGED`."""
         name = self.checkpoints.latest_name() if self.checkpoints is not None else None
-        kept = (f"the last good checkpoint, {name}{WeightCheck.of_checkpoint(self.run_dir / name)}, is kept" if name
-                else "no checkpoint was saved")
+        kept = (f"the last good checkpoint, {name}{WeightCheck.of_checkpoint(self.plan.run_dir / name)}, is kept"
+                if name else "no checkpoint was saved")
         return RunStopped(f"training diverged: {self.state.bad_steps} consecutive steps up to step "
                           f"{self.state.step} had a NaN/inf loss or gradient, or weights NaN/inf or past "
                           f"--max-weight-growth; {kept} and no model was written from this state; lower --lr or "
@@ -279,7 +278,7 @@ class Trainer:
     def _preempted(self) -> None:
         name = self.control.stop.received or "a preemption signal on another rank"
         where = self.checkpoints.latest_name() if self.checkpoints is not None else None
-        raise RunStopped(f"{name} received: stopped after step {self.state.step} of {self.total_steps}"
+        raise RunStopped(f"{name} received: stopped after step {self.state.step} of {self.plan.total_steps}"
                          + (f", checkpoint {where} written" if where else "")
                          + "; run the same command again (`--resume auto` is the default) to continue",
                          EXIT_PREEMPTED, prefix="stopped")
@@ -319,23 +318,23 @@ class Trainer:
             "train/loss": loss_sum / max(n, 1),
             "train/lr": window.lr,
             "train/grad_norm": float(stats.grad_norm),
-            "train/samples_per_sec": n_steps * self.global_batch / max(elapsed, 1e-9),
+            "train/samples_per_sec": n_steps * self.plan.global_batch / max(elapsed, 1e-9),
             "train/step_time": elapsed / max(n_steps, 1),
             "train/data_share": share_sum / self.strategy.world_size,  # of step time, waiting for the loader
             "train/epoch": self.state.epoch,
             "memory/peak_bytes_max": all_reduce_max(mem, self.device),
             "memory/peak_bytes_mean": mem_sum / self.strategy.world_size,
-            **self.utilization.metrics(n_steps * self.global_batch / max(elapsed, 1e-9)),
+            **self.plan.utilization.metrics(n_steps * self.plan.global_batch / max(elapsed, 1e-9)),
         }
         if stats.loss_scale is not None:
             metrics["train/loss_scale"] = stats.loss_scale
         self.logger.log(metrics, self.state.step)
         bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", sps=f"{metrics['train/samples_per_sec']:.0f}")
         if self.strategy.is_main and not self.interactive:
-            print(f"step {self.state.step}/{self.total_steps} loss={metrics['train/loss']:.4f} "
+            print(f"step {self.state.step}/{self.plan.total_steps} loss={metrics['train/loss']:.4f} "
                   f"lr={metrics['train/lr']:.2e} grad_norm={metrics['train/grad_norm']:.3f} "
                   f"samples/s={metrics['train/samples_per_sec']:.1f} "
-                  f"{self.utilization.describe(metrics['train/samples_per_sec'])}", flush=True)
+                  f"{self.plan.utilization.describe(metrics['train/samples_per_sec'])}", flush=True)
         if self.watchdog is not None:
             self.watchdog.printed()
 
@@ -356,7 +355,7 @@ class Trainer:
         The checkpoint comes first: each rank writes it from what it holds, with no gathering, so it fits wherever
         training fits, and if the model files cannot be written after it, nothing trained is lost.
         """
-        last = self.state.step >= self.total_steps
+        last = self.state.step >= self.plan.total_steps
         # A run that runs out of steps inside a streak shorter than --max-bad-steps did not train what was asked when
         # no step of this job was good, or when its weights are unfit to write: it ends as the streak would have.
         if last and self.state.bad_steps and (self.state.bad_steps >= self.state.step - self.first_step
@@ -394,7 +393,7 @@ class Trainer:
             with memory_for(f"{' and '.join(names)} ({size_text(total)} in fp32, a tensor at a time: at most "
                             f"{size_text(largest)})", self._model_files_then()):
                 try:
-                    write_whole_model(pieces, [self.run_dir / n for n in names], self.strategy.is_main, kept=kept)
+                    write_whole_model(pieces, [self.plan.run_dir / n for n in names], self.strategy.is_main, kept=kept)
                 except NonFiniteWeights as bad:
                     print(f"scale-ocr: warning: not writing {names[0]}: {bad.name} holds NaN/inf; the previous file, "
                           "if "
@@ -406,7 +405,7 @@ class Trainer:
         """What is kept, and what to do, when the model files do not fit in memory."""
         where = self.checkpoints.latest_name() if self.checkpoints is not None else None
         if where and self.last_saved == self.state.step:
-            return (f"nothing is lost: {where} holds this step's state (`scale-ocr export {self.run_dir} "
+            return (f"nothing is lost: {where} holds this step's state (`scale-ocr export {self.plan.run_dir} "
                     "model.safetensors` writes the model from it, a tensor at a time); free memory on this host, or "
                     "pass --no-save-model and export from the checkpoint")
         return ((f"{where}, the newest checkpoint, is kept" if where else "no checkpoint was written")

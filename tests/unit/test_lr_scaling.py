@@ -80,9 +80,9 @@ def test_warmup_grows_with_the_factor():
 
 def _restore(schedule: LRSchedule, saved: dict, global_batch: int) -> str:
     """Trainer.restore on a trainer reduced to what it reads: 10 steps per epoch, resumed at another global batch."""
-    fake = SimpleNamespace(state=RunState(), schedule=schedule, global_batch=global_batch, steps_per_epoch=10,
-                           total_steps=100, cfg=TrainConfig(), data=SimpleNamespace(
-                               position=SimpleNamespace(restore=lambda *a: None)))
+    plan = SimpleNamespace(global_batch=global_batch, steps_per_epoch=10, total_steps=100)
+    fake = SimpleNamespace(state=RunState(), schedule=schedule, plan=plan, cfg=TrainConfig(), data=SimpleNamespace(
+        position=SimpleNamespace(restore=lambda *a: None)))
     meta = {"step": 4, "epoch": 0, "samples_in_epoch": 256, "global_batch": 64, "steps_per_epoch": 20,
             "schedule": saved, "best": None}
     return Trainer.restore(fake, meta)

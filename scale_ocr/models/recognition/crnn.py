@@ -33,11 +33,10 @@ def rectify_strides(features: nn.Module, keep_square: int = 2) -> None:
                 module.kernel_size, module.stride, module.padding = (2, 1), (2, 1), 0
 
 
-# torchvision's MobileNetV3 gives its BatchNorms momentum 0.01 (TensorFlow's decay 0.99, made for ImageNet's long
-# runs): the running statistics that validation, export and predict read then trail the weights by about 100 steps,
-# and early in a run the model reads held-out words far worse than it trains (2-rank DDP demo recipe, 768 steps:
-# validation loss 7.24 at step 320 against a training loss of 3.46). torch's default, 0.1 (VGG16-BN's own), follows
-# within about 10 steps; training is unchanged, as it normalises with each batch's own statistics.
+# torchvision's MobileNetV3 gives its BatchNorms momentum 0.01 (made for ImageNet's long runs): the running statistics
+# that validation, export and predict read then trail the weights by about 100 steps, so early in a run the model
+# reads held-out words far worse than it trains. torch's default, 0.1 (VGG16-BN's own), follows within about 10
+# steps; training is unchanged, as it normalises with each batch's own statistics.
 BN_MOMENTUM = 0.1
 
 DOCTR_NAMES = {"backbone.": "feat_extractor.", "rnn.": "decoder.", "head.": "linear."}  # ours -> docTR's

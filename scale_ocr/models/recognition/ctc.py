@@ -10,13 +10,10 @@ import torch.nn.functional as F
 from scale_ocr.vocab import Vocab
 
 FRAME_WIDTH = 4  # input columns per CTC frame in every registered model: CRNN strides W/4, ViTSTR patches 4 wide
-# CTC's blank plateau: from torch's default initialisation a CRNN's head finds every class about as likely as the
-# blank (1 in 95), so its first lesson is that most frames are blank (its training loss falls to about 4.5 per
-# character within 100 steps), and it then read no held-out word for half of a run. A head whose blank bias makes
-# the blank this likely from the start (about the share of blank frames in a 32-frame word of 3-8 characters)
-# leaves that plateau far sooner: the 2-rank DDP demo recipe, 768 steps, first read a held-out word at step 256
-# instead of 384 and read 89.3% of them at step 640 instead of 17.6%, 88.9% at its end instead of 24.6% (both with
-# BatchNorm momentum 0.1, crnn.BN_MOMENTUM; measured, the mechanism beyond the skipped first lesson not established).
+# CTC's blank plateau: from torch's default initialisation a head finds every class about as likely as the blank,
+# so its first lesson is that most frames are blank, and it then reads nothing for long. A head that starts at the
+# blank's share of frames (about 0.8 in a 32-frame word of 3-8 characters) leaves the plateau far sooner (the
+# convergence record in benchmarks/results/README.md).
 BLANK_PRIOR = 0.8
 
 
