@@ -7,11 +7,19 @@
   (:func:`write_atomic`); a rename replaces a link that appeared after the check instead of following it.
 - **Disk faults** (ENOSPC, EDQUOT, EFBIG, EIO) become one :class:`DiskFault` line, exit :data:`EXIT_DISK_FULL`. A
   rank-0-only write :func:`defer` s its fault so the loop's next agreement ends every rank together.
+- **One way in for user files** (:func:`open_user_file`, :func:`read_user_bytes`, :func:`read_user_text`,
+  :func:`read_user_json`): every file a command reads from a user's path (run files, configs, indexes, PDFs,
+  caches, weights) is opened non-blocking and checked with ``fstat`` before a byte is read: a regular file only
+  (no FIFO to block on, no device to read forever), at most its kind's size cap, and, inside a run or dataset
+  folder, never through a link. A parse into typed records follows before anything is allocated from it.
+- **One way out for outputs** (:func:`check_output`): an output a command writes (an export, a plot) never
+  replaces a run's own file.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import resource
 import shutil
@@ -21,7 +29,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
-from scale_ocr.errors import RunStopped, UserError
+from scale_ocr.errors import JSON_ERRORS, RunStopped, UserError, json_problem, shown
 
 # EX_IOERR from sysexits.h: an input/output error. Here: the disk is full, over quota or over the file size
 # limit (or failing); nothing kept was damaged, so rerunning after freeing space continues from the last checkpoint.
@@ -249,3 +257,131 @@ def raise_or_defer(fault: DiskFault) -> None:
         defer(fault)
     else:
         raise fault
+
+
+# --- Reading what a user hands us -----------------------------------------------------------------------------
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+JSON_LIMIT = 64 * MiB  # a run's config.json or metrics.json, a shards.json, a labels.json: far below this
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def kind_of(mode: int) -> str:
+    """What a non-regular entry is, in words."""
+    return next((words for test, words in _KINDS if test(mode)), "not a regular file")
+
+
+def open_user_file(path: str | os.PathLike[str], *, what: str, limit: int, follow: bool = False) -> BinaryIO:
+    """Open a file a user handed us (``what``, e.g. ``"the run's config.json"``) for reading, or refuse it in one line.
+
+    Args:
+        path: the file.
+        what: what it is, for the message.
+        limit: the most bytes such a file can hold; a larger one is refused before a byte is read.
+        follow: a link is followed only for a path the user typed (it names what the user meant); an entry found
+            inside a run or dataset folder is read only as itself.
+
+    The open is non-blocking (a FIFO never blocks it); the descriptor's ``fstat`` must show a regular file.
+
+    Raises:
+        UserError: missing, a link (without ``follow``), not a regular file, unreadable, or over ``limit``.
+    """
+    path = Path(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise _unreadable(path, what, exc) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"{what} {shown(path)} is {kind_of(st.st_mode)}, not a regular file; pass a regular file")
+        if st.st_size > limit:
+            raise UserError(f"{what} {shown(path)} holds {size_text(st.st_size)}, more than such a file can "
+                            f"({size_text(limit)}); it is not what it claims to be: pass the right file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _unreadable(path: Path, what: str, exc: OSError) -> UserError:
+    if exc.errno == errno.ENOENT:
+        return UserError(f"{what} {shown(path)} does not exist; check the path")
+    if exc.errno == errno.ELOOP:
+        return UserError(f"{what} {shown(path)} is a symbolic link (to {shown(os.readlink(path))}); scale-ocr reads "
+                         "the files of a run or a dataset only as themselves: put the file itself there")
+    if exc.errno == errno.EACCES:
+        return UserError(f"{what} {shown(path)} cannot be read by this user (permission denied); fix its permissions")
+    return UserError(f"{what} {shown(path)} cannot be opened ({errno.errorcode.get(exc.errno, exc.errno)}: "
+                     f"{os.strerror(exc.errno or 0)}); check the path")
+
+
+def read_user_bytes(path: str | os.PathLike[str], *, what: str, limit: int, follow: bool = False) -> bytes:
+    """The bytes of a user's file, read through :func:`open_user_file` (arguments as there); a file that grew past
+    ``limit`` while it was read is refused too."""
+    with open_user_file(path, what=what, limit=limit, follow=follow) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise UserError(f"{what} {shown(Path(path))} grew past {size_text(limit)} while it was read; pass a file that "
+                        "is not being written")
+    return data
+
+
+def read_user_text(path: str | os.PathLike[str], *, what: str, limit: int, follow: bool = False) -> str:
+    """A user's file as UTF-8 text (arguments as :func:`open_user_file`); other bytes are refused in one line."""
+    data = read_user_bytes(path, what=what, limit=limit, follow=follow)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{what} {shown(Path(path))} is not UTF-8 text ({json_problem(exc)}); pass the right "
+                        "file") from None
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"it holds {name}, which JSON does not have")
+
+
+def read_user_json(path: str | os.PathLike[str], *, what: str, limit: int = JSON_LIMIT, follow: bool = False,
+                   nan_ok: bool = False):
+    """A user's JSON file, parsed (arguments as :func:`open_user_file`). ``NaN`` and ``Infinity``, which Python
+    writes but JSON does not have, are refused unless ``nan_ok`` (a run's metrics may hold a NaN loss); the caller
+    then validates the records before it uses them."""
+    text = read_user_text(path, what=what, limit=limit, follow=follow)
+    try:
+        return json.loads(text) if nan_ok else json.loads(text, parse_constant=_no_constant)
+    except JSON_ERRORS as exc:
+        raise UserError(f"{what} {shown(Path(path))} is not valid JSON ({json_problem(exc)}); pass the file "
+                        "scale-ocr wrote, or repair it") from None
+
+
+# --- Writing a command's outputs ------------------------------------------------------------------------------
+
+LOCK_NAME = ".scale-ocr.lock"
+RUN_MARKERS = ("config.json", "metrics.jsonl", "metrics.json", "checkpoints", "last_model.pt")
+# Every entry a run writes; each must be a plain file (or folder) of this user, never a link.
+RUN_FILES = (*RUN_MARKERS, "best_model.pt", "wandb_run_id", "wandb")
+
+
+def is_run_dir(path: Path) -> bool:
+    """``path`` is a run directory: it holds a run's lock or its config.json beside its metrics or checkpoints."""
+    return (path / LOCK_NAME).exists() or ((path / "config.json").exists()
+                                           and any((path / n).exists() for n in RUN_MARKERS[1:]))
+
+
+def check_output(path: str | os.PathLike[str], flag: str) -> Path:
+    """Refuse an output (``flag`` names it) that would replace a run's own file, or anything inside a checkpoint,
+    or that is a link or another user's; returns the path. Nothing is written here."""
+    path = Path(path)
+    folder = path.parent.resolve()
+    inside_checkpoint = any(p.name == "checkpoints" and is_run_dir(p.parent) for p in (folder, *folder.parents))
+    if inside_checkpoint or (path.name in (*RUN_FILES, LOCK_NAME) and is_run_dir(folder)):
+        raise UserError(f"{flag} {shown(path)} would replace a file of the run in {shown(folder)}; an output never "
+                        "replaces a run's own files: pick another path")
+    if not folder.is_dir():
+        raise UserError(f"{flag} {shown(path)}: the folder {shown(path.parent)} does not exist; create it or pick "
+                        "another path")
+    check_entry(path)
+    return path

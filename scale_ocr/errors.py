@@ -205,15 +205,89 @@ def report_peer_lost(exc: BaseException) -> None:
     then = ("torchrun restarts the job if it has restarts left (--max-restarts), and it resumes from the last "
             "checkpoint" if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0
             else "the job ends: check the other ranks' output; `--resume auto` continues from the last checkpoint")
-    print(f"scale-ocr: error: rank {os.environ.get('RANK', '0')} lost contact with another rank ({first}); {then}",
-          file=sys.stderr, flush=True)
+    say(f"scale-ocr: error: rank {os.environ.get('RANK', '0')} lost contact with another rank ({first}); {then}",
+        err=True)
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every line :func:`printable` and its tab-separated columns kept: what a command prints."""
+    return "\n".join("\t".join(printable(cell) for cell in line.split("\t")) for line in text.split("\n"))
+
+
+def say(*parts: object, err: bool = False, every_rank: bool = True, end: str = "\n") -> None:
+    """The one way the package writes to the terminal: ``parts`` joined by spaces, each line escaped
+    (:func:`terminal_safe`), so no file name, label or config value a command prints can move the cursor, set the
+    title, ring the bell or forge a ``scale-ocr:`` line. On stderr with ``err``; from rank 0 alone (or the rank
+    unknown) unless ``every_rank``, so what every rank hits is said once per job."""
+    if every_rank or os.environ.get("RANK", "0") == "0":
+        stream = sys.stderr if err else sys.stdout
+        stream.write(terminal_safe(" ".join(map(str, parts))) + end)
+        stream.flush()
 
 
 def _say(line: str, every_rank: bool = False) -> None:
-    """``line`` on stderr, from rank 0 alone (or the rank unknown) unless ``every_rank``: what every rank hits is
-    said once per job, not once per rank."""
-    if every_rank or os.environ.get("RANK", "0") == "0":
-        print(line, file=sys.stderr, flush=True)
+    say(line, err=True, every_rank=every_rank)
+
+
+EXIT_TERMINATED = 143  # 128 + SIGTERM, for a command that is not a training (training's SIGTERM checkpoints: 75)
+_INTERRUPTED = {"hint": ""}  # what a Ctrl-C leaves, said by the command that knows (see :func:`on_interrupt`)
+
+
+def on_interrupt(hint: str) -> None:
+    """What the one line after Ctrl-C (or a command's SIGTERM) adds: what is kept and how to continue. A command
+    sets it as it starts (training: its checkpoints); none set, the line says only that it was interrupted."""
+    _INTERRUPTED["hint"] = hint
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM in a command that has nothing to checkpoint (make-dataset, make-shards): raised in the main thread
+    like Ctrl-C, so its clean-up runs (``finally`` blocks remove partial output, workers are stopped)."""
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """Inside, SIGTERM raises :class:`Terminated`; the reporter ends the command with one line, exit 143."""
+    import signal
+
+    def _raise(signum, frame):
+        raise Terminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise)
+    except ValueError:  # not the main thread: the default stays
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupt_inside(exc: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C (or :class:`Terminated`) that ``exc`` is or wraps: DCP's CheckpointException holds each rank's
+    exception in ``failures``, so a Ctrl-C during a checkpoint save arrives as that, not as KeyboardInterrupt."""
+    stack, seen = [exc], set()
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            stack += [v[0] if isinstance(v, tuple) else v for v in failures.values()]
+        stack += [e.__cause__, e.__context__]
+    return None
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    hint = _INTERRUPTED["hint"]
+    if isinstance(exc, Terminated):
+        _say(f"scale-ocr: stopped: SIGTERM received{'; ' + hint if hint else ''}")
+        return EXIT_TERMINATED
+    _say(f"scale-ocr: interrupted (Ctrl-C){'; ' + hint if hint else ''}")
+    return EXIT_INTERRUPTED
 
 
 def report_user_errors(main: F) -> F:
@@ -230,10 +304,8 @@ def report_user_errors(main: F) -> F:
         except UserError as exc:  # the whole message on one line, whatever a call site put in it
             _say(f"scale-ocr: {exc.prefix}: {printable(str(exc).strip(), LINE_LIMIT)}", exc.by_this_rank)
             return exc.exit_code
-        except KeyboardInterrupt:
-            _say("scale-ocr: interrupted (Ctrl-C); checkpoints already written are kept: `--resume auto` (the default) "
-                 "continues from the newest")
-            return EXIT_INTERRUPTED
+        except KeyboardInterrupt as exc:
+            return _interrupted(exc)
         except Exception as exc:  # noqa: BLE001 - DataLoader workers wrap our errors in their own type
             if UserError.__name__ + ":" in str(exc):
                 _say(f"scale-ocr: error: {printable(_one_line(exc), LINE_LIMIT)}")
@@ -251,6 +323,12 @@ def report_user_errors(main: F) -> F:
                      "--batch-size or pick a strategy that shards more (see `scale-ocr estimate-memory`)",
                      every_rank=True)  # printed by the rank that ran out, whichever it is
                 return EXIT_OUT_OF_MEMORY
+            if interrupt_inside(exc) is not None:
+                return _interrupted(interrupt_inside(exc))
             raise
+        except BaseException as exc:  # not an Exception: DCP's CheckpointException wraps a Ctrl-C in a save
+            if interrupt_inside(exc) is None or isinstance(exc, (SystemExit, GeneratorExit)):
+                raise
+            return _interrupted(interrupt_inside(exc))
 
     return wrapper  # type: ignore[return-value]

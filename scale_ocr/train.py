@@ -36,7 +36,7 @@ from scale_ocr.distributed.process_group import (
     peek_launch,
     rank_zero_at_rendezvous,
 )
-from scale_ocr.errors import found_by_every_rank, printable, report_user_errors, shown
+from scale_ocr.errors import found_by_every_rank, on_interrupt, printable, report_user_errors, shown
 from scale_ocr.memory.budget import cap_device_memory
 from scale_ocr.memory.host import return_freed_memory
 from scale_ocr.optim import LRPlan, LRSchedule, build_optimizer_spec, lr_factor
@@ -147,6 +147,7 @@ def job_flags(argv: list[str] | None) -> list[str]:
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
     use_environment_extensions()  # DeepSpeed's ops as `make install` built them: no job waits on a compiler
+    on_interrupt("checkpoints already written are kept: `--resume auto` (the default) continues from the newest")
     launch = peek_launch()  # first: it tells each srun/mpirun task its rank, so only rank 0 prints a flag's error
     # ... and no launcher ends rank 0 before it printed, nor a mistake of another rank alone goes unsaid
     with found_by_every_rank(ends_the_rest_on_failure(launch[1]), rank_zero_at_rendezvous(launch[1])):

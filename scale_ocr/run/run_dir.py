@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from scale_ocr.checkpoint.pointer import POINTER
-from scale_ocr.disk import check_entry, clear_pending, disk_fault, open_own
+from scale_ocr.disk import LOCK_NAME, RUN_FILES, RUN_MARKERS, check_entry, clear_pending, disk_fault, open_own
 from scale_ocr.errors import UserError
 from scale_ocr.run.shared_dir import TOKEN_PREFIX, check_shared
 
@@ -29,10 +29,6 @@ def check_output_dir(path: str | os.PathLike[str]) -> None:
                         "pick a writable --output-dir or fix the directory's permissions")
 
 
-LOCK_NAME = ".scale-ocr.lock"
-RUN_MARKERS = ("config.json", "metrics.jsonl", "metrics.json", "checkpoints", "last_model.pt")
-# Every entry a run writes; each must be a plain file (or folder) of this user, never a link (see safe_files).
-RUN_FILES = (*RUN_MARKERS, "best_model.pt", "wandb_run_id")
 
 
 def check_run_entries(run_dir: Path) -> None:
@@ -41,7 +37,7 @@ def check_run_entries(run_dir: Path) -> None:
     Checked before the directory is tidied, resumed or moved aside, so nothing in it is touched first.
     """
     for name in RUN_FILES:
-        check_entry(run_dir / name, directory=name == "checkpoints")
+        check_entry(run_dir / name, directory=name in ("checkpoints", "wandb"))
     ckpts = run_dir / "checkpoints"
     if ckpts.is_dir():
         for entry in sorted(ckpts.iterdir()):
