@@ -41,6 +41,9 @@ settings.register_profile("full", settings.get_profile("fast"), max_examples=150
 settings.register_profile("explore", max_examples=2000, deadline=None, print_blob=True,
                           database=DirectoryBasedExampleDatabase(Path(tempfile.gettempdir()) / "scale-ocr-hypothesis"))
 settings.load_profile("full" if os.environ.get("SCALE_OCR_FULL_TESTS", "0") not in ("", "0") else "fast")
+# The fuzz targets of the commands' own input surfaces (make-dataset, shards, summary, estimate-memory, the
+# launcher's environment; issue 55) run in-process and fast, so CI afford them 2,000 examples per property.
+SURFACE_EXAMPLES = 2000 if os.environ.get("SCALE_OCR_FULL_TESTS", "0") not in ("", "0") else 60
 
 
 def pytest_collection_modifyitems(config, items):
