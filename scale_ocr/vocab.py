@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import string
-from pathlib import Path
 
 import torch
 
-from scale_ocr.errors import UserError, shown
+from scale_ocr.disk import KiB, read_user_text
+from scale_ocr.errors import UserError
+
+VOCAB_FILE_LIMIT = 64 * KiB  # a vocabulary of characters: the largest in use has about 200
 
 _LATIN = string.digits + string.ascii_letters + string.punctuation
 VOCABS: dict[str, str] = {
@@ -27,14 +29,8 @@ def resolve_vocab(vocab: str, vocab_file: str | None = None, names: dict[str, st
     Duplicates are dropped (first occurrence kept) so that encoding is a bijection.
     """
     if vocab_file is not None:
-        path = Path(vocab_file)
-        if not path.is_file():
-            raise UserError(f"--vocab-file {shown(vocab_file)} does not exist; pass a UTF-8 text file of characters")
-        try:
-            chars = path.read_text(encoding="utf-8").replace("\n", "").replace("\r", "")
-        except UnicodeDecodeError:
-            raise UserError(f"--vocab-file {shown(vocab_file)} is not UTF-8 text; save its characters as "
-                            "UTF-8") from None
+        text = read_user_text(vocab_file, what="--vocab-file", limit=VOCAB_FILE_LIMIT, follow=True)
+        chars = text.replace("\n", "").replace("\r", "")
     else:
         chars = (VOCABS if names is None else names).get(vocab, vocab)
     chars = "".join(dict.fromkeys(chars))

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from pathlib import Path
 
-from scale_ocr.errors import UserError
+from scale_ocr.disk import open_user_file, read_user_json
+from scale_ocr.errors import UserError, say
+
+CHECKPOINT_FILE_LIMIT = 1 << 40  # a file of one rank's checkpoint: any real one; what is not a file is refused first
 
 MANIFEST = "manifest.json"
 FORMAT = "scale-ocr-manifest/1"
@@ -21,7 +23,7 @@ _CHUNK = 1 << 20  # 1 MiB reads: hashing speed is flat above this and memory sta
 def sha256(path: Path) -> str:
     """Hex SHA-256 of a file, read in 1 MiB chunks."""
     digest = hashlib.sha256()
-    with path.open("rb") as f:
+    with open_user_file(path, what="the checkpoint file", limit=CHECKPOINT_FILE_LIMIT) as f:
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
@@ -38,13 +40,14 @@ def write_manifest(folder: Path) -> Path:
 
 def _read(folder: Path) -> dict[str, dict]:
     try:
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        manifest = read_user_json(folder / MANIFEST, what="the checkpoint's manifest")
         files = manifest["files"]
         ok = manifest["format"] == FORMAT and all(
             isinstance(v, dict) and isinstance(v.get("size"), int) and isinstance(v.get("sha256"), str)
             for v in files.values())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UserError(f"checkpoint {folder} cannot be read: its {MANIFEST} is unreadable ({type(exc).__name__}); "
+    except (UserError, KeyError, TypeError, AttributeError) as exc:
+        why = str(exc) if isinstance(exc, UserError) else type(exc).__name__
+        raise UserError(f"checkpoint {folder} cannot be read: its {MANIFEST} is unreadable ({why}); "
                         "the checkpoint is damaged: use an earlier checkpoints/step_N") from None
     if not ok:
         raise UserError(f"checkpoint {folder} cannot be read: its {MANIFEST} has format "
@@ -61,8 +64,8 @@ def verify_manifest(folder: Path, warn: bool = True) -> set[str] | None:
     checkpoint without one (``warn``: print the "no manifest" line; only rank 0 does, so it shows once)."""
     if not (folder / MANIFEST).is_file():
         if warn:
-            print(f"scale-ocr: warning: checkpoint {folder} has no {MANIFEST} (written by an older scale-ocr); "
-                  "its integrity is not checked", file=sys.stderr, flush=True)
+            say(f"scale-ocr: warning: checkpoint {folder} has no {MANIFEST} (written by an older scale-ocr); "
+                  "its integrity is not checked", err=True)
         return None
     files = _read(folder)
     earlier = "use an earlier checkpoints/step_N"

@@ -19,6 +19,9 @@ from typing import BinaryIO
 
 import torch
 
+from scale_ocr.checkpoint.manifest import CHECKPOINT_FILE_LIMIT
+from scale_ocr.disk import open_user_file
+
 _LOCAL_HEADER = b"PK\x03\x04"
 _SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
                        torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
@@ -156,7 +159,7 @@ class TorchFileReader:
         # The elements a view can reach, from its first: its storage may be larger (a slice saved with its base).
         span = 1 + sum((n - 1) * st for n, st in zip(meta.shape, meta.stride(), strict=True))
         raw = torch.empty(span * size, dtype=torch.uint8)
-        with open(self.path, "rb") as f:
+        with open_user_file(self.path, what="the weights file", limit=CHECKPOINT_FILE_LIMIT, follow=True) as f:
             f.seek(at + meta.storage_offset() * size)
             if f.readinto(raw.numpy()) != span * size:
                 raise EOFError(f"{self.path} ends inside {name}")

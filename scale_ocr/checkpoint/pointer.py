@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from scale_ocr.disk import KiB, read_user_text
 from scale_ocr.errors import UserError, printable
 
 POINTER = "latest"
@@ -25,8 +26,8 @@ def pointed_checkpoint(checkpoints: Path) -> Path | None:
     if not pointer.is_file():
         return None
     try:
-        name = pointer.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
+        name = read_user_text(pointer, what="the checkpoint pointer", limit=KiB).strip()
+    except UserError:  # a link, a FIFO, not UTF-8, too long for a folder's name
         name = "(unreadable)"
     if not STEP_NAME.fullmatch(name):
         raise UserError(f"{printable(str(pointer), 300)} names {printable(name, 60)!r}, not a step_N folder beside "

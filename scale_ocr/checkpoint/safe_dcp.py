@@ -20,6 +20,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
+from scale_ocr.checkpoint.manifest import CHECKPOINT_FILE_LIMIT
+from scale_ocr.disk import open_user_file
 from scale_ocr.errors import UserError
 from scale_ocr.strategies.flat_shard import FlatShard, shard_or_default
 
@@ -56,7 +58,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 def read_metadata_file(path: Path) -> Metadata:
     """Unpickle a DCP ``.metadata`` file, resolving only DCP's own classes; anything else is one line."""
     try:
-        with open(path, "rb") as f:
+        with open_user_file(path, what="the checkpoint's metadata", limit=CHECKPOINT_FILE_LIMIT) as f:
             metadata = _MetadataUnpickler(f).load()
     except _Refused as exc:
         raise UserError(f"checkpoint {path} refers to `{exc}`, {_CRAFTED}") from None
@@ -73,7 +75,8 @@ def load_tensors(path: Path, meta: bool = False) -> Any:
     loaded to the meta device (shapes and dtypes, no memory; see
     :class:`scale_ocr.checkpoint.piecewise.TorchFileReader`)."""
     try:
-        return torch.load(path, weights_only=True, map_location="meta" if meta else None)
+        with open_user_file(path, what="the checkpoint file", limit=CHECKPOINT_FILE_LIMIT, follow=True) as f:
+            return torch.load(f, weights_only=True, map_location="meta" if meta else None)
     except pickle.UnpicklingError as exc:
         raise UserError(f"checkpoint file {path} refers to `{_global_of(exc)}`, {_CRAFTED}") from None
 

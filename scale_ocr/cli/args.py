@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from scale_ocr.config import SECTIONS, RunConfig
+from scale_ocr.disk import JSON_LIMIT, read_user_text
 from scale_ocr.errors import UserError
 from scale_ocr.run.resolve import resolve
 from scale_ocr.run.run_dir import check_output_dir
@@ -176,9 +177,7 @@ def _file_scalar(value: Any, kw: dict[str, Any]) -> Any:
 
 def _load_file(path: str) -> dict[str, Any]:
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"--config {path} does not exist")
-    text = p.read_text(encoding="utf-8")
+    text = read_user_text(p, what="--config", limit=JSON_LIMIT, follow=True)
     try:
         if p.suffix in (".yaml", ".yml"):
             import yaml

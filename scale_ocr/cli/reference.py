@@ -23,6 +23,8 @@ from pathlib import Path
 
 from scale_ocr.cli.args import _flag, build_parser
 from scale_ocr.config import SECTIONS
+from scale_ocr.disk import JSON_LIMIT, read_user_text
+from scale_ocr.errors import report_user_errors, say
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 REGENERATE = "python -m scale_ocr.cli.reference"
@@ -153,6 +155,7 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
+@report_user_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=REGENERATE, description="Render the CLI reference (docs/cli.md).")
     parser.add_argument("out", nargs="?", type=Path, default=DEFAULT_OUT, help="where to write it")
@@ -160,13 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     text = render()
     if args.check:
-        current = args.out.read_text(encoding="utf-8") if args.out.is_file() else ""
+        current = read_user_text(args.out, what="the reference", limit=JSON_LIMIT, follow=True) \
+            if args.out.is_file() else ""
         if current != text:
-            print(f"{args.out} is out of date: run `{REGENERATE}`", file=sys.stderr)
+            say(f"{args.out} is out of date: run `{REGENERATE}`", err=True)
             return 1
         return 0
     args.out.write_text(text, encoding="utf-8")
-    print(f"wrote {args.out}")
+    say(f"wrote {args.out}")
     return 0
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from scale_ocr.distributed.process_group import free_port
-from scale_ocr.errors import UserError
+from scale_ocr.errors import UserError, say
 
 DEFAULT_STRATEGIES = "ddp,fsdp,fsdp_grad_op,zero1,zero2,zero3,fairscale"
 LOSS_RTOL = 1e-2  # relative, per logged step
@@ -177,7 +177,7 @@ def main(argv: list[str]) -> int:
     results: dict[str, RunResult] = {}
     rows: list[Row] = []
     for name in order:
-        print(f"scale-ocr verify: training {name} on {where} for {args.steps} steps", flush=True)
+        say(f"scale-ocr verify: training {name} on {where} for {args.steps} steps")
         try:
             results[name] = _train(name, args, root / name, shlex.split(extras.get(name, "")))
         except RuntimeError as exc:
@@ -187,5 +187,5 @@ def main(argv: list[str]) -> int:
             rows.append(compare(name, results[name], results[args.reference]))
         elif name == args.reference:
             rows.append(Row(name, 0.0, 0.0, 0.0))
-    print(format_table(rows, args.reference))
+    say(format_table(rows, args.reference))
     return 0 if all(r.passed for r in rows) else 1

@@ -17,6 +17,7 @@ import shapely
 from torch.utils.data import Dataset
 
 from scale_ocr.data.files import (
+    IMAGE_FILE_LIMIT,
     PAGE_LIMITS,
     PATH_LIMIT,
     BadSample,
@@ -29,6 +30,7 @@ from scale_ocr.data.files import (
     resolve_image,
 )
 from scale_ocr.data.images import quarter_turned
+from scale_ocr.disk import read_user_bytes
 from scale_ocr.errors import UserError, shown
 
 TOLERANCE = 1.0  # pixels a point may lie outside the image (rounding in labelling tools) before it is refused
@@ -168,7 +170,8 @@ def check_page(path: Path, name: str, entry: object) -> Page:
     if dims is not None and [int(v) for v in dims] != [h, w]:
         raise _dimensions_problem(labels, name, dims, img_path, w, h)
     if digest is not None and re.fullmatch(r"[0-9a-fA-F]{64}", digest):
-        if hashlib.sha256(img_path.read_bytes()).hexdigest() != digest.lower():
+        page = read_user_bytes(img_path, what="the page", limit=IMAGE_FILE_LIMIT, follow=True)
+        if hashlib.sha256(page).hexdigest() != digest.lower():
             raise BadSample("hash_mismatch", f"{labels}: \"img_hash\" of {shown(name)} is not the SHA-256 of "
                                              f"{shown(path / 'images' / name, PATH_LIMIT)}, so the labels describe "
                                              f"another image; relabel it or fix the hash, {SKIP}")

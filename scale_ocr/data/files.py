@@ -17,6 +17,7 @@ from pathlib import Path
 from PIL import Image, UnidentifiedImageError
 
 from scale_ocr.data.images import exif_orientation, to_rgb
+from scale_ocr.disk import GiB, read_user_text
 from scale_ocr.errors import JSON_ERRORS, UserError, first_line, json_problem, printable, shown
 
 # struct.error: a malformed EXIF block, read for the orientation. TypeError: a TIFF tag of the wrong type (a
@@ -26,6 +27,8 @@ DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFEr
                  UserWarning)
 
 Problem = tuple[str, str]  # (skip-count reason, the one-line sentence shown under --on-bad-sample error)
+LABELS_LIMIT = 2 * GiB  # a labels.json: a million pages with their polygons is well under this
+IMAGE_FILE_LIMIT = 2 * GiB  # an image file: 2**26 pixels (a page's bound) in any format is under this
 PATH_LIMIT = 400  # characters of an image path in a message (a labels.json key may be any length)
 
 
@@ -194,10 +197,11 @@ def read_labels(path: Path, task: str, maps_to: str) -> dict:
     if not path.is_dir():
         raise UserError(f"{path} is not a directory; pass a docTR folder holding images/ and labels.json")
     labels_file = path / "labels.json"
-    if not labels_file.is_file():
+    if not labels_file.exists() and not labels_file.is_symlink():
         raise UserError(f"{labels_file} is missing; a docTR {task} folder needs images/ and labels.json")
+    text = read_user_text(labels_file, what="the labels file", limit=LABELS_LIMIT, follow=True)
     try:
-        labels = json.loads(labels_file.read_text(encoding="utf-8"))
+        labels = json.loads(text)
     except JSON_ERRORS as exc:
         raise UserError(f"{labels_file} is not valid JSON ({json_problem(exc)}); it must map image file names to "
                         f"{maps_to}") from None

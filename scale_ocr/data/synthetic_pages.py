@@ -27,6 +27,7 @@ from scale_ocr.data.synthetic import (
     sensor_noise,
     system_fonts,
 )
+from scale_ocr.errors import say
 from scale_ocr.vocab import VOCABS
 
 DEFAULT_CHARSET = VOCABS["latin"]
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                         "number) from 64 to 8192 pixels a side, e.g. 1650x1275")
     if args.text_scale is not None and not 0.25 <= args.text_scale <= 8:
         raise UserError(f"--text-scale {args.text_scale}: give a factor from 0.25 to 8 (1: 12-40 px words)")
-    print(write_detection_folder(args.out, args.pages, args.seed, size, text_scale=args.text_scale))
+    say(write_detection_folder(args.out, args.pages, args.seed, size, text_scale=args.text_scale))
     return 0
 
 

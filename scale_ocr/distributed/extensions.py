@@ -12,7 +12,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from scale_ocr.errors import first_line
+from scale_ocr.errors import first_line, report_user_errors, say
 
 VARIABLE = "TORCH_EXTENSIONS_DIR"
 # DeepSpeed's op builders (by accelerator-neutral class name) that scale_ocr's strategies load on a CPU host.
@@ -58,6 +58,13 @@ def build_ops() -> list[str]:
     return lines
 
 
-if __name__ == "__main__":
+@report_user_errors
+def main() -> int:
+    """``python -m scale_ocr.distributed.extensions``: build DeepSpeed's ops where `make install` keeps them."""
     use_environment_extensions()
-    print(f"scale-ocr: DeepSpeed ops in {os.environ.get(VARIABLE, 'torch default')}: " + "; ".join(build_ops()))
+    say(f"scale-ocr: DeepSpeed ops in {os.environ.get(VARIABLE, 'torch default')}: " + "; ".join(build_ops()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -12,7 +12,7 @@ from dataclasses import replace
 import torch
 
 from scale_ocr.config import RunConfig
-from scale_ocr.errors import UserError
+from scale_ocr.errors import UserError, say
 from scale_ocr.memory.model import step_peak
 
 #: Fastest first, as the quick benchmark ranks them.
@@ -98,5 +98,5 @@ def resolve_auto(cfg: RunConfig, world: int, launcher: str) -> RunConfig:
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     name, why = choose_strategy(cfg, world, local_world)
     if os.environ.get("RANK", "0") == "0":
-        print(f"scale-ocr: --strategy auto -> {why}", flush=True)
+        say(f"scale-ocr: --strategy auto -> {why}")
     return replace(cfg, strategy=replace(cfg.strategy, strategy=name))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,9 @@ from typing import Any
 
 import torch
 
+from scale_ocr.disk import read_user_json
 from scale_ocr.distributed.process_group import DistInfo, all_reduce_sum
+from scale_ocr.errors import UserError, say
 from scale_ocr.run.flops import FlopCount, flops_per_sample
 
 # Dense peak FLOP/s per device, (fp32, tf32, bf16/fp16), from each vendor's datasheet; sparsity figures halved.
@@ -63,8 +64,8 @@ def cache_path(name: str) -> Path:
 def read_cache(path: Path) -> dict[str, Any]:
     """A JSON cache; an unreadable or damaged file is an empty cache (measured again), never an error."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_user_json(path, what="the peak-FLOPs cache")
+    except (OSError, UserError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -235,8 +236,8 @@ def _count(task, precision: str) -> FlopCount:
         return flops_per_sample(task.create_model, task.dummy_inputs, precision)
     except Exception as exc:  # noqa: BLE001 - counting is a measurement; it never stops the run it measures
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
-        print(f"scale-ocr: warning: could not count {task.arch}'s FLOPs ({reason}); the run trains without MFU "
-              "(mfu null in metrics.json)", file=sys.stderr, flush=True)
+        say(f"scale-ocr: warning: could not count {task.arch}'s FLOPs ({reason}); the run trains without MFU "
+              "(mfu null in metrics.json)", err=True)
         return FlopCount(0, 0, "not counted")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from scale_ocr.checkpoint.pointer import POINTER
 from scale_ocr.disk import LOCK_NAME, RUN_FILES, RUN_MARKERS, check_entry, clear_pending, disk_fault, open_own
-from scale_ocr.errors import UserError
+from scale_ocr.errors import UserError, say
 from scale_ocr.run.shared_dir import TOKEN_PREFIX, check_shared
 
 
@@ -152,13 +152,13 @@ def claim(run_dir: Path, checkpoints, dist) -> tuple[RunLock, Path | None]:
                                 "to end, or pick another --output-dir")
             check_run_entries(run_dir)
             for name in checkpoints.clean_partial():
-                print(f"scale-ocr: removed {checkpoints.dir / name}, left by an interrupted save", flush=True)
+                say(f"scale-ocr: removed {checkpoints.dir / name}, left by an interrupted save")
             source = checkpoints.resolve()
             ours = source is not None and source.resolve().is_relative_to(run_dir.resolve())
             if not ours and previous_run(run_dir):
                 dest = move_aside(run_dir)
-                print(f"scale-ocr: {run_dir} held an earlier run that this job does not continue; moved it to "
-                      f"{dest}", flush=True)
+                say(f"scale-ocr: {run_dir} held an earlier run that this job does not continue; moved it to "
+                      f"{dest}")
         except UserError as exc:
             problem = exc
     (failed,) = all_reduce_sum([float(problem is not None)], dist.device)

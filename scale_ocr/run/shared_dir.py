@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 
-from scale_ocr.disk import write_atomic
+from scale_ocr.disk import KiB, read_user_bytes, write_atomic
 from scale_ocr.errors import UserError, printable, shown
 
 TOKEN_PREFIX = ".scale-ocr-shared-"  # the run directory's listing ignores these (run_dir.previous_run)
@@ -44,8 +44,9 @@ def _write_token(run_dir: Path) -> tuple[bytes, BaseException | None]:
 def _sees(run_dir: Path, token: bytes) -> bool:
     """Whether this rank reads the token file back with the token in it."""
     try:
-        return (run_dir / (TOKEN_PREFIX + token.hex())).read_text(encoding="ascii").strip() == token.hex()
-    except (OSError, UnicodeError):
+        seen = read_user_bytes(run_dir / (TOKEN_PREFIX + token.hex()), what="the shared-folder token", limit=KiB)
+        return seen.strip() == token.hex().encode("ascii")
+    except (OSError, UserError):
         return False
 
 

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from scale_ocr.disk import JSON_LIMIT, read_user_text
 from scale_ocr.errors import JSON_ERRORS, UserError, json_problem, printable, shown
 from scale_ocr.strategies.base import shard_size
 from scale_ocr.strategies.ds_keys import check_keys, parsed_by_deepspeed
@@ -38,10 +39,9 @@ def _not_json(name: str) -> float:
 def load_ds_config(path: str | Path) -> dict[str, Any]:
     """Parse a DeepSpeed JSON file, turning any problem into one sentence about the file."""
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"--ds-config {p} does not exist; pass a DeepSpeed JSON file")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"), parse_constant=_not_json)
+        data = json.loads(read_user_text(p, what="--ds-config", limit=JSON_LIMIT, follow=True),
+                          parse_constant=_not_json)
     except JSON_ERRORS as exc:
         raise UserError(
             f"--ds-config {p} is not valid JSON: {json_problem(exc)}; "

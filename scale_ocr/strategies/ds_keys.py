@@ -14,10 +14,9 @@ import difflib
 import functools
 import logging
 import os
-import sys
 from typing import Any
 
-from scale_ocr.errors import UserError, first_line, printable, shown
+from scale_ocr.errors import UserError, first_line, printable, say, shown
 
 #: Top-level keys that ``deepspeed.initialize`` reads from the config itself (DeepSpeed 0.19.8,
 #: ``deepspeed/__init__.py``), which ``DeepSpeedConfig`` does not: the data- and sequence-parallel mesh sizes.
@@ -189,9 +188,8 @@ def check_keys(raw: dict[str, Any], source: str) -> None:
                                 "keys)")
     unknown = [key for key in raw if key not in known]
     if unknown and os.environ.get("RANK", "0") == "0":
-        print(f"scale-ocr: warning: {printable(source, 400)}: DeepSpeed ignores the unknown top-level "
+        say(f"scale-ocr: warning: {printable(source, 400)}: DeepSpeed ignores the unknown top-level "
               f"key{'s' * (len(unknown) > 1)} "
               f"{', '.join(f'{_shown(k)} (did you mean {closest(k, known)!r}?)' for k in unknown[:3])}"
               f"{f' and {len(unknown) - 3} more' if len(unknown) > 3 else ''}; remove or respell "
-              f"{'them' if len(unknown) > 1 else 'it'}",
-              file=sys.stderr, flush=True)
+              f"{'them' if len(unknown) > 1 else 'it'}", err=True)

@@ -12,6 +12,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from scale_ocr.errors import say
 from scale_ocr.memory.model import StateLayout
 from scale_ocr.models.checkpointing import bare_name
 from scale_ocr.models.init import ModelFactory, init_weights
@@ -160,7 +161,7 @@ class HSDP(FSDP):
         if self._mesh is None:
             line = single_group_notice(self.cfg.strategy, self.shard, self.world_size, "fsdp")
             if line and self.is_main:
-                print(line, flush=True)
+                say(line)
             self._mesh = init_device_mesh(self.dist.device.type, (self.world_size // self.shard, self.shard),
                                           mesh_dim_names=("replicate", "shard"))
         return self._mesh

@@ -10,7 +10,18 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from scale_ocr.disk import check_entry, disk_fault, open_own, raise_or_defer, take_pending, write_atomic
+from scale_ocr.disk import (
+    GiB,
+    check_entry,
+    disk_fault,
+    open_own,
+    raise_or_defer,
+    read_user_text,
+    take_pending,
+    write_atomic,
+)
+
+METRICS_LIMIT = 8 * GiB  # a metrics.jsonl: a record a step, about 500 bytes each
 
 
 def clean(value: Any) -> Any:
@@ -32,7 +43,8 @@ class JsonlLogger:
         run_dir.mkdir(parents=True, exist_ok=True)
         path = self.path = run_dir / "metrics.jsonl"
         check_entry(path)  # a link or another user's file is refused before it is read or written
-        lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if append and path.is_file() else []
+        lines = (read_user_text(path, what="the run's metrics", limit=METRICS_LIMIT).splitlines(keepends=True)
+                 if append and path.is_file() else [])
         if keep is not None and len(lines) > keep:
             lines = lines[:keep]
             # atomic: a crash here leaves the old file, never a truncated one
