@@ -209,3 +209,22 @@ def test_benchmarks_readme_has_one_section_per_benchmark_of_the_results_index():
     headings = re.findall(r"^## (.+)$", _FENCE.sub("", BENCHMARKS_README.read_text(encoding="utf-8")), flags=re.M)
     assert sorted(headings) == sorted(_index_benchmarks())
 
+
+
+def test_every_fault_row_names_tests_that_exist():
+    """docs/faults.md's table of cases: each row names its test, and each test it names exists."""
+    files = list((REPO / "tests").rglob("*.py"))
+    defined = {m for p in files for m in re.findall(r"^\s*(?:async )?def (test_\w+)", p.read_text(encoding="utf-8"), re.M)}
+    defined |= {p.stem for p in files}  # a row may name the test file that holds its cases
+    rows = [ln for ln in (REPO / "docs" / "faults.md").read_text(encoding="utf-8").splitlines()
+            if re.match(r"\| [A-Z]?\d+ \|", ln) and ln.count(" | ") >= 5]
+    assert len(rows) > 100
+    missing, untested = [], []
+    for row in rows:
+        named = re.findall(r"`(test_\w+)", row.rsplit("|", 2)[-2])
+        untested += [] if named or "same test" in row.rsplit("|", 2)[-2] else [row[:60]]  # the row above's
+        cut = set(re.findall(r"`(test_\w+)\.\.\.", row))  # a name cut short, ending in "..."
+        missing += [f"{row.split('|')[1].strip()}: {n}" for n in named
+                    if n not in defined and not (n in cut and any(d.startswith(n) for d in defined))]
+    assert not untested, f"rows without a test: {untested}"
+    assert not missing, f"rows naming tests that do not exist: {missing}"
