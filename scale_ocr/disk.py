@@ -336,8 +336,8 @@ def read_user_text(path: str | os.PathLike[str], *, what: str, limit: int, follo
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UserError(f"{what} {shown(Path(path))} is not UTF-8 text ({json_problem(exc)}); pass the right "
-                        "file") from None
+        raise UserError(f"{what} {shown(Path(path))} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+                        f"{exc.start}); save it as UTF-8, or pass the right file") from None
 
 
 def _no_constant(name: str) -> float:

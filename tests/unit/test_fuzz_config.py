@@ -266,4 +266,5 @@ def test_vocab_file_that_is_not_utf8(tmp_path):
     vocab = tmp_path / "chars.txt"
     vocab.write_bytes("abcé".encode("latin-1"))
     _, message = outcome(_start, _write(str(tmp_path), {"vocab_file": str(vocab)}, False), str(tmp_path / "run"))
-    assert message == f"--vocab-file '{vocab}' is not UTF-8 text; save its characters as UTF-8"
+    assert message == (f"--vocab-file {vocab} is not UTF-8 text (byte 0xe9 at offset 3); save it as UTF-8, or pass "
+                       "the right file")
