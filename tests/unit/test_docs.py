@@ -214,7 +214,8 @@ def test_benchmarks_readme_has_one_section_per_benchmark_of_the_results_index():
 def test_every_fault_row_names_tests_that_exist():
     """docs/faults.md's table of cases: each row names its test, and each test it names exists."""
     files = list((REPO / "tests").rglob("*.py"))
-    defined = {m for p in files for m in re.findall(r"^\s*(?:async )?def (test_\w+)", p.read_text(encoding="utf-8"), re.M)}
+    defined = {m for p in files
+               for m in re.findall(r"^\s*(?:async )?def (test_\w+)", p.read_text(encoding="utf-8"), re.M)}
     defined |= {p.stem for p in files}  # a row may name the test file that holds its cases
     rows = [ln for ln in (REPO / "docs" / "faults.md").read_text(encoding="utf-8").splitlines()
             if re.match(r"\| [A-Z]?\d+ \|", ln) and ln.count(" | ") >= 5]
