@@ -51,6 +51,7 @@ from scale_ocr.run.watchdog import Watchdog
 from scale_ocr.strategies import Strategy, check_launch, create_strategy
 from scale_ocr.tasks import Task, create_task
 from scale_ocr.tracking import build_logger
+from scale_ocr.tracking.wandb_logger import wandb_env
 
 if __name__ == "__main__":
     gc.freeze()  # the modules' objects: the collector skips them from now on (the run's own are collected as usual)
@@ -153,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     with found_by_every_rank(ends_the_rest_on_failure(launch[1]), rank_zero_at_rendezvous(launch[1])):
         cfg = resolve_auto(parse_config(argv), *launch)
         check_launch(cfg.strategy, *launch)  # before the rendezvous, which a bad launch could hang
+        wandb_env(cfg.logging.wandb_mode)  # W&B's variables, before the run directory is claimed
         dist = init_distributed(cfg.strategy.backend, cfg.strategy.dist_timeout, cfg.strategy.threads)
     watchdog = Watchdog(dist.rank, dist.world_size, cfg.strategy.dist_timeout, dist.is_main,
                         dist.round_id).start()

@@ -135,9 +135,11 @@ def prepare_train_args(train_argv: list[str], opts: RayOptions) -> tuple[list[st
     """
     from scale_ocr.cli.args import parse_config
     from scale_ocr.strategies import check_launch
+    from scale_ocr.tracking.wandb_logger import wandb_env
 
     cfg = parse_config(train_argv)
     check_launch(cfg.strategy, opts.num_workers, "ray")
+    wandb_env(cfg.logging.wandb_mode)  # the workers inherit the driver's W&B variables
     if opts.use_gpu and cfg.strategy.backend == "gloo":
         raise UserError("--use-gpu puts each worker on a GPU with NCCL, but the training flags say --backend gloo; "
                         "drop one of them")
