@@ -16,7 +16,7 @@ import torch
 from scale_ocr.cli.args import _OneLineParser
 from scale_ocr.cli.estimate_time import add_time_args, format_time, row, time_document, wants_time
 from scale_ocr.config import MODEL_SIZE_FIELDS
-from scale_ocr.errors import UserError
+from scale_ocr.errors import UserError, shown
 from scale_ocr.planning.estimate import GB, ModelSize, estimate, measure_activations, model_size
 
 
@@ -90,7 +90,8 @@ def _in_range(args: argparse.Namespace, flag: str, low: float, high: float, low_
     if value is None or (low < value if low_open else low <= value) and value <= high:
         return
     bound = f"above {low:g} and at most {high:g}" if low_open else f"from {low:g} to {high:g}"
-    raise UserError(f"--{flag} {value:g} is not a number {bound}; give e.g. --{flag} {example}")
+    text = f"{value:g}" if isinstance(value, float) else shown(value)  # an int may be past any float
+    raise UserError(f"--{flag} {text} is not a number {bound}; give e.g. --{flag} {example}")
 
 
 def check_numbers(args: argparse.Namespace) -> None:
