@@ -88,10 +88,7 @@ def _cluster(args: argparse.Namespace, task, work, names: list[str]) -> tuple[An
     measured one-rank step."""
     from scale_ocr.planning import time_model as tm
 
-    if args.per_node < 1:
-        raise UserError("--per-node must be at least 1")
-    if args.mfu is not None and not 0 < args.mfu <= 1:
-        raise UserError(f"--mfu {args.mfu}: give a fraction in (0, 1], such as 0.4")
+    # --per-node and --mfu are in range: estimate_memory.check_numbers
     if args.device != "host":
         intra = tm.link(args.link or "nvlink4")
         cluster = tm.Cluster(tm.device(args.device), intra, tm.link(args.inter_link), args.per_node)
