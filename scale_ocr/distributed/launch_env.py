@@ -136,6 +136,9 @@ def read_launch(env: Env = os.environ) -> Launch:
         raise launch_error(launcher, f"{local_key}={local} is not below {local_world_key}={local_world}")
     if local >= world:
         raise launch_error(launcher, f"{local_key}={local} is not below {world_key}={world}")
+    restarts = env.get("TORCHELASTIC_MAX_RESTARTS")  # read when a peer is lost, to say whether torchrun restarts
+    if restarts is not None and not re.fullmatch(r"\s*[+-]?[0-9]{1,9}\s*", restarts):
+        raise launch_error(launcher, f"TORCHELASTIC_MAX_RESTARTS={shown(restarts)} is not a number of restarts")
     if launcher != "python":  # a plain-python job picks its own port (init_distributed): the shell's is not read
         master_port(env, launcher)
         if launcher == "slurm" and "MASTER_PORT" not in env and not re.fullmatch(r"[0-9]{1,12}",

@@ -245,3 +245,14 @@ def test_rank_zero_on_a_port_in_use_is_one_line(monkeypatch):
             monkeypatch.setenv(k, v)
         with pytest.raises(UserError, match=f"MASTER_PORT={port} .* is in use by another program"):
             d.init_distributed()
+
+
+def test_auto_reads_the_checked_local_world_not_a_stale_variable(monkeypatch, tmp_path):
+    """A plain-python job does not read LOCAL_WORLD_SIZE; --strategy auto must not trip over one left in the shell."""
+    from scale_ocr.cli.args import parse_config
+    from scale_ocr.planning.auto import resolve_auto
+
+    clear_launch(monkeypatch)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "abc")
+    cfg = resolve_auto(parse_config(["--strategy", "auto", "--output-dir", str(tmp_path / "run")]), 1, "python")
+    assert cfg.strategy.strategy != "auto"

@@ -25,7 +25,7 @@ KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "C
         "MASTER_PORT", "TORCHELASTIC_RUN_ID", "RAY_RAYLET_PID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
         "SLURM_NTASKS_PER_NODE", "SLURM_NNODES", "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "OMPI_COMM_WORLD_RANK",
         "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "WANDB_INIT_TIMEOUT",
-        "WANDB_MODE", "WANDB_DISABLED")
+        "WANDB_MODE", "WANDB_DISABLED", "TORCHELASTIC_MAX_RESTARTS")
 # What an environment can hold: no NUL, no lone surrogate (os.environ refuses both).
 TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
 VALUES = st.one_of(
@@ -49,6 +49,7 @@ def _start_up(env: dict[str, str]) -> None:
     assert d.peek_launch() == (launch.world_size, launch.launcher)
     assert d._read_env(launch.launcher) == (launch.rank, launch.world_size, launch.local_rank,
                                             launch.local_world_size)
+    int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))  # as the line for a lost peer reads it
     host, port = d.rendezvous_address(launch.launcher)
     if launch.launcher == "slurm":
         assert host is not None and port is not None and 1 <= int(port) <= 65535
