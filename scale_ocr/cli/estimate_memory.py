@@ -16,7 +16,7 @@ import torch
 from scale_ocr.cli.args import _OneLineParser
 from scale_ocr.cli.estimate_time import add_time_args, format_time, row, time_document, wants_time
 from scale_ocr.config import MODEL_SIZE_FIELDS
-from scale_ocr.errors import UserError, shown
+from scale_ocr.errors import UserError, say, shown
 from scale_ocr.planning.estimate import GB, ModelSize, estimate, measure_activations, model_size
 
 
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         if wants_time(args):
             doc["time"] = time_document(args, task, size, list(doc["strategies"]))
     text = format_table(doc) + ("\n\n" + format_time(doc["time"]) if "time" in doc else "")
-    print(json.dumps(doc, indent=2) if args.json else text)
+    say(json.dumps(doc, indent=2) if args.json else text)
     return 0
 
 

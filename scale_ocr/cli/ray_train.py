@@ -29,6 +29,7 @@ from scale_ocr.errors import (
     is_peer_lost,
     printable,
     report_user_errors,
+    say,
 )
 
 INSTALL_HINT = "pip install 'scale-ocr[ray]'"
@@ -170,9 +171,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         if UserError.__name__ + ":" in str(exc):  # raised in a DataLoader worker, which wraps it in its own type
             return {"exit_code": EXIT_USER_ERROR, "line": f"scale-ocr: error: {_wrapped_user_error(exc)}"}
         if is_peer_lost(exc):  # the line, then the worker ends as a dead peer's would: Ray restarts the group
-            print(f"scale-ocr: error: rank {os.environ.get('RANK', '?')} lost contact with another rank "
+            say(f"scale-ocr: error: rank {os.environ.get('RANK', '?')} lost contact with another rank "
                   f"({printable(first_line(exc), 160)}); Ray Train restarts the workers if --max-failures allows, "
-                  "and they resume from the last checkpoint", file=sys.stderr, flush=True)
+                  "and they resume from the last checkpoint", err=True)
             os._exit(EXIT_PEER_LOST)  # not raise: Ray would print the traceback of what is only a lost peer
         raise
 
@@ -194,9 +195,9 @@ def continue_own_run(argv: list[str], started: float | None) -> list[str]:
     if started is None or cfg.checkpoint.resume == "auto" or not pointer.is_file() or pointer.stat().st_mtime < started:
         return argv
     if os.environ.get("RANK", "0") == "0":
-        print(f"scale-ocr: Ray Train restarted the workers: continuing from this job's own "
-              f"{printable(str(pointed_checkpoint(checkpoints)), 400)}, not --resume "
-              f"{printable(cfg.checkpoint.resume, 200)}", flush=True)
+        say(f"scale-ocr: Ray Train restarted the workers: continuing from this job's own "
+            f"{printable(str(pointed_checkpoint(checkpoints)), 400)}, not --resume "
+            f"{printable(cfg.checkpoint.resume, 200)}")
     return [*argv, "--resume", "auto"]
 
 
@@ -290,10 +291,9 @@ def warn_if_short(ray, opts: RayOptions) -> None:
     need = {"CPU": opts.num_workers * opts.cpus_per_worker, "GPU": opts.num_workers if opts.use_gpu else 0}
     short = [f"{need[k]:g} {k}s (it has {have.get(k, 0):g})" for k in need if need[k] > have.get(k, 0)]
     if short:
-        print(f"scale-ocr: warning: {opts.num_workers} workers need {' and '.join(short)} in the Ray cluster; Ray "
-              "waits until nodes join (an autoscaling cluster adds them): lower --num-workers or "
-              "--cpus-per-worker, or add nodes with `ray start --address HEAD:PORT`; Ctrl-C stops",
-              file=sys.stderr, flush=True)
+        say(f"scale-ocr: warning: {opts.num_workers} workers need {' and '.join(short)} in the Ray cluster; Ray "
+            "waits until nodes join (an autoscaling cluster adds them): lower --num-workers or "
+            "--cpus-per-worker, or add nodes with `ray start --address HEAD:PORT`; Ctrl-C stops", err=True)
 
 
 def failure(exc: BaseException, out: str) -> UserError:
@@ -332,7 +332,7 @@ def finish(trainer, out: str) -> int:
     outcome = result.return_value or {"exit_code": EXIT_FAULT, "line": "scale-ocr: error: rank 0 of the Ray Train "
                                       "run returned no outcome; its output above says why"}
     if outcome["exit_code"] != 0:
-        print(outcome["line"], file=sys.stderr, flush=True)
+        say(outcome["line"], err=True)
     return outcome["exit_code"]
 
 
