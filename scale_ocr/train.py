@@ -36,7 +36,7 @@ from scale_ocr.distributed.process_group import (
     peek_launch,
     rank_zero_at_rendezvous,
 )
-from scale_ocr.errors import found_by_every_rank, on_interrupt, printable, report_user_errors, shown
+from scale_ocr.errors import found_by_every_rank, on_interrupt, report_user_errors, say, shown
 from scale_ocr.memory.budget import cap_device_memory
 from scale_ocr.memory.host import return_freed_memory
 from scale_ocr.optim import LRPlan, LRSchedule, build_optimizer_spec, lr_factor
@@ -51,6 +51,7 @@ from scale_ocr.run.watchdog import Watchdog
 from scale_ocr.strategies import Strategy, check_launch, create_strategy
 from scale_ocr.tasks import Task, create_task
 from scale_ocr.tracking import build_logger
+from scale_ocr.tracking.wandb_logger import wandb_env
 
 if __name__ == "__main__":
     gc.freeze()  # the modules' objects: the collector skips them from now on (the run's own are collected as usual)
@@ -77,7 +78,7 @@ def run(cfg: RunConfig, dist: DistInfo, stop: StopSignal, watchdog: Watchdog | N
         strategy.teardown()
         lock.release()
     if dist.is_main:
-        print(printable(run_summary_line(summary, run_dir, task)), flush=True)
+        say(run_summary_line(summary, run_dir, task))
     return summary
 
 
@@ -100,7 +101,7 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
                      f"scale-ocr: {lr.describe()}, warm-up {plan.warmup} of {plan.total_steps} steps "
                      f"({cfg.optim.sched})"):
             if line:
-                print(line, flush=True)
+                say(line)
     meta = checkpoints.load(resume_from, strategy, cfg.train.seed) if resume_from else None
     own = meta is not None and resume_from.resolve().is_relative_to(plan.run_dir.resolve())  # trim metrics.jsonl
     lr_record = lr.record(plan.warmup)
@@ -117,7 +118,7 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
         if meta is not None:
             where = trainer.restore(meta)
             if dist.is_main:
-                print(f"scale-ocr: resumed from {shown(resume_from, 400)} {where}", flush=True)
+                say(f"scale-ocr: resumed from {shown(resume_from, 400)} {where}")
         summary = {"strategy": cfg.strategy.strategy, "arch": cfg.model.arch, "task": task.name,
                    "train_precision": cfg.train.precision,
                    "launcher": dist.launcher, "backend": dist.backend, "device": str(dist.device),
@@ -153,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     with found_by_every_rank(ends_the_rest_on_failure(launch[1]), rank_zero_at_rendezvous(launch[1])):
         cfg = resolve_auto(parse_config(argv), *launch)
         check_launch(cfg.strategy, *launch)  # before the rendezvous, which a bad launch could hang
+        wandb_env(cfg.logging.wandb_mode)  # W&B's variables, before the run directory is claimed
         dist = init_distributed(cfg.strategy.backend, cfg.strategy.dist_timeout, cfg.strategy.threads)
     watchdog = Watchdog(dist.rank, dist.world_size, cfg.strategy.dist_timeout, dist.is_main,
                         dist.round_id).start()

@@ -13,25 +13,30 @@ from typing import Any
 
 import torch
 
-from scale_ocr.cli.estimate_time import add_time_args, format_time, time_document, wants_time
+from scale_ocr.cli.args import _OneLineParser
+from scale_ocr.cli.estimate_time import add_time_args, format_time, row, time_document, wants_time
 from scale_ocr.config import MODEL_SIZE_FIELDS
-from scale_ocr.errors import UserError
+from scale_ocr.errors import UserError, say, shown
 from scale_ocr.planning.estimate import GB, ModelSize, estimate, measure_activations, model_size
 
 
 def format_table(doc: dict[str, Any]) -> str:
     def gb(x):
-        return "-" if x is None else f"{x / GB:.3f}"
+        return "-" if x is None else f"{x / GB:.3f}" if abs(x / GB) < 1e5 else f"{x / GB:.3g}"
 
-    lines = [f"{doc['params'] / 1e6:.2f}M parameters (largest layer {doc['largest_layer'] / 1e6:.2f}M), "
+    widths = [8, 8, 8, 8, 8, 8, 9, 9, 8, 8, 8, 9]
+    def millions(n):
+        return f"{n / 1e6:.2f}M" if n < 1e11 else f"{n / 1e6:.3g}M"
+
+    lines = [f"{millions(doc['params'])} parameters (largest layer {millions(doc['largest_layer'])}), "
              f"world size {doc['world_size']}, {doc['precision']}; GB (2^30 bytes) per rank",
-             f"{'strategy':<14}{'params':>8}{'grads':>8}{'optim':>8}{'other':>8}{'state':>8}{'ideal':>8}"
-             f"{'on host':>9}{'on disk':>9}{'activ.':>8}{'save':>8}{'device':>8}{'DS est.':>9}"]
+             row("strategy", ["params", "grads", "optim", "other", "state", "ideal", "on host", "on disk", "activ.",
+                              "save", "device", "DS est."], widths)]
     for name, r in doc["strategies"].items():
         ds = r["deepspeed"]["device"] if r["deepspeed"] else None
-        lines.append(f"{name:<14}{gb(r['params']):>8}{gb(r['grads']):>8}{gb(r['optimizer']):>8}{gb(r['other']):>8}"
-                     f"{gb(r['model_state']):>8}{gb(r['ideal']):>8}{gb(r['host']):>9}{gb(r['disk']):>9}{gb(r['activations']):>8}"
-                     f"{gb(r['save']):>8}{gb(r['total']):>8}{gb(ds):>9}")
+        keys = ("params", "grads", "optimizer", "other", "model_state", "ideal", "host", "disk", "activations", "save",
+                "total")
+        lines.append(row(name, [gb(r[k]) for k in keys] + [gb(ds)], widths))
     lines.append("state = params+grads+optim at the optimizer step; device = the larger of the step's peak (state + "
                  "other"
                  " - on host - on disk + staged + activations) and a save's (what stays between steps + the one tensor"
@@ -64,8 +69,6 @@ def _strategy_names(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
     """The strategies to estimate, and of every registered one (no --strategies) those these sizes rule out."""
     from scale_ocr.strategies import list_strategies
 
-    if args.world_size < 1:
-        raise UserError("--world-size must be at least 1")
     if args.shard_size is not None and (args.shard_size < 1 or args.world_size % args.shard_size):
         raise UserError(f"--shard-size {args.shard_size} does not divide --world-size {args.world_size}; give a "
                         "divisor")
@@ -75,8 +78,41 @@ def _strategy_names(args: argparse.Namespace) -> tuple[list[str], dict[str, str]
     return names, _unbuildable(names, args)
 
 
+MAX_PARAMS = 1e15  # a thousand times the largest models trained: a bigger count is a typo
+MAX_RANKS = 10**9
+MAX_FLOPS_PER_SAMPLE = 1e24
+
+
+def _in_range(args: argparse.Namespace, flag: str, low: float, high: float, low_open: bool, example: str) -> None:
+    """``--flag``'s value (when given) a finite number in [low, high] ((low, high] with ``low_open``), else one
+    line; NaN fails every comparison, so it is refused too."""
+    value = getattr(args, flag.replace("-", "_"))
+    if value is None or (low < value if low_open else low <= value) and value <= high:
+        return
+    bound = f"above {low:g} and at most {high:g}" if low_open else f"from {low:g} to {high:g}"
+    text = f"{value:g}" if isinstance(value, float) else shown(value)  # an int may be past any float
+    raise UserError(f"--{flag} {text} is not a number {bound}; give e.g. --{flag} {example}")
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Every number estimate-memory takes, in range before anything is built or predicted: a negative or NaN size
+    would give negative or NaN gigabytes and milliseconds, with exit 0."""
+    if args.world_size < 1:
+        raise UserError("--world-size must be at least 1")
+    if args.batch_size < 1:
+        raise UserError("--batch-size must be at least 1")
+    _in_range(args, "params", 1, MAX_PARAMS, False, "85e6")
+    _in_range(args, "largest-layer", 0, args.params if args.params is not None else MAX_PARAMS, False,
+              "1e6 (at most --params)")
+    for flag in ("world-size", "batch-size", "per-node", "shard-size", "model-width", "model-depth", "model-heads"):
+        _in_range(args, flag, 1, MAX_RANKS, False, "8")
+    _in_range(args, "mlp-ratio", 0, 64, True, "4")
+    _in_range(args, "mfu", 0, 1, True, "0.4")
+    _in_range(args, "flops-per-sample", 0, MAX_FLOPS_PER_SAMPLE, True, "3e9")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="scale-ocr estimate-memory",
+    p = _OneLineParser(prog="scale-ocr estimate-memory",
                                 description="Per-rank memory of each strategy for a model, before launching.")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--model", help="registered model name (built with random weights to count parameters)")
@@ -101,15 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="machine-readable output (bytes, seconds)")
     add_time_args(p)
     args = p.parse_args(argv)
-    if args.batch_size < 1:
-        raise UserError("--batch-size must be at least 1")
+    check_numbers(args)
     # Engines' own import-time lines (DeepSpeed logs to stdout) go to stderr, so that --json prints JSON alone.
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
         doc, task, size = _document(args)
         if wants_time(args):
             doc["time"] = time_document(args, task, size, list(doc["strategies"]))
     text = format_table(doc) + ("\n\n" + format_time(doc["time"]) if "time" in doc else "")
-    print(json.dumps(doc, indent=2) if args.json else text)
+    say(json.dumps(doc, indent=2) if args.json else text)
     return 0
 
 

@@ -88,10 +88,7 @@ def _cluster(args: argparse.Namespace, task, work, names: list[str]) -> tuple[An
     measured one-rank step."""
     from scale_ocr.planning import time_model as tm
 
-    if args.per_node < 1:
-        raise UserError("--per-node must be at least 1")
-    if args.mfu is not None and not 0 < args.mfu <= 1:
-        raise UserError(f"--mfu {args.mfu}: give a fraction in (0, 1], such as 0.4")
+    # --per-node and --mfu are in range: estimate_memory.check_numbers
     if args.device != "host":
         intra = tm.link(args.link or "nvlink4")
         cluster = tm.Cluster(tm.device(args.device), intra, tm.link(args.inter_link), args.per_node)
@@ -159,7 +156,8 @@ def time_document(args: argparse.Namespace, task, size, names: list[str]) -> dic
         rows[name] = predict_step(lay, work, ranks, cluster, mfu, engines.get(name)).as_dict()
         rows[name]["samples_per_s"] = work.batch * ranks / rows[name]["step_s"]
     doc: dict[str, Any] = {"cluster": cluster.describe(), "source": source, "mfu": mfu, "batch_per_device": work.batch,
-                           "flops_per_sample": work.flops_forward + work.flops_backward, "strategies": rows}
+                           "flops_per_sample": work.flops_forward + work.flops_backward,
+                           "flops_counted": task is not None, "strategies": rows}
     if engines:
         doc["engines_one_rank"] = {name: vars(e) for name, e in engines.items()}
     if args.scaling:
@@ -178,22 +176,31 @@ def time_document(args: argparse.Namespace, task, size, names: list[str]) -> dic
     return doc
 
 
+def row(first: str, cells: list[str], widths: list[int]) -> str:
+    """A table line: ``first`` left in 14 characters, each cell right-aligned in its width, and a cell as wide as
+    its column or wider still set off by a space, so numbers never run together."""
+    return f"{first:<14}" + "".join(c.rjust(w) if len(c) < w else " " + c for c, w in zip(cells, widths, strict=True))
+
+
 def format_time(doc: dict[str, Any]) -> str:
+    widths = [9, 9, 8, 9, 8, 8, 9, 11]
+    counted = "counted" if doc.get("flops_counted", True) else "given"
     lines = [f"Predicted step time per rank, {doc['batch_per_device']} samples per device, "
-             f"{doc['flops_per_sample'] / 1e9:.3g} GFLOP per sample (counted): {doc['cluster']}; {doc['source']}",
-             f"{'strategy':<14}{'compute':>9}{'comm MB':>9}{'comm':>8}{'exposed':>9}{'optim':>8}{'other':>8}{'step':>9}"
-             f"{'samples/s':>11}   (times in ms)"]
+             f"{doc['flops_per_sample'] / 1e9:.3g} GFLOP per sample ({counted}): {doc['cluster']}; {doc['source']}",
+             row("strategy", ["compute", "comm MB", "comm", "exposed", "optim", "other", "step", "samples/s"], widths)
+             + "   (times in ms)"]
     for name, r in doc["strategies"].items():
-        lines.append(f"{name:<14}{r['compute_s'] * 1e3:>9.3g}{r['comm_bytes'] / 1e6:>9.1f}{r['comm_s'] * 1e3:>8.3g}"
-                     f"{r['exposed_comm_s'] * 1e3:>9.3g}{r['optimizer_s'] * 1e3:>8.3g}{r['other_s'] * 1e3:>8.3g}"
-                     f"{r['step_s'] * 1e3:>9.3g}"
-                     f"{r['samples_per_s']:>11.0f}")
+        mb = r["comm_bytes"] / 1e6
+        times = ("compute_s", "comm_s", "exposed_comm_s", "optimizer_s", "other_s", "step_s")
+        ms = [f"{r[k] * 1e3:.3g}" for k in times]
+        lines.append(row(name, [ms[0], f"{mb:.1f}" if mb < 1e6 else f"{mb:.3g}", *ms[1:], f"{r['samples_per_s']:.0f}"],
+                         widths))
     if "scaling" in doc:
         lines.append("Predicted scaling (a prediction, not a measurement): step ms, and in brackets the efficiency "
                      "T(1)/T(n) at a fixed per-device batch")
-        lines.append(f"{'strategy':<14}" + "".join(f"{n:>13}" for n in CURVE))
+        lines.append(row("strategy", [str(n) for n in CURVE], [13] * len(CURVE)))
         for name, points in doc["scaling"].items():
             base = points.get(1) or next(iter(points.values()), None)
             cells = [f"{points[n] * 1e3:.3g} ({base / points[n]:.2f})" if n in points else "-" for n in CURVE]
-            lines.append(f"{name:<14}" + "".join(f"{c:>13}" for c in cells))
+            lines.append(row(name, cells, [13] * len(CURVE)))
     return "\n".join(lines)

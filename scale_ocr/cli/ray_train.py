@@ -136,9 +136,11 @@ def prepare_train_args(train_argv: list[str], opts: RayOptions) -> tuple[list[st
     """
     from scale_ocr.cli.args import parse_config
     from scale_ocr.strategies import check_launch
+    from scale_ocr.tracking.wandb_logger import wandb_env
 
     cfg = parse_config(train_argv)
     check_launch(cfg.strategy, opts.num_workers, "ray")
+    wandb_env(cfg.logging.wandb_mode)  # the workers inherit the driver's W&B variables
     if opts.use_gpu and cfg.strategy.backend == "gloo":
         raise UserError("--use-gpu puts each worker on a GPU with NCCL, but the training flags say --backend gloo; "
                         "drop one of them")
@@ -194,8 +196,8 @@ def continue_own_run(argv: list[str], started: float | None) -> list[str]:
         return argv
     if os.environ.get("RANK", "0") == "0":
         say(f"scale-ocr: Ray Train restarted the workers: continuing from this job's own "
-              f"{printable(str(pointed_checkpoint(checkpoints)), 400)}, not --resume "
-              f"{printable(cfg.checkpoint.resume, 200)}")
+            f"{printable(str(pointed_checkpoint(checkpoints)), 400)}, not --resume "
+            f"{printable(cfg.checkpoint.resume, 200)}")
     return [*argv, "--resume", "auto"]
 
 
@@ -290,8 +292,8 @@ def warn_if_short(ray, opts: RayOptions) -> None:
     short = [f"{need[k]:g} {k}s (it has {have.get(k, 0):g})" for k in need if need[k] > have.get(k, 0)]
     if short:
         say(f"scale-ocr: warning: {opts.num_workers} workers need {' and '.join(short)} in the Ray cluster; Ray "
-              "waits until nodes join (an autoscaling cluster adds them): lower --num-workers or "
-              "--cpus-per-worker, or add nodes with `ray start --address HEAD:PORT`; Ctrl-C stops", err=True)
+            "waits until nodes join (an autoscaling cluster adds them): lower --num-workers or "
+            "--cpus-per-worker, or add nodes with `ray start --address HEAD:PORT`; Ctrl-C stops", err=True)
 
 
 def failure(exc: BaseException, out: str) -> UserError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import os
@@ -9,7 +10,7 @@ import re
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,8 +18,11 @@ import torch
 import torch.distributed as dist
 
 from scale_ocr.distributed.cores import usable_cores, warn_if_oversubscribed
+from scale_ocr.distributed.launch_env import LAUNCHER_NAMES, Launch, detect_launcher, read_launch
 from scale_ocr.distributed.round_store import round_store, uses_agent_store, warn_if_joins_would_hang
 from scale_ocr.errors import UserError
+
+__all__ = ["DistInfo", "Launch", "detect_launcher", "init_distributed", "peek_launch", "read_launch"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,7 @@ class DistInfo:
         return self.rank == 0
 
 
-_ENV_SET: list[str] = []  # variables init_distributed added for a plain-python job, removed on teardown
+_ENV_SET: dict[str, str | None] = {}  # variables init_distributed set for a plain-python job: their old values
 
 
 def free_port() -> int:
@@ -47,25 +51,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def detect_launcher(env: dict[str, str] | os._Environ = os.environ) -> str:
-    """Name the launcher that started this process: torchrun, deepspeed, mpi, slurm, env or python."""
-    if "TORCHELASTIC_RUN_ID" in env:
-        return "torchrun"
-    if "CROSS_RANK" in env or "LOCAL_SIZE" in env:  # set by deepspeed's launch.py
-        return "deepspeed"
-    if "RAY_RAYLET_PID" in env and "RANK" in env:  # a Ray Train worker: Ray set RANK and started the group
-        return "ray"
-    # Open MPI's mpirun (also DeepSpeed's --launcher openmpi). Before SLURM: an mpirun inside an sbatch script
-    # hands every rank the batch step's SLURM_PROCID=0, while OMPI_COMM_WORLD_RANK is each rank's own.
-    if int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
-        return "mpi"
-    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
-        return "slurm"
-    if "RANK" in env and "WORLD_SIZE" in env:
-        return "env"
-    return "python"
 
 
 # Launchers that end every rank as soon as one exits with an error (srun, by default, waits for each to exit).
@@ -83,7 +68,8 @@ def rendezvous_address(launcher: str, env: dict[str, str] | os._Environ = os.env
     if launcher != "slurm":
         return env.get("MASTER_ADDR"), env.get("MASTER_PORT")
     host = env.get("MASTER_ADDR", _slurm_first_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")))
-    return host, env.get("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
+    job = env.get("SLURM_JOB_ID", "0")  # read_launch refused a job id that is not a number
+    return host, env.get("MASTER_PORT", str(29500 + int(job) % 1000 if job.isdigit() else 29500))
 
 
 def rank_zero_at_rendezvous(launcher: str) -> Callable[[float], bool]:
@@ -108,45 +94,35 @@ def rank_zero_at_rendezvous(launcher: str) -> Callable[[float], bool]:
 
 
 def _read_env(launcher: str) -> tuple[int, int, int, int]:
+    """Rank, world size, local rank and local world size, checked (:func:`read_launch`); under srun and mpirun also
+    exported the way torch's ``env://`` rendezvous and the other readers expect them."""
     env = os.environ
+    launch = read_launch(env)
+    ranks = launch.rank, launch.world_size, launch.local_rank, launch.local_world_size
     if launcher == "slurm":
-        rank, world = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
-        local_rank = int(env.get("SLURM_LOCALID", "0"))
-        local_world = int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]) if "SLURM_NTASKS_PER_NODE" in env \
-            else max(1, world // int(env.get("SLURM_NNODES", "1")))
         host, port = rendezvous_address(launcher, env)  # torch's env:// rendezvous reads these; srun sets neither
         env.setdefault("MASTER_ADDR", host)
         env.setdefault("MASTER_PORT", port)
-        env.setdefault("RANK", str(rank))
-        env.setdefault("WORLD_SIZE", str(world))
-        env.setdefault("LOCAL_RANK", str(local_rank))
-        return rank, world, local_rank, local_world
-    if launcher == "python":
-        return 0, 1, 0, 1
-    if launcher == "mpi":
-        return _read_mpi_env(env)
-    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
-    local_rank = int(env.get("LOCAL_RANK", "0"))
-    local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("LOCAL_SIZE", str(world))))
-    return rank, world, local_rank, local_world
+        for key, value in zip(("RANK", "WORLD_SIZE", "LOCAL_RANK"), ranks, strict=False):
+            env.setdefault(key, str(value))
+    elif launcher == "mpi":
+        _export_mpi_ranks(env, ranks)
+        _check_mpi_address(env, ranks)
+    return ranks
 
 
-def _export_mpi_ranks(env: dict[str, str] | os._Environ) -> tuple[int, int, int, int]:
+def _export_mpi_ranks(env: dict[str, str] | os._Environ, ranks: tuple[int, int, int, int]) -> None:
     """Open MPI's ``OMPI_COMM_WORLD_*`` ranks, also exported as ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/
     ``LOCAL_WORLD_SIZE`` for every reader that knows only those (torch's ``env://``, DeepSpeed's engine, the one-line
     error report, which prints on rank 0 alone). They overwrite any value passed with ``mpirun -x``: a value every
     rank received alike is no rank's own."""
-    ranks = (int(env["OMPI_COMM_WORLD_RANK"]), int(env["OMPI_COMM_WORLD_SIZE"]),
-             int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")), int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1")))
     for key, value in zip(("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"), ranks, strict=True):
         env[key] = str(value)
-    return ranks
 
 
-def _read_mpi_env(env: dict[str, str] | os._Environ) -> tuple[int, int, int, int]:
+def _check_mpi_address(env: dict[str, str] | os._Environ, ranks: tuple[int, int, int, int]) -> None:
     """Ranks under ``mpirun`` without mpi4py: the rendezvous address comes from ``MASTER_ADDR``/``MASTER_PORT``,
     which DeepSpeed's ``--launcher openmpi`` does not pass on (it drops ``--master_addr``), so the user exports them."""
-    ranks = _export_mpi_ranks(env)
     missing = [key for key in ("MASTER_ADDR", "MASTER_PORT") if not env.get(key, "").strip()]
     if missing:
         raise UserError(
@@ -154,7 +130,6 @@ def _read_mpi_env(env: dict[str, str] | os._Environ) -> tuple[int, int, int, int
             "add MASTER_ADDR=<rank 0's host> and MASTER_PORT=<a free port> to .deepspeed_env (deepspeed --launcher "
             "openmpi passes its lines to every rank; its --master_addr is not passed), or pass them with mpirun's "
             "-x (deepspeed --launcher_args '-x MASTER_ADDR=HOST -x MASTER_PORT=PORT')")
-    return ranks
 
 
 def _slurm_first_host(nodelist: str) -> str:
@@ -165,21 +140,19 @@ def _slurm_first_host(nodelist: str) -> str:
 
 
 def peek_launch() -> tuple[int, str]:
-    """World size and launcher from the environment, without starting anything.
+    """World size and launcher from the environment, checked whole (:func:`read_launch`: a rank outside the world,
+    a size that is not a number, is one line now, not a hang at the rendezvous), without starting anything.
 
     Under srun and mpirun the rank is also exported as ``RANK``/``WORLD_SIZE`` here, before the command line is read,
     so a mistake found before the rendezvous is printed by rank 0 alone (the one-line report reads ``RANK``), not once
     per rank as every task of the job starts."""
-    launcher = detect_launcher()
-    if launcher == "slurm":
-        os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])  # as _read_env: what srun's user exported wins
-        os.environ.setdefault("WORLD_SIZE", os.environ["SLURM_NTASKS"])
-        return int(os.environ["SLURM_NTASKS"]), launcher
-    if launcher == "python":
-        return 1, launcher
-    if launcher == "mpi":  # exported now, so an error before the rendezvous is printed by rank 0 alone
-        return _export_mpi_ranks(os.environ)[1], launcher
-    return int(os.environ["WORLD_SIZE"]), launcher
+    launch = read_launch()
+    if launch.launcher == "slurm":
+        os.environ.setdefault("RANK", str(launch.rank))  # as _read_env: what srun's user exported wins
+        os.environ.setdefault("WORLD_SIZE", str(launch.world_size))
+    elif launch.launcher == "mpi":  # exported now, so an error before the rendezvous is printed by rank 0 alone
+        _export_mpi_ranks(os.environ, (launch.rank, launch.world_size, launch.local_rank, launch.local_world_size))
+    return launch.world_size, launch.launcher
 
 
 def _torchrun_default_threads(launcher: str) -> bool:
@@ -241,19 +214,43 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0, threa
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=timeout_s + 60)
         if launcher == "python":
-            # A 1-rank job described the way launchers describe one, so engines that read the
-            # environment themselves (DeepSpeed wants LOCAL_RANK) see a consistent picture.
-            for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
-                               ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
-                if key not in os.environ:
-                    os.environ[key] = value
-                    _ENV_SET.append(key)
+            _describe_one_process()
         if world > 1 and uses_agent_store():
             store, round_id = round_store(rank, world, timeout_s)
             dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
         else:
-            dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
+            with _port_in_use_is_one_line(launcher, rank):
+                dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
     return DistInfo(rank, world, local_rank, local_world, device, backend, launcher, round_id)
+
+
+def _describe_one_process() -> None:
+    """A plain-python job is one process: it is described the way launchers describe one (DeepSpeed reads
+    LOCAL_RANK; the one-line report reads RANK), whatever the shell still holds from another job, and its rendezvous
+    is a free loopback port of its own: a ``MASTER_PORT`` left in the shell, perhaps in use, is not needed by a job
+    that meets no one. The old values come back on teardown."""
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
+                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
+        if os.environ.get(key) != value:
+            _ENV_SET.setdefault(key, os.environ.get(key))
+            os.environ[key] = value
+
+
+@contextlib.contextmanager
+def _port_in_use_is_one_line(launcher: str, rank: int) -> Iterator[None]:
+    """Rank 0 hosts the ranks' meeting point (torch's TCPStore) on ``MASTER_PORT``: a port another program holds
+    is one line naming it, not torch's traceback."""
+    try:
+        yield
+    except RuntimeError as exc:  # torch's DistNetworkError
+        text = str(exc)
+        if rank != 0 or not ("EADDRINUSE" in text or "address already in use" in text.lower()):
+            raise
+        port = os.environ.get("MASTER_PORT", "")
+        raise UserError(f"MASTER_PORT={port} (from {LAUNCHER_NAMES.get(launcher, launcher)}) is in use by another "
+                        "program (a job still running, or one that did not exit), so rank 0 cannot host the ranks' "
+                        f"rendezvous there; give every rank another free port, e.g. MASTER_PORT={free_port()}"
+                        ) from None
 
 
 def destroy_distributed(clean: bool = True) -> None:
@@ -277,7 +274,11 @@ def destroy_distributed(clean: bool = True) -> None:
         else:
             dist.destroy_process_group()
     while _ENV_SET:
-        os.environ.pop(_ENV_SET.pop(), None)
+        key, old = _ENV_SET.popitem()
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:

@@ -12,6 +12,7 @@ from dataclasses import replace
 import torch
 
 from scale_ocr.config import RunConfig
+from scale_ocr.distributed.launch_env import read_launch
 from scale_ocr.errors import UserError, say
 from scale_ocr.memory.model import step_peak
 
@@ -95,8 +96,7 @@ def resolve_auto(cfg: RunConfig, world: int, launcher: str) -> RunConfig:
     """The config with ``--strategy auto`` replaced by the chosen name (printed once, by rank 0)."""
     if cfg.strategy.strategy != "auto":
         return cfg
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    local_world = read_launch().local_world_size  # checked: not a stale LOCAL_WORLD_SIZE a plain job does not read
     name, why = choose_strategy(cfg, world, local_world)
-    if os.environ.get("RANK", "0") == "0":
-        say(f"scale-ocr: --strategy auto -> {why}")
+    say(f"scale-ocr: --strategy auto -> {why}", every_rank=False)
     return replace(cfg, strategy=replace(cfg.strategy, strategy=name))

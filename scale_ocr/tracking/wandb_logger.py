@@ -1,25 +1,27 @@
 """Weights & Biases: one run per job, offline unless an API key is configured, never fatal (docs/wandb.md).
 
-Any W&B trouble becomes one warning and the run carries on with ``metrics.jsonl``, except a full disk: W&B's writer
+The W&B variables read here (``WANDB_MODE``, ``WANDB_INIT_TIMEOUT``) are checked at start, before the run directory
+is claimed (:func:`wandb_env`): a value W&B cannot use is one line, exit 2, like a flag's. Once running, any W&B
+trouble becomes one warning and the run carries on with ``metrics.jsonl``, except a full disk: W&B's writer
 drops records silently then, so the room left is checked before each call and a full disk stops the run
 (:class:`~scale_ocr.disk.DiskFault`, exit 74).
 """
 
 from __future__ import annotations
 
+import math
 import netrc
 import os
 import re
 import secrets
 import string
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 from scale_ocr.config import LoggingConfig
 from scale_ocr.disk import DiskFault, disk_fault, free_bytes, raise_or_defer, size_text, write_atomic
-from scale_ocr.errors import printable
+from scale_ocr.errors import UserError, printable, say, shown
 from scale_ocr.tracking.jsonl import clean
 
 RUN_ID_FILE = "wandb_run_id"
@@ -32,7 +34,7 @@ _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECA
 
 def warn(message: str) -> None:
     """One visible line on stderr (rank 0 only calls this)."""
-    print(f"scale-ocr: warning: {printable(message, 1000)}", file=sys.stderr, flush=True)
+    say(f"scale-ocr: warning: {printable(message, 1000)}", err=True)
 
 
 def has_api_key(env: dict[str, str] | os._Environ = os.environ) -> bool:
@@ -56,6 +58,35 @@ def resolve_mode(flag: str, env: dict[str, str] | os._Environ = os.environ) -> s
     if mode:
         return {"dryrun": "offline", "run": "online"}.get(mode, mode)
     return "online" if has_api_key(env) else "offline"
+
+
+WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run", "shared")  # what wandb.Settings(mode=) takes
+INIT_TIMEOUT_MAX = 24 * 3600.0
+
+
+def wandb_env(flag: str, env: dict[str, str] | os._Environ = os.environ) -> tuple[str, float]:
+    """The W&B mode (:func:`resolve_mode`) and ``WANDB_INIT_TIMEOUT`` in seconds (default 60), every W&B variable
+    read here checked: a mode W&B does not know, a timeout that is no number of seconds above 0, is one line (a
+    :class:`UserError`, exit 2), at start, rather than a traceback or a wait after the run began. Nothing is checked
+    when W&B is disabled: its variables are not read then."""
+    mode = env.get("WANDB_MODE", "").strip().lower()
+    if flag == "auto" and mode and mode not in WANDB_MODES and env.get("WANDB_DISABLED", "").lower() not in (
+            "1", "true", "yes"):
+        raise UserError(f"WANDB_MODE={shown(env['WANDB_MODE'])} is not a W&B mode; set it to one of "
+                        f"{', '.join(WANDB_MODES)}, or unset it (or give --wandb-mode)")
+    mode = resolve_mode(flag, env)
+    timeout = 60.0
+    text = env.get("WANDB_INIT_TIMEOUT", "").strip()
+    if mode != "disabled" and text:
+        try:
+            timeout = float(text)
+        except ValueError:
+            timeout = math.nan
+        if not 0 < timeout <= INIT_TIMEOUT_MAX:  # NaN fails it too
+            raise UserError(f"WANDB_INIT_TIMEOUT={shown(env['WANDB_INIT_TIMEOUT'])} is not a number of seconds W&B "
+                            f"may take to start (above 0, at most {INIT_TIMEOUT_MAX:.0f}); set it to e.g. 60, or "
+                            "unset it (or --wandb-mode disabled)")
+    return mode, timeout
 
 
 def redact(value: Any, env: dict[str, str] | os._Environ = os.environ) -> Any:
@@ -143,7 +174,7 @@ def open_wandb(cfg: LoggingConfig, run_dir: Path, run_config: dict[str, Any], re
 
     W&B's files go under ``$WANDB_DIR/wandb`` when set, else ``run_dir/wandb``; the run id file stays in ``run_dir``.
     """
-    mode = resolve_mode(cfg.wandb_mode)
+    mode, timeout = wandb_env(cfg.wandb_mode)  # checked at start already (train's main); here for API callers
     if mode == "disabled":
         return None
     try:
@@ -164,7 +195,7 @@ def open_wandb(cfg: LoggingConfig, run_dir: Path, run_config: dict[str, Any], re
         project=os.environ.get("WANDB_PROJECT", cfg.wandb_project), entity=cfg.wandb_entity,
         group=cfg.wandb_group, tags=list(cfg.wandb_tags) or None, name=cfg.run_name, id=run_id,
         resume="allow", dir=wandb_dir, config=redact(run_config), reinit="finish_previous",
-        settings=wandb.Settings(init_timeout=float(os.environ.get("WANDB_INIT_TIMEOUT", 60)), console="off",
+        settings=wandb.Settings(init_timeout=timeout, console="off",
                                 silent=True),
     )
     run = _init(wandb, mode, kwargs)

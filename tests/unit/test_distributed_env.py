@@ -1,6 +1,7 @@
 import pytest
 
 from scale_ocr.distributed import process_group as d
+from scale_ocr.errors import UserError
 
 
 @pytest.mark.parametrize("env,launcher", [
@@ -156,3 +157,102 @@ def test_a_second_process_group_in_one_process_gets_fresh_deepspeed_groups():
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, dist_init_required=False)
         assert groups._get_broadcast_src_rank() == 0  # through DeepSpeed's cached world group
         d.destroy_distributed()
+
+
+LAUNCH_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "CROSS_RANK", "MASTER_ADDR",
+               "MASTER_PORT", "TORCHELASTIC_RUN_ID", "RAY_RAYLET_PID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+               "SLURM_NTASKS_PER_NODE", "SLURM_NNODES", "SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+               "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")
+
+
+def clear_launch(monkeypatch):
+    for k in LAUNCH_KEYS:
+        monkeypatch.setenv(k, "")  # recorded, so whatever the code under test sets is undone
+        monkeypatch.delenv(k)
+
+
+@pytest.mark.parametrize("env,named", [
+    ({"SLURM_PROCID": "3", "SLURM_NTASKS": "2"}, "SLURM_PROCID=3 is not below SLURM_NTASKS=2"),  # V01
+    ({"RANK": "1", "WORLD_SIZE": "1"}, "RANK=1 is not below WORLD_SIZE=1"),  # V04
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "two"}, "SLURM_NTASKS='two'"),  # V05
+    ({"RANK": "0", "WORLD_SIZE": "2x"}, "WORLD_SIZE='2x'"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE=0"),
+    ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK='-1'"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK=2"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "4"}, "LOCAL_WORLD_SIZE=4"),
+    ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_RANK=2"),
+    ({"OMPI_COMM_WORLD_SIZE": "1e3"}, "OMPI_COMM_WORLD_SIZE='1e3'"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "70000"}, "MASTER_PORT='70000'"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "x"}, "SLURM_JOB_ID='x'"),
+])
+def test_a_launch_environment_that_lies_is_one_line(env, named):
+    """V01/V04/V05: a rank outside its world, a size that is no number, is refused before any rendezvous, naming
+    the variable and the launcher (not a hang, not a traceback)."""
+    with pytest.raises(UserError, match="launch environment from") as caught:
+        d.read_launch(env)
+    assert named in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_valid_launch_is_read_whole():
+    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2(x2)"}
+    assert d.read_launch(env) == d.Launch("slurm", 3, 4, 1, 2)
+    assert d.read_launch({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}) == d.Launch("env", 1, 2, 1, 2)
+    assert d.read_launch({"RANK": "5", "MASTER_PORT": "in use"}) == d.Launch("python", 0, 1, 0, 1)  # not read
+
+
+def test_the_refusal_is_printed_by_the_rank_that_reads_it(monkeypatch, capsys):
+    """RANK=1 WORLD_SIZE=1: the report prints rank 0's lines alone, but this rank is the only one."""
+    from scale_ocr import train
+
+    clear_launch(monkeypatch)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert train.main(["--wandb-mode", "disabled"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "RANK=1 is not below WORLD_SIZE=1" in err, err
+
+
+def test_one_process_meets_on_its_own_port(monkeypatch):
+    """V03: a plain-python job is one process; a MASTER_PORT left in the shell, in use, is not its port."""
+    import os
+    import socket
+
+    clear_launch(monkeypatch)
+    monkeypatch.setenv("RANK", "3")  # stale, without WORLD_SIZE: still one process, and rank 0 of it
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        monkeypatch.setenv("MASTER_PORT", str(other.getsockname()[1]))
+        info = d.init_distributed()
+        try:
+            assert (info.rank, info.world_size, os.environ["RANK"]) == (0, 1, "0")
+        finally:
+            d.destroy_distributed()
+        assert (os.environ["RANK"], os.environ["MASTER_PORT"]) == ("3", str(other.getsockname()[1]))
+        assert "WORLD_SIZE" not in os.environ
+
+
+def test_rank_zero_on_a_port_in_use_is_one_line(monkeypatch):
+    """V03 with the ranks described by hand: rank 0 cannot host the rendezvous on MASTER_PORT."""
+    import socket
+
+    clear_launch(monkeypatch)
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = str(other.getsockname()[1])
+        for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port)):
+            monkeypatch.setenv(k, v)
+        with pytest.raises(UserError, match=f"MASTER_PORT={port} .* is in use by another program"):
+            d.init_distributed()
+
+
+def test_auto_reads_the_checked_local_world_not_a_stale_variable(monkeypatch, tmp_path):
+    """A plain-python job does not read LOCAL_WORLD_SIZE; --strategy auto must not trip over one left in the shell."""
+    from scale_ocr.cli.args import parse_config
+    from scale_ocr.planning.auto import resolve_auto
+
+    clear_launch(monkeypatch)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "abc")
+    cfg = resolve_auto(parse_config(["--strategy", "auto", "--output-dir", str(tmp_path / "run")]), 1, "python")
+    assert cfg.strategy.strategy != "auto"

@@ -244,3 +244,38 @@ def test_a_save_holds_the_state_between_steps_and_one_tensor_and_auto_plans_for_
     ddp = rows["ddp"]
     assert ddp["save"] > ddp["step"]  # the save is this model's peak: auto counts it
     assert rank_need(ddp, size.largest_layer, False) == pytest.approx(ddp["save"] + runtime_margin(False))
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--params", "nan"], "--params nan"),  # E01: a traceback from int(nan)
+    (["--params", "inf"], "--params inf"),
+    (["--params", "1e6", "--largest-layer", "nan"], "--largest-layer nan"),
+    (["--params=-1e9"], "--params -1e+09"),  # E02: a table of negative gigabytes, exit 0
+    (["--params", "1e6", "--largest-layer", "2e6"], "--largest-layer 2e+06"),
+    (["--params", "1e6", "--time", "--device", "h100", "--flops-per-sample=-1e9"], "--flops-per-sample -1e+09"),
+    (["--params", "1e6", "--time", "--device", "h100", "--flops-per-sample", "nan"], "--flops-per-sample nan"),
+    (["--params", "1e6", "--time", "--device", "h100", "--flops-per-sample", "0"], "--flops-per-sample 0"),
+    (["--params", "1e6", "--mfu", "nan"], "--mfu nan"),
+    (["--params", "1e6", "--per-node", "0"], "--per-node 0"),
+    (["--params", "x"], "argument --params: invalid float value: 'x'"),
+])
+def test_estimate_refuses_a_number_out_of_range_in_one_line(capsys, flags, named):
+    from scale_ocr.cli.main import main
+
+    assert main(["estimate-memory", "--world-size", "2", *flags]) == 2
+    captured = capsys.readouterr()
+    assert named in captured.err and captured.err.count("\n") == 1 and not captured.out, captured.err
+
+
+def test_estimate_cells_stay_apart_however_wide_their_numbers(capsys):
+    """E04: numbers wider than their column no longer run together."""
+    from scale_ocr.cli.main import main
+
+    assert main(["estimate-memory", "--params", "1e15", "--world-size", "1000000000", "--strategies", "ddp,fsdp",
+                 "--time", "--scaling", "--device", "h100", "--flops-per-sample", "1e24"]) == 0
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith(("ddp ", "fsdp "))]
+    assert len(table) == 6
+    for line in table:  # every cell is separated from the next: no digit runs into another number
+        assert not any(c.count(".") > 1 or c.count("e") > 1 for c in line.split()[1:]), line
+    assert "GFLOP per sample (given)" in out

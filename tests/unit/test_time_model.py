@@ -73,8 +73,8 @@ def test_estimate_memory_predicts_step_time_and_a_scaling_curve():
 @pytest.mark.parametrize("flags, says", [
     (["--device", "tpu9"], "unknown device 'tpu9'"),
     (["--device", "h100", "--link", "carrier-pigeon"], "unknown link 'carrier-pigeon'"),
-    (["--device", "h100", "--mfu", "0"], "--mfu 0.0: give a fraction in (0, 1]"),
-    (["--device", "h100", "--per-node", "0"], "--per-node must be at least 1"),
+    (["--device", "h100", "--mfu", "0"], "--mfu 0 is not a number above 0 and at most 1"),
+    (["--device", "h100", "--per-node", "0"], "--per-node 0 is not a number from 1"),
     (["--device", "host"], "--device host measures the model's own speed here; give --model"),
 ])
 def test_time_flags_are_refused_in_one_line(flags, says, capsys):

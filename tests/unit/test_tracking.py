@@ -3,7 +3,8 @@ import zlib
 
 import pytest
 
-from scale_ocr.tracking.wandb_logger import redact, resolve_mode
+from scale_ocr.errors import UserError
+from scale_ocr.tracking.wandb_logger import redact, resolve_mode, wandb_env
 from tests.helpers.wandb_reader import BLOCK, iter_payloads
 
 
@@ -66,3 +67,32 @@ def test_reader_rejects_other_files(tmp_path):
     path.write_bytes(b"not a log at all")
     with pytest.raises(ValueError, match="not a W&B transaction log"):
         list(iter_payloads(path))
+
+
+@pytest.mark.parametrize("env,named", [
+    ({"WANDB_INIT_TIMEOUT": "abc"}, "WANDB_INIT_TIMEOUT='abc'"),  # V06
+    ({"WANDB_INIT_TIMEOUT": "nan"}, "WANDB_INIT_TIMEOUT='nan'"),
+    ({"WANDB_INIT_TIMEOUT": "-5"}, "WANDB_INIT_TIMEOUT='-5'"),
+    ({"WANDB_INIT_TIMEOUT": "inf"}, "WANDB_INIT_TIMEOUT='inf'"),
+    ({"WANDB_MODE": "ofline"}, "WANDB_MODE='ofline'"),
+])
+def test_wandb_variables_are_checked_at_start(env, named):
+    """V06: a W&B variable W&B cannot use is one line at start, not a traceback after the run directory is
+    claimed."""
+    with pytest.raises(UserError) as caught:
+        wandb_env("offline" if "WANDB_MODE" not in env else "auto", env)
+    assert named in str(caught.value)
+
+
+def test_wandb_variables_are_not_read_when_wandb_is_off():
+    assert wandb_env("disabled", {"WANDB_INIT_TIMEOUT": "abc", "WANDB_MODE": "x"}) == ("disabled", 60.0)
+    assert wandb_env("offline", {"WANDB_INIT_TIMEOUT": " 8 "}) == ("offline", 8.0)
+
+
+def test_train_refuses_a_bad_wandb_variable_before_the_run_directory(monkeypatch, capsys, tmp_path):
+    from scale_ocr import train
+
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "abc")
+    assert train.main(["--wandb-mode", "offline", "--output-dir", str(tmp_path / "run")]) == 2
+    assert "WANDB_INIT_TIMEOUT='abc'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
