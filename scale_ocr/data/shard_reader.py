@@ -15,7 +15,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from scale_ocr.data import position as pos
-from scale_ocr.data.files import PAGE_LIMITS, WORD_LIMITS, BadImage, BadSample, ScanReport, load_image
+from scale_ocr.data.files import PAGE_LIMITS, WORD_LIMITS, BadImage, ScanReport, load_image
 from scale_ocr.data.shards import (
     INDEX,
     REBUILD,
@@ -24,6 +24,7 @@ from scale_ocr.data.shards import (
     ShardSet,
     is_shard_set,
     open_set,
+    page_label,
     path_text,
     read_shard,
 )
@@ -86,16 +87,12 @@ class DecodePage:
         self.transform = transform
 
     def label(self, member: Member, where: Path):
-        from scale_ocr.data.detection import SKIP, stored_page
-
+        text = _text(member, where)
         try:
-            entry = json.loads(_text(member, where))
-            return stored_page(path_text(where), member.key, entry)
+            entry = json.loads(text)
         except JSON_ERRORS:
             raise UserError(f"{path_text(where)}: the label of {shown(member.key)} is not JSON; {REBUILD}") from None
-        except BadSample as exc:
-            why = str(exc).removesuffix(SKIP).rstrip(" ,;")
-            raise UserError(f"{why}; a shard set is checked whole: fix the page's label and {REBUILD}") from None
+        return page_label(path_text(where), member.key, entry, f"a set is checked whole: fix the page and {REBUILD}")
 
     def __call__(self, member: Member, where: Path):
         polygons, words, (w, h) = self.label(member, where)

@@ -17,7 +17,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scale_ocr.data.files import PATH_LIMIT
+import numpy as np
+
+from scale_ocr.data.detection import SKIP, stored_page
+from scale_ocr.data.files import PATH_LIMIT, BadSample
 from scale_ocr.disk import JSON_LIMIT, GiB, open_user_file, read_user_bytes
 from scale_ocr.errors import JSON_ERRORS, UserError, json_problem, printable, shown
 from scale_ocr.models.recognition.ctc import ctc_frames_needed
@@ -183,9 +186,39 @@ def open_set(path: str | Path, task: str) -> ShardSet:
         raise _bad_index(index, f"lists the shard {shown(twice)} twice; each shard is listed once")
     shards = [_entry(root, index, i, e) for i, e in enumerate(entries)]
     total = sum(s.samples for s in shards)
-    if doc.get("total") != total or isinstance(doc.get("total"), bool):
+    if not _count(doc.get("total")) or doc["total"] != total:
         raise _bad_index(index, f"says {shown(doc.get('total'), 40)} samples but its shards add up to {total}")
     return ShardSet(root, task, shards, hashlib.sha256(raw).hexdigest(), doc)
+
+
+def page_label(where: str, key: str, entry: object, fix: str) -> tuple[np.ndarray, list[str], tuple[int, int]]:
+    """A page label checked as a detection folder's scan checks it (:func:`~scale_ocr.data.detection.stored_page`),
+    or one line ending in ``fix``."""
+    try:
+        return stored_page(where, key, entry)
+    except BadSample as exc:
+        raise UserError(f"{str(exc).removesuffix(SKIP).rstrip(' ,;')}; {fix}") from None
+
+
+def _label(task: str, where: str, key: str, label: object) -> str | dict:
+    """A label ``ShardWriter.add`` was given, as the set stores it, checked as a folder's scan checks it."""
+    if task == "recognition":
+        if not isinstance(label, str) or not label or not _utf8(label):
+            raise UserError(f"{where}: the label of {shown(key)} is {shown(label, 80)}; a recognition label is a "
+                            "non-empty word of Unicode text")
+        return label
+    quads, words, (w, h) = page_label(where, key, label, "fix the label")
+    if not all(_utf8(word) for word in words):
+        raise UserError(f"{where}: a word of {shown(key)} is not Unicode text (a lone surrogate); fix the label")
+    return {"polygons": quads.tolist(), "words": words, "img_dimensions": [h, w]}
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -276,14 +309,16 @@ class ShardWriter:
         self._count = 0
 
     def add(self, key: str, image: bytes, ext: str, label: str | dict) -> None:
-        """Append one sample: image bytes with their extension (``png``, ``jpg``...) and its label."""
+        """Append one sample: image bytes with their extension (``png``, ``jpg``...) and its label (a word, or a
+        page's ``polygons``, ``words`` and ``img_dimensions``), refused in one line where a folder's would be."""
         if not key or "." in key or "/" in key:
             raise ValueError(f"shard key {key!r} must be non-empty without '.' or '/'")
         if ext not in IMAGE_EXTS:
             raise ValueError(f"image extension {ext!r} is not one of {IMAGE_EXTS}")
+        label = _label(self.task, f"ShardWriter into {path_text(self.out)}", key, label)
         if self._tar is None:
             self._open()
-        words = [label] if isinstance(label, str) else label.get("words", [])
+        words = [label] if isinstance(label, str) else label["words"]
         for w in words:
             self.chars.update(w)
             self.frames = max(self.frames, ctc_frames_needed(w))
