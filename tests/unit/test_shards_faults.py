@@ -273,3 +273,14 @@ def test_hand_made_page_labels_are_refused_when_read(tmp_path, bad):
     _fails(lambda: ShardVal(open_set(path, "detection"), DecodePage(None)), "shard-000000.tar", words, "make-shards")
     ds = ShardTrain(open_set(path, "detection"), DecodePage(None))
     _fails(lambda: ds[(0, 1)], words)  # the whole shard is checked before any of its pages is used
+
+
+def test_resume_from_an_edited_position(shard_set):
+    """A checkpoint's pending ranges outside the set's shards (trainer.json edited) are one line, not an IndexError
+    or a permutation of an unchecked size."""
+    ds = ShardTrain(open_set(shard_set, "recognition"), DecodeWord(None))
+    p = ds.position(seed=0, world=1, rank=0, workers=0, batch=1, main=False)
+    for pending in ([[0, 0, 10**12]], [[9, 0, 1]], [[0, 2, 1]], [["0", 0, 1]], "x"):
+        state = {**p.state(0, 1), "pending": pending}
+        _fails(lambda state=state: p.restore(0, 1, state), "names samples this shard set does not hold",
+               "--resume none")
