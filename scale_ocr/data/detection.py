@@ -201,8 +201,9 @@ def stored_page(where: str, key: str, entry: object) -> tuple[np.ndarray, list[s
     it cannot be used. ``where`` names the file that holds it, ``key`` the page."""
     listed, words, dims, _ = _fields(where, key, entry)
     if dims is None or max(int(v) for v in dims) > PAGE_LIMITS.max_side:
+        most = PAGE_LIMITS.max_side
         raise BadSample("bad_dimensions", f"{where}: \"img_dimensions\" of {shown(key)} is {shown(dims)}, not "
-                                          f"[height, width] of a page of at most {PAGE_LIMITS.max_side} px a side")
+                                          f"[height, width] of a page of at most {most} px a side; write its size")
     h, w = (int(v) for v in dims)
     quads = page_quads([(_points(poly, at), at) for poly, at in listed], w, h)
     return quads, list(words) if words is not None else [], (w, h)

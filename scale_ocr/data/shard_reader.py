@@ -92,7 +92,7 @@ class DecodePage:
             entry = json.loads(text)
         except JSON_ERRORS:
             raise UserError(f"{path_text(where)}: the label of {shown(member.key)} is not JSON; {REBUILD}") from None
-        return page_label(path_text(where), member.key, entry, f"a set is checked whole: fix the page and {REBUILD}")
+        return page_label(path_text(where), member.key, entry, f"a set is checked whole: {REBUILD}")
 
     def __call__(self, member: Member, where: Path):
         polygons, words, (w, h) = self.label(member, where)

@@ -191,13 +191,13 @@ def open_set(path: str | Path, task: str) -> ShardSet:
     return ShardSet(root, task, shards, hashlib.sha256(raw).hexdigest(), doc)
 
 
-def page_label(where: str, key: str, entry: object, fix: str) -> tuple[np.ndarray, list[str], tuple[int, int]]:
+def page_label(where: str, key: str, entry: object, then: str = "") -> tuple[np.ndarray, list[str], tuple[int, int]]:
     """A page label checked as a detection folder's scan checks it (:func:`~scale_ocr.data.detection.stored_page`),
-    or one line ending in ``fix``."""
+    or one line, ``then`` added to its fix."""
     try:
         return stored_page(where, key, entry)
     except BadSample as exc:
-        raise UserError(f"{str(exc).removesuffix(SKIP).rstrip(' ,;')}; {fix}") from None
+        raise UserError(str(exc).removesuffix(SKIP).rstrip(" ,;") + (f"; {then}" if then else "")) from None
 
 
 def _label(task: str, where: str, key: str, label: object) -> str | dict:
@@ -207,7 +207,7 @@ def _label(task: str, where: str, key: str, label: object) -> str | dict:
             raise UserError(f"{where}: the label of {shown(key)} is {shown(label, 80)}; a recognition label is a "
                             "non-empty word of Unicode text")
         return label
-    quads, words, (w, h) = page_label(where, key, label, "fix the label")
+    quads, words, (w, h) = page_label(where, key, label)
     if not all(_utf8(word) for word in words):
         raise UserError(f"{where}: a word of {shown(key)} is not Unicode text (a lone surrogate); fix the label")
     return {"polygons": quads.tolist(), "words": words, "img_dimensions": [h, w]}
