@@ -97,7 +97,7 @@ def _quad(pts: np.ndarray, where: str) -> np.ndarray:
     return np.roll(quad, -int(np.argmin(quad.sum(axis=1))), axis=0)
 
 
-def _fields(labels: Path, name: str, entry: object):
+def _fields(labels: Path | str, name: str, entry: object):
     """``(polygons as written with where each is, words or None, [H, W] or None, hash or None)``."""
     if not isinstance(entry, dict) or "polygons" not in entry:
         raise BadSample("bad_label", f"{labels}: the label of {shown(name)} has no \"polygons\"; each image maps to "
@@ -175,20 +175,41 @@ def check_page(path: Path, name: str, entry: object) -> Page:
             raise BadSample("hash_mismatch", f"{labels}: \"img_hash\" of {shown(name)} is not the SHA-256 of "
                                              f"{shown(path / 'images' / name, PATH_LIMIT)}, so the labels describe "
                                              f"another image; relabel it or fix the hash, {SKIP}")
+    polygons = page_quads(points, w, h, lambda: _turned(img_path))
+    return Page(img_path, polygons, list(words) if words is not None else [], (w, h))
+
+
+def page_quads(points: list[tuple[np.ndarray, str]], w: int, h: int, note=lambda: "") -> np.ndarray:
+    """Each polygon's points (with where it is, for messages) as a quad inside the ``w`` x ``h`` page, float32
+    ``(N, 4, 2)``; :class:`BadSample` for a point outside the page or a polygon without area. ``note()``: what a
+    message about a point outside adds (an EXIF turn)."""
     quads = []
     for pts, where in points:
         off = (pts < -TOLERANCE) | (pts > np.array([w, h]) + TOLERANCE)
         if off.any():
             x, y = pts[int(np.argmax(off.any(axis=1)))]
             raise BadSample("outside_image", f"{where} has the point ({x:g}, {y:g}) outside the {w}x{h} image "
-                                             f"(x in 0..{w}, y in 0..{h}, {TOLERANCE:g} px tolerance{_turned(img_path)}"
+                                             f"(x in 0..{w}, y in 0..{h}, {TOLERANCE:g} px tolerance{note()}"
                                              f"); fix the coordinates (absolute pixels, x first) {SKIP}")
         quad = np.clip(_quad(pts, where), 0, [w, h])
         if _shoelace(quad) < MIN_AREA:  # it lay along the edge, in the tolerance band: clamped, it is a line
             raise _degenerate(where)
         quads.append(quad)
-    polygons = np.asarray(quads, dtype=np.float32).reshape(-1, 4, 2)
-    return Page(img_path, polygons, list(words) if words is not None else [], (w, h))
+    return np.asarray(quads, dtype=np.float32).reshape(-1, 4, 2)
+
+
+def stored_page(where: str, key: str, entry: object) -> tuple[np.ndarray, list[str], tuple[int, int]]:
+    """A page label stored without its folder (a shard set's): the checks of :func:`check_page` that need no
+    image, with ``img_dimensions`` required, as ``(quads, words, (width, height))``; :class:`BadSample` says why
+    it cannot be used. ``where`` names the file that holds it, ``key`` the page."""
+    listed, words, dims, _ = _fields(where, key, entry)
+    if dims is None or max(int(v) for v in dims) > PAGE_LIMITS.max_side:
+        most = PAGE_LIMITS.max_side
+        raise BadSample("bad_dimensions", f"{where}: \"img_dimensions\" of {shown(key)} is {shown(dims)}, not "
+                                          f"[height, width] of a page of at most {most} px a side; write its size")
+    h, w = (int(v) for v in dims)
+    quads = page_quads([(_points(poly, at), at) for poly, at in listed], w, h)
+    return quads, list(words) if words is not None else [], (w, h)
 
 
 def scan_detection_folder(path: Path, on_bad_sample: str, report: ScanReport) -> list[Page]:

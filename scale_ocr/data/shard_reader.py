@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 from collections import OrderedDict
 from pathlib import Path
 
@@ -17,8 +16,20 @@ from torch.utils.data import Dataset
 
 from scale_ocr.data import position as pos
 from scale_ocr.data.files import PAGE_LIMITS, WORD_LIMITS, BadImage, ScanReport, load_image
-from scale_ocr.data.shards import INDEX, REBUILD, Member, ShardSet, is_shard_set, open_set, path_text, read_shard
-from scale_ocr.errors import JSON_ERRORS, UserError, shown
+from scale_ocr.data.shards import (
+    INDEX,
+    REBUILD,
+    SHARD_LIMIT,
+    Member,
+    ShardSet,
+    is_shard_set,
+    open_set,
+    page_label,
+    path_text,
+    read_shard,
+)
+from scale_ocr.disk import open_user_file
+from scale_ocr.errors import JSON_ERRORS, UserError, say, shown
 
 
 def _image(member: Member, where: Path, limits):
@@ -28,37 +39,77 @@ def _image(member: Member, where: Path, limits):
         raise UserError(f"{path_text(where)}: the sample {shown(member.key)} {exc}; {REBUILD}") from None
 
 
-class DecodeWord:
-    """A recognition member -> ``(transform(crop), word)``."""
+def _text(member: Member, where: Path) -> str:
+    try:
+        return member.label.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path_text(where)}: the label of the sample {shown(member.key)} is not UTF-8 text; "
+                        f"{REBUILD}") from None
 
-    def __init__(self, transform) -> None:
-        self.transform = transform
+
+class DecodeWord:
+    """A recognition member -> ``(transform(crop), word)``; :meth:`label` checks a word as a folder's scan does
+    (not empty, inside ``vocab``, within the CTC frames of ``input_size``), whatever the set's index says."""
+
+    def __init__(self, transform, vocab=None, input_size: tuple[int, int] | None = None) -> None:
+        self.transform, self.vocab, self.input_size = transform, vocab, input_size
+
+    def label(self, member: Member, where: Path) -> str:
+        from scale_ocr.models.recognition.ctc import ctc_frames, ctc_frames_needed
+
+        word = _text(member, where)
+        of = f"{path_text(where)}: the label {shown(word, 80)} of the sample {shown(member.key)}"
+        if not word:
+            raise UserError(f"{path_text(where)}: the sample {shown(member.key)} has an empty label; {REBUILD}")
+        unknown = self.vocab.unknown_chars(word) if self.vocab is not None else ""
+        if unknown:
+            raise UserError(f"{of} has characters {shown(unknown)} outside the vocabulary, which the set's {INDEX} "
+                            "does not list (it does not describe its shards); add them with --vocab/--vocab-file and "
+                            f"{REBUILD}")
+        need = ctc_frames_needed(word)
+        if self.input_size is not None and need > ctc_frames(self.input_size):
+            raise UserError(f"{of} needs {need} CTC frames but a {self.input_size[1]}-pixel-wide input gives "
+                            f"{ctc_frames(self.input_size)} (the set's {INDEX} understates its longest label); widen "
+                            f"--input-size, and {REBUILD}")
+        return word
 
     def __call__(self, member: Member, where: Path):
+        word = self.label(member, where)
         img = _image(member, where, WORD_LIMITS)
-        word = member.label.decode("utf-8")
         return (self.transform(img) if self.transform else img), word
 
 
 class DecodePage:
-    """A detection member -> ``transform(page, polygons (N, 4, 2) float32, words)``."""
+    """A detection member -> ``transform(page, polygons (N, 4, 2) float32, words)``; :meth:`label` checks a page
+    label as a folder's scan does (:func:`~scale_ocr.data.detection.stored_page`), the page's size when decoded."""
 
     def __init__(self, transform) -> None:
         self.transform = transform
 
-    def __call__(self, member: Member, where: Path):
-        img = _image(member, where, PAGE_LIMITS)
+    def label(self, member: Member, where: Path):
+        text = _text(member, where)
         try:
-            label = json.loads(member.label.decode("utf-8"))
-            polygons = np.asarray(label["polygons"], dtype=np.float32).reshape(-1, 4, 2)
-            words, dims = list(label.get("words", [])), label["img_dimensions"]
-        except (*JSON_ERRORS, KeyError, TypeError, ValueError):
-            raise UserError(f"{path_text(where)}: the label of {shown(member.key)} is not a page label "
-                            f"(polygons, words, img_dimensions); {REBUILD}") from None
-        if list(dims) != [img.height, img.width]:
+            entry = json.loads(text)
+        except JSON_ERRORS:
+            raise UserError(f"{path_text(where)}: the label of {shown(member.key)} is not JSON; {REBUILD}") from None
+        return page_label(path_text(where), member.key, entry, f"a set is checked whole: {REBUILD}")
+
+    def __call__(self, member: Member, where: Path):
+        polygons, words, (w, h) = self.label(member, where)
+        img = _image(member, where, PAGE_LIMITS)
+        if (img.width, img.height) != (w, h):
             raise UserError(f"{path_text(where)}: the page {shown(member.key)} is {img.width}x{img.height} but its "
-                            f"label says {dims[1]}x{dims[0]}; {REBUILD}")
+                            f"label says {w}x{h}; {REBUILD}")
         return self.transform(img, polygons, words) if self.transform else (img, polygons, words)
+
+
+def _checked(members: list[Member], decode, where: Path) -> list[Member]:
+    """A shard's members, every label checked by ``decode.label`` (when it has one) before any sample is used."""
+    check = getattr(decode, "label", None)
+    if check is not None:
+        for m in members:
+            check(m, where)
+    return members
 
 
 class ShardTrain(Dataset):
@@ -77,7 +128,8 @@ class ShardTrain(Dataset):
 
     def _members(self, shard: int) -> list[Member]:
         if shard not in self._cache:
-            self._cache[shard] = read_shard(self.set.shards[shard], self.set.task)
+            info = self.set.shards[shard]
+            self._cache[shard] = _checked(read_shard(info, self.set.task), self.decode, info.path)
             while len(self._cache) > 2:
                 self._cache.popitem(last=False)
         return self._cache[shard]
@@ -98,7 +150,7 @@ class ShardVal(Dataset):
         self.report = ScanReport(kept=shards.total)
         self.items: list[tuple[int, Member, int]] = []  # (shard, member without its image, image bytes)
         for i, info in enumerate(shards.shards):
-            for m in read_shard(info, shards.task):
+            for m in _checked(read_shard(info, shards.task), decode, info.path):
                 self.items.append((i, Member(m.key, m.ext, b"", m.label, m.offset), len(m.image)))
 
     def __len__(self) -> int:
@@ -107,7 +159,8 @@ class ShardVal(Dataset):
     def __getitem__(self, index: int):
         shard, m, size = self.items[index]
         info = self.set.shards[shard]
-        with open(info.path, "rb") as f:  # checked whole at open; a file changed since fails to decode, in one line
+        # checked whole at open; a file changed since fails to decode, in one line
+        with open_user_file(info.path, what="the shard", limit=SHARD_LIMIT) as f:
             f.seek(m.offset)
             image = f.read(size)
         return self.decode(Member(m.key, m.ext, image, m.label, m.offset), info.path)
@@ -138,9 +191,8 @@ class ShardPosition:
         self.pieces = self.segment.worker_pieces(self.rank)
         tail = self.segment.tail
         if tail and tail != self.reported_tail and self.main:
-            print(f"scale-ocr: note: {tail} samples of the epoch's {pos.total(pending)} do not fill a global batch "
-                  f"of {self.world * self.batch} and are left out of it (as DistributedSampler's drop_last)",
-                  file=sys.stderr, flush=True)
+            say(f"scale-ocr: note: {tail} samples of the epoch's {pos.total(pending)} do not fill a global batch "
+                f"of {self.world * self.batch} and are left out of it (as DistributedSampler's drop_last)", err=True)
         self.reported_tail = tail
 
     def _order(self, shard: int) -> np.ndarray:
@@ -172,11 +224,24 @@ class ShardPosition:
             if state.get("set") != self.set.digest:
                 raise UserError(f"the checkpoint's data position belongs to another shard set than {self.set.root} "
                                 f"(its {INDEX} differs); resume with the set it trained on, or pass --resume none")
-            pending = [tuple(int(v) for v in r) for r in state["pending"]]
+            pending = _pending(state["pending"], self.set.counts)
         else:  # a checkpoint of a folder run, or from before positions: the epoch's first samples were consumed
             whole = pos.epoch_ranges(self.set.counts, self.seed, epoch)
             pending = pos.cut(whole, samples_in_epoch, pos.total(whole))
         self.restored = (epoch, pending)
+
+
+def _pending(ranges: object, counts: list[int]) -> list[pos.Range]:
+    """A checkpoint's pending ranges of this set, each ``[shard, lo, hi]`` inside its shard (the set's digest
+    matched, so another value means an edited trainer.json)."""
+    def fits(r: object) -> bool:
+        return (isinstance(r, list) and len(r) == 3 and all(isinstance(v, int) and not isinstance(v, bool) for v in r)
+                and 0 <= r[0] < len(counts) and 0 <= r[1] <= r[2] <= counts[r[0]])
+
+    if not isinstance(ranges, list) or not all(fits(r) for r in ranges):
+        raise UserError("the checkpoint's data position (pending in trainer.json) names samples this shard set does "
+                        "not hold; it was edited: resume from another checkpoint, or pass --resume none")
+    return [(r[0], r[1], r[2]) for r in ranges]
 
 
 def _open_shards(paths: tuple[str, ...], task: str) -> ShardSet | None:
@@ -202,16 +267,16 @@ def open_words(paths: tuple[str, ...], vocab, on_bad_sample: str, transform, inp
     shards = _open_shards(paths, "recognition")
     if shards is None:
         return RecognitionFolder(paths, vocab, on_bad_sample, transform, input_size)
-    unknown = "".join(c for c in shards.meta.get("chars", "") if vocab.unknown_chars(c))
+    unknown = vocab.unknown_chars(shards.meta["chars"])  # typed by open_set; each label is checked when read
     if unknown:
-        raise UserError(f"{shards.root}: its labels use characters {shown(unknown)} outside the vocabulary (a set is "
-                        "checked as a whole, --on-bad-sample cannot skip inside it); add them with "
+        raise UserError(f"{path_text(shards.root)}: its labels use characters {shown(unknown)} outside the vocabulary "
+                        "(a set is checked as a whole, --on-bad-sample cannot skip inside it); add them with "
                         "--vocab/--vocab-file")
-    need = int(shards.meta.get("ctc_frames", 0))
+    need = shards.meta["ctc_frames"]
     if input_size is not None and need > ctc_frames(input_size):
-        raise UserError(f"{shards.root}: its longest label needs {need} CTC frames but a {input_size[1]}-pixel-wide "
-                        f"input gives {ctc_frames(input_size)}; widen --input-size")
-    return (ShardTrain if train else ShardVal)(shards, DecodeWord(transform))
+        raise UserError(f"{path_text(shards.root)}: its longest label needs {need} CTC frames but a "
+                        f"{input_size[1]}-pixel-wide input gives {ctc_frames(input_size)}; widen --input-size")
+    return (ShardTrain if train else ShardVal)(shards, DecodeWord(transform, vocab, input_size))
 
 
 def open_pages(paths: tuple[str, ...], on_bad_sample: str, transform, train: bool) -> Dataset:

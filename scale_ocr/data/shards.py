@@ -11,12 +11,18 @@ import hashlib
 import io
 import json
 import os
+import re
 import tarfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scale_ocr.data.files import PATH_LIMIT
-from scale_ocr.errors import JSON_ERRORS, UserError, json_problem, shown
+import numpy as np
+
+from scale_ocr.data.detection import SKIP, stored_page
+from scale_ocr.data.files import PATH_LIMIT, BadSample
+from scale_ocr.disk import JSON_LIMIT, GiB, open_user_file, read_user_bytes
+from scale_ocr.errors import JSON_ERRORS, UserError, json_problem, printable, shown
 from scale_ocr.models.recognition.ctc import ctc_frames_needed
 
 INDEX = "shards.json"
@@ -25,6 +31,8 @@ VERSION = 1
 IMAGE_EXTS = ("png", "jpg", "jpeg", "webp", "tif", "tiff", "bmp")
 LABEL_EXT = {"recognition": "txt", "detection": "json"}
 REBUILD = "rebuild it with `scale-ocr make-shards`"
+SHARD_LIMIT = 16 * GiB  # a shard is read whole into a loader worker's memory; make-shards writes a few MB each
+MIN_SAMPLE_BYTES = 1024  # two tar members (an image and a label), each at least its 512-byte header
 
 
 @dataclass(frozen=True)
@@ -63,76 +71,154 @@ def path_text(path: Path) -> str:
 
 
 def is_shard_set(path: str | Path) -> bool:
-    return (Path(path) / INDEX).is_file()
+    """``path`` holds an index (a link or FIFO named shards.json too: :func:`open_set` refuses it in one line)."""
+    return os.path.lexists(Path(path) / INDEX)
 
 
 def _bad_index(index: Path, why: str) -> UserError:
-    return UserError(f"{index} {why}; {REBUILD}")
+    return UserError(f"{path_text(index)} {why}; {REBUILD}")
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"it holds {name}, which JSON does not have")
+
+
+def _count(value: object) -> bool:
+    """A JSON whole number (not a bool, not a float)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _shard_path(root: Path, index: Path, name: object) -> Path:
     """The shard file an index entry names, refused when it is no plain file name inside the set."""
-    if not isinstance(name, str) or not name or "/" in name or "\\" in name or "\x00" in name or name in (".", ".."):
-        raise UserError(f"{index}: the shard name {shown(name)} is not a file name inside {root}; a set's index names "
-                        f"its shards by file name only; {REBUILD}")
-    path = root / name
+    plain = (isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\x00")
+             and _encodable(name) and len(os.fsencode(name)) <= 255)
+    if not plain:
+        raise UserError(f"{path_text(index)}: the shard name {shown(name)} is not a file name inside "
+                        f"{path_text(root)}; a set's index names its shards by file name only; {REBUILD}")
+    return root / name
+
+
+def _encodable(name: str) -> bool:
     try:
-        inside = path.resolve().is_relative_to(root.resolve())
-    except (OSError, RuntimeError):
-        inside = False
-    if not inside:
-        raise UserError(f"{index}: the shard {shown(name)} points outside {root} (a symlink); keep every shard inside "
-                        f"the set's folder; {REBUILD}")
-    return path
+        os.fsencode(name)
+    except UnicodeEncodeError:  # a lone surrogate from JSON's \ud800: no file name spells it
+        return False
+    return True
+
+
+def _stat_shard(path: Path, index: Path) -> int:
+    """The shard's size, from its descriptor: a link, a FIFO, a device or a file over SHARD_LIMIT is refused."""
+    if not os.path.lexists(path):
+        raise UserError(f"{path_text(path)}, listed in {path_text(index)}, is missing; copy the whole set, or "
+                        f"{REBUILD}")
+    with open_user_file(path, what="the shard", limit=SHARD_LIMIT) as f:
+        return os.fstat(f.fileno()).st_size
 
 
 def _entry(root: Path, index: Path, i: int, entry: object) -> ShardInfo:
+    """One index entry as a typed record, checked against the file it names (present, its size) before anything
+    is allocated from its count."""
     keys = {"name": str, "samples": int, "bytes": int, "sha256": str}
-    if not isinstance(entry, dict) or any(not isinstance(entry.get(k), t) for k, t in keys.items()):
+    if not isinstance(entry, dict) or any(not isinstance(entry.get(k), t) or isinstance(entry.get(k), bool)
+                                          for k, t in keys.items()):
         raise _bad_index(index, f"has a malformed shard entry {i} ({shown(entry, 80)}; each needs name, samples, bytes "
                                 "and sha256)")
-    path = _shard_path(root, index, entry["name"])
-    try:
-        size = path.stat().st_size
-    except OSError:
-        raise UserError(f"{path_text(path)}, listed in {index}, is missing; copy the whole set, or {REBUILD}") from None
-    if size != entry["bytes"]:
-        raise UserError(f"{path_text(path)} holds {size} bytes but {index} says {entry['bytes']}: it is truncated or "
-                        f"was replaced; copy it again from the original set, or {REBUILD}")
-    return ShardInfo(entry["name"], path, entry["samples"], entry["bytes"], entry["sha256"])
+    name, samples, size, digest = entry["name"], entry["samples"], entry["bytes"], entry["sha256"]
+    path = _shard_path(root, index, name)
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise _bad_index(index, f"lists the shard {shown(name)} with sha256 {shown(digest, 80)}, not a SHA-256 hex "
+                                "digest")
+    if samples < 1 or samples * MIN_SAMPLE_BYTES > size:
+        raise _bad_index(index, f"lists the shard {shown(name)} with {shown(samples, 40)} samples in {shown(size, 40)} "
+                                f"bytes; a shard holds 1 or more samples, each at least {MIN_SAMPLE_BYTES} bytes of "
+                                "tar (an image and a label member)")
+    actual = _stat_shard(path, index)
+    if actual != size:
+        raise UserError(f"{path_text(path)} holds {actual} bytes but {path_text(index)} says {size}: it is truncated "
+                        f"or was replaced; copy it again from the original set, or {REBUILD}")
+    return ShardInfo(name, path, samples, size, digest)
+
+
+def _header(doc: object, root: Path, index: Path, task: str) -> None:
+    """The index's format, version and task, and the recognition fields its checks use (``chars``, ``ctc_frames``)."""
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise _bad_index(index, f"is not a scale-ocr shard index (no \"format\": \"{FORMAT}\")")
+    if doc.get("version") != VERSION or isinstance(doc.get("version"), bool):
+        raise UserError(f"{path_text(index)} is format version {shown(doc.get('version'), 40)}; this scale-ocr reads "
+                        f"version {VERSION}; {REBUILD}")
+    if doc.get("task") != task:
+        raise UserError(f"{path_text(root)} is a {shown(doc.get('task'), 40)} shard set but this model trains {task}; "
+                        f"pass a {task} set, or a model of that task")
+    if task == "recognition" and not isinstance(doc.get("chars"), str):
+        raise _bad_index(index, f"has \"chars\" {shown(doc.get('chars'), 40)}; a recognition set's index lists the "
+                                "characters of its labels as one string")
+    frames = doc.get("ctc_frames")
+    if task == "recognition" and not (_count(frames) and frames > 0):
+        raise _bad_index(index, f"has \"ctc_frames\" {shown(frames, 40)}; a recognition set's index gives the most CTC "
+                                "frames a label needs, a whole number of 1 or more")
 
 
 def open_set(path: str | Path, task: str) -> ShardSet:
-    """Read and check a set's index: format, task, shard names inside the set, each shard present at its size.
+    """Read and check a set's index as typed records before anything is allocated from it: format, task, its
+    fields' types, each shard a plain file inside the set, at its listed size, with 1 or more samples that its size
+    can hold, listed once.
 
-    Contents (SHA-256, sample count) are checked when a shard is read (:func:`read_shard`).
+    Contents (SHA-256, sample count, labels) are checked when a shard is read (:func:`read_shard`); every listed
+    shard holds samples, so every one is read in an epoch.
     """
     root = Path(path)
     index = root / INDEX
+    if not os.path.lexists(index):
+        raise UserError(f"{path_text(index)} is missing; a shard set holds shards.json and its tar files "
+                        "(`scale-ocr make-shards` writes them)")
+    raw = read_user_bytes(index, what="the shard index", limit=JSON_LIMIT)
     try:
-        raw = index.read_bytes()
-        doc = json.loads(raw.decode("utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{index} is missing; a shard set holds shards.json and its tar files "
-                        "(`scale-ocr make-shards` writes them)") from None
+        doc = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except JSON_ERRORS as exc:
         raise _bad_index(index, f"is not valid JSON ({json_problem(exc)})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise _bad_index(index, f"is not a scale-ocr shard index (no \"format\": \"{FORMAT}\")")
-    if doc.get("version") != VERSION:
-        raise UserError(f"{index} is format version {shown(doc.get('version'))}; this scale-ocr reads version "
-                        f"{VERSION}; {REBUILD}")
-    if doc.get("task") != task:
-        raise UserError(f"{root} is a {shown(doc.get('task'))} shard set but this model trains {task}; pass a "
-                        f"{task} set, or a model of that task")
+    _header(doc, root, index, task)
     entries = doc.get("shards")
     if not isinstance(entries, list) or not entries:
         raise _bad_index(index, "lists no shards")
+    names = Counter(e["name"] for e in entries if isinstance(e, dict) and isinstance(e.get("name"), str))
+    twice = next((n for n, c in names.items() if c > 1), None)
+    if twice is not None:
+        raise _bad_index(index, f"lists the shard {shown(twice)} twice; each shard is listed once")
     shards = [_entry(root, index, i, e) for i, e in enumerate(entries)]
-    if doc.get("total") != sum(s.samples for s in shards):
-        raise _bad_index(index, f"says {shown(doc.get('total'))} samples but its shards add up to "
-                                f"{sum(s.samples for s in shards)}")
+    total = sum(s.samples for s in shards)
+    if not _count(doc.get("total")) or doc["total"] != total:
+        raise _bad_index(index, f"says {shown(doc.get('total'), 40)} samples but its shards add up to {total}")
     return ShardSet(root, task, shards, hashlib.sha256(raw).hexdigest(), doc)
+
+
+def page_label(where: str, key: str, entry: object, then: str = "") -> tuple[np.ndarray, list[str], tuple[int, int]]:
+    """A page label checked as a detection folder's scan checks it (:func:`~scale_ocr.data.detection.stored_page`),
+    or one line, ``then`` added to its fix."""
+    try:
+        return stored_page(where, key, entry)
+    except BadSample as exc:
+        raise UserError(str(exc).removesuffix(SKIP).rstrip(" ,;") + (f"; {then}" if then else "")) from None
+
+
+def _label(task: str, where: str, key: str, label: object) -> str | dict:
+    """A label ``ShardWriter.add`` was given, as the set stores it, checked as a folder's scan checks it."""
+    if task == "recognition":
+        if not isinstance(label, str) or not label or not _utf8(label):
+            raise UserError(f"{where}: the label of {shown(key)} is {shown(label, 80)}; a recognition label is a "
+                            "non-empty word of Unicode text")
+        return label
+    quads, words, (w, h) = page_label(where, key, label)
+    if not all(_utf8(word) for word in words):
+        raise UserError(f"{where}: a word of {shown(key)} is not Unicode text (a lone surrogate); fix the label")
+    return {"polygons": quads.tolist(), "words": words, "img_dimensions": [h, w]}
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -166,8 +252,9 @@ def parse_shard(data: bytes, info: ShardInfo, task: str) -> list[Member]:
                 parts.setdefault(key, {})[ext] = tar.extractfile(ti).read()
                 if ext in IMAGE_EXTS:
                     offsets[key] = ti.offset_data
-    except (tarfile.TarError, EOFError, OSError) as exc:
-        raise UserError(f"{path_text(info.path)} is not a readable tar ({exc}); {REBUILD}") from None
+    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        why = printable(str(exc), 120)
+        raise UserError(f"{path_text(info.path)} is not a readable tar ({why}); {REBUILD}") from None
     members = []
     for key, got in parts.items():
         images = [e for e in got if e in IMAGE_EXTS]
@@ -184,8 +271,8 @@ def parse_shard(data: bytes, info: ShardInfo, task: str) -> list[Member]:
 def read_shard(info: ShardInfo, task: str) -> list[Member]:
     """Read a whole shard (one sequential read), check its SHA-256 against the index, and parse it."""
     try:
-        data = info.path.read_bytes()
-    except OSError as exc:
+        data = read_user_bytes(info.path, what="the shard", limit=SHARD_LIMIT)
+    except OSError as exc:  # the read itself failed (EIO): open_user_file's checks passed
         raise UserError(f"{path_text(info.path)} cannot be read ({exc.strerror}); copy the set again") from None
     if hashlib.sha256(data).hexdigest() != info.sha256:
         raise UserError(f"{path_text(info.path)} does not match the SHA-256 its index lists: it was damaged or "
@@ -222,14 +309,16 @@ class ShardWriter:
         self._count = 0
 
     def add(self, key: str, image: bytes, ext: str, label: str | dict) -> None:
-        """Append one sample: image bytes with their extension (``png``, ``jpg``...) and its label."""
+        """Append one sample: image bytes with their extension (``png``, ``jpg``...) and its label (a word, or a
+        page's ``polygons``, ``words`` and ``img_dimensions``), refused in one line where a folder's would be."""
         if not key or "." in key or "/" in key:
             raise ValueError(f"shard key {key!r} must be non-empty without '.' or '/'")
         if ext not in IMAGE_EXTS:
             raise ValueError(f"image extension {ext!r} is not one of {IMAGE_EXTS}")
+        label = _label(self.task, f"ShardWriter into {path_text(self.out)}", key, label)
         if self._tar is None:
             self._open()
-        words = [label] if isinstance(label, str) else label.get("words", [])
+        words = [label] if isinstance(label, str) else label["words"]
         for w in words:
             self.chars.update(w)
             self.frames = max(self.frames, ctc_frames_needed(w))
