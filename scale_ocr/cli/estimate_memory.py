@@ -16,7 +16,7 @@ import torch
 from scale_ocr.cli.args import _OneLineParser
 from scale_ocr.cli.estimate_time import add_time_args, format_time, row, time_document, wants_time
 from scale_ocr.config import MODEL_SIZE_FIELDS
-from scale_ocr.errors import UserError, say, shown
+from scale_ocr.errors import UserError, report_user_errors, say, shown
 from scale_ocr.planning.estimate import GB, ModelSize, estimate, measure_activations, model_size
 
 
@@ -111,6 +111,7 @@ def check_numbers(args: argparse.Namespace) -> None:
     _in_range(args, "flops-per-sample", 0, MAX_FLOPS_PER_SAMPLE, True, "3e9")
 
 
+@report_user_errors
 def main(argv: list[str] | None = None) -> int:
     p = _OneLineParser(prog="scale-ocr estimate-memory",
                                 description="Per-rank memory of each strategy for a model, before launching.")
