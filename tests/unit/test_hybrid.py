@@ -105,7 +105,9 @@ def test_train_cli_shard_size_errors_are_one_line(capsys, tmp_path):
 
 
 def test_estimate_memory_takes_the_shard_size_and_lists_what_it_cannot_estimate(capsys):
-    from scale_ocr.cli.estimate_memory import main as estimate_main
+    from scale_ocr.cli.estimate_memory import main as reported
+
+    estimate_main = reported.__wrapped__
 
     assert estimate_main(["--params", "1e8", "--world-size", "8", "--shard-size", "2", "--precision", "bf16"]) == 0
     table = capsys.readouterr().out
