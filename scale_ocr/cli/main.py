@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from scale_ocr.distributed.extensions import use_environment_extensions
-from scale_ocr.errors import report_user_errors
+from scale_ocr.errors import on_interrupt, report_user_errors, say
 
 USAGE = """usage: scale-ocr COMMAND [ARGS]
 
@@ -73,7 +73,7 @@ def _models(argv: list[str]) -> int:
     have_doctr = importlib.util.find_spec("doctr") is not None
     for name in list_models(args.pattern) + docs:
         if not args.params or (name in docs and not have_doctr):
-            print(name + ("" if have_doctr or name not in docs else f"  (needs {doctr_zoo.INSTALL_HINT})"))
+            say(name + ("" if have_doctr or name not in docs else f"  (needs {doctr_zoo.INSTALL_HINT})"))
             continue
         task = create_task(ModelConfig(arch=name))
         try:
@@ -83,8 +83,8 @@ def _models(argv: list[str]) -> int:
             model = task.build_model()
         params = sum(p.numel() for p in model.parameters())
         flops = flops_per_sample(task.create_model, task.dummy_inputs).total
-        print(f"{name:<30} {task.name:<18} {params / 1e6:>9.2f}M {flops / 1e9:>10.3f} GFLOP/sample  "
-              f"lr {recommended_lr(name):g} at global batch {reference_batch(name)}", flush=True)
+        say(f"{name:<30} {task.name:<18} {params / 1e6:>9.2f}M {flops / 1e9:>10.3f} GFLOP/sample  "
+            f"lr {recommended_lr(name):g} at global batch {reference_batch(name)}")
     return 0
 
 
@@ -101,17 +101,18 @@ def _export(argv: list[str]) -> int:
                         "dict for docTR's own class of the architecture (strict), and OUT.json with its build "
                         "arguments")
     args = parser.parse_args(argv)
+    on_interrupt("the export is written whole or not at all: OUT is as it was and the checkpoint is untouched")
     out = export(args.src, args.out, args.format)
     if args.format == "doctr":
-        import json
+        from scale_ocr.disk import read_user_json
 
-        info = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
-        print(f"scale-ocr: wrote {out} and {out.with_suffix('.json')}: load it with "
-              f"doctr.models.{info['doctr_arch']}(pretrained=False"
-              f"{', vocab=<the vocab in the .json>' if 'vocab' in info else ''})"
-              ".load_state_dict(torch.load(OUT, weights_only=True))")
+        info = read_user_json(out.with_suffix(".json"), what="the export's sidecar")
+        say(f"scale-ocr: wrote {out} and {out.with_suffix('.json')}: load it with "
+            f"doctr.models.{info['doctr_arch']}(pretrained=False"
+            f"{', vocab=<the vocab in the .json>' if 'vocab' in info else ''})"
+            ".load_state_dict(torch.load(OUT, weights_only=True))")
     else:
-        print(f"scale-ocr: wrote {out}")
+        say(f"scale-ocr: wrote {out}")
     return 0
 
 
@@ -125,12 +126,12 @@ def _predict(argv: list[str]) -> int:
     if any(a.split("=", 1)[0] in PAGE_OCR_FLAGS for a in argv):
         return _predict_pages(argv)
     if len(argv) < 2:
-        print("usage: scale-ocr predict CHECKPOINT_OR_EXPORT IMAGE...\n"
-              "       scale-ocr predict --det DET --reco RECO PAGE... (see --help)", file=sys.stderr)
+        say("usage: scale-ocr predict CHECKPOINT_OR_EXPORT IMAGE...\n"
+            "       scale-ocr predict --det DET --reco RECO PAGE... (see --help)", err=True)
         return 2
     loaded = load_any(argv[0])
     for result in predict(loaded, argv[1:]):
-        print(prediction_line(result))
+        say(prediction_line(result))
     return 0
 
 
@@ -250,7 +251,7 @@ def _predict_pages(argv: list[str]) -> int:
         pages = [open_rgb(n) for n in names]
         found = read_pages(detector, recognizer, pages, args.batch_size, det_size=args.det_size, max_side=max_side)
         for i, (name, page, words) in enumerate(zip(names, pages, found, strict=True)):
-            print(json.dumps({"page": name, "words": words}), flush=True)
+            say(json.dumps({"page": name, "words": words}))
             if overlays:
                 _write_overlay(overlays[start + i], overlay(page, words))
     return 0
@@ -274,7 +275,7 @@ def _evaluate_pages(argv: list[str]) -> int:
     detector, recognizer = _page_models(args)
     m = evaluate_pages(detector, recognizer, args.folders, args.batch_size, args.det_size, max_side)
     if args.json:
-        print(json.dumps(m))
+        say(json.dumps(m))
         return 0
     rows = [("pages", f"{m['pages']}"), ("true words", f"{m['gt_words']}"), ("words read", f"{m['pred_words']}"),
             ("unread boxes", f"{m['unread_boxes']}"),
@@ -283,7 +284,7 @@ def _evaluate_pages(argv: list[str]) -> int:
             ("word recall", f"{m['word_recall']:.2%}  (ignoring case {m['ci_word_recall']:.2%})"),
             ("word precision", f"{m['word_precision']:.2%}  (ignoring case {m['ci_word_precision']:.2%})")]
     for name, value in rows:
-        print(f"{name:<20} {value}")
+        say(f"{name:<20} {value}")
     return 0
 
 
@@ -310,7 +311,7 @@ def _strategies(argv: list[str]) -> int:
     from scale_ocr.strategies import list_strategies
 
     for name, desc in list_strategies().items():
-        print(f"{name:<15} {desc}")
+        say(f"{name:<15} {desc}")
     return 0
 
 
@@ -339,12 +340,12 @@ COMMANDS = {"train": _lazy("scale_ocr.train"), "ray-train": _lazy("scale_ocr.cli
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE, end="")
+        say(USAGE, end="")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     use_environment_extensions()  # inherited by every job a command launches (scale_ocr/distributed/extensions.py)
     if command not in COMMANDS:
-        print(f"scale-ocr: error: unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
+        say(f"scale-ocr: error: unknown command {command!r}\n{USAGE}", end="", err=True)
         return 2
     return COMMANDS[command](rest)
 
