@@ -21,7 +21,7 @@ from scale_ocr.checkpoint.identity import build_checked, dcp_model_elements, saf
 from scale_ocr.checkpoint.piecewise import SafetensorsFile, TensorSpec, TorchFile, TorchFileReader
 from scale_ocr.checkpoint.pointer import checkpoint_folder
 from scale_ocr.config import MODEL_SIZE_FIELDS
-from scale_ocr.disk import atomic_file, write_atomic
+from scale_ocr.disk import atomic_file, check_output, write_atomic
 from scale_ocr.errors import UserError
 from scale_ocr.tasks import Task
 
@@ -191,13 +191,21 @@ def _existing(path: str | Path) -> Path:
     return p
 
 
+def _is_torch_file(p: Path) -> bool:
+    """``p`` (a file) is a run's ``.pt`` model: named so, and not a safetensors file by its content (an export
+    written under a ``.pt`` name is read as the export it is)."""
+    from scale_ocr.checkpoint.weights_io import holds_safetensors
+
+    return not holds_safetensors(p) and p.suffix == ".pt"
+
+
 def load_any(path: str | Path) -> LoadedModel:
     """A checkpoint folder or run directory, a ``.safetensors`` export, or a run's
     ``best_model.pt``/``last_model.pt``."""
     p = _existing(path)
     if p.is_dir():
         return load_checkpoint_model(p)
-    return load_run_weights(p) if p.suffix == ".pt" else load_export(p)
+    return load_run_weights(p) if _is_torch_file(p) else load_export(p)
 
 
 @dataclass
@@ -234,7 +242,7 @@ def open_weights(path: str | Path) -> Iterator[Weights]:
     p = _existing(path)
     if p.is_dir():
         yield _checkpoint_weights(p)
-    elif p.suffix == ".pt":
+    elif _is_torch_file(p):
         layout, task, state = _run_weights(p, layout_only=True)
         yield Weights(layout, task, TorchFileReader(p, state).read, str(p))
     else:
@@ -295,6 +303,9 @@ def export(src: str | Path, out: str | Path, fmt: str = "safetensors") -> Path:
     """Write ``src``'s model as :func:`write_export` or (``doctr``) :func:`write_doctr` writes it."""
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
+    out = check_output(out, "OUT")  # never a run's own file (its last_model.pt), a link, or into a missing folder
+    if fmt == "doctr":
+        check_output(out.with_suffix(".json"), "OUT's sidecar")
     with open_weights(src) as weights:
         return write_doctr(weights, out)[0] if fmt == "doctr" else write_export(weights, out)
 

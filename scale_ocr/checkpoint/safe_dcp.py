@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from scale_ocr.checkpoint.manifest import CHECKPOINT_FILE_LIMIT
 from scale_ocr.disk import open_user_file
-from scale_ocr.errors import UserError
+from scale_ocr.errors import UserError, first_line, printable, shown
 from scale_ocr.strategies.flat_shard import FlatShard, shard_or_default
 
 # Everything a .metadata written by torch 2.x references (found by logging find_class on real ones):
@@ -78,13 +78,24 @@ def load_tensors(path: Path, meta: bool = False) -> Any:
         with open_user_file(path, what="the checkpoint file", limit=CHECKPOINT_FILE_LIMIT, follow=True) as f:
             return torch.load(f, weights_only=True, map_location="meta" if meta else None)
     except pickle.UnpicklingError as exc:
-        raise UserError(f"checkpoint file {path} refers to `{_global_of(exc)}`, {_CRAFTED}") from None
+        refused = _global_of(exc)
+        if refused is None:  # not a pickle a torch.save wrote (another format, or damaged): no attack to claim
+            raise UserError(f"{shown(str(path))} is not a torch file ({_unpickler_words(exc)}); pass a model "
+                            "file scale-ocr wrote (a run's best_model.pt, a checkpoint folder or an export)") from None
+        raise UserError(f"checkpoint file {path} refers to `{refused}`, {_CRAFTED}") from None
 
 
-def _global_of(exc: Exception) -> str:
-    # weights_only's message names the refused global as "GLOBAL module.name" among several paragraphs.
+def _global_of(exc: Exception) -> str | None:
+    """The global a weights_only load refused (named "GLOBAL module.name" among several paragraphs); None when it
+    refused something else (an opcode a torch.save never writes: the file is no torch pickle)."""
     found = re.search(r"GLOBAL ([\w.]+)", str(exc))
-    return found.group(1) if found else (str(exc).strip().splitlines() or ["?"])[0][:120]
+    return found.group(1) if found else None
+
+
+def _unpickler_words(exc: Exception) -> str:
+    """weights_only's own reason (``Unsupported operand 56``), without its paragraphs about torch 2.6."""
+    found = re.search(r"WeightsUnpickler error:\s*(.+)", str(exc))
+    return printable((found.group(1) if found else first_line(exc)).strip()[:120])
 
 
 class SafeFileSystemReader(FileSystemReader):
@@ -141,8 +152,12 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         try:
             obj = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as exc:
-            raise UserError(f"checkpoint {self.where}: its entry `{fqn}` refers to `{_global_of(exc)}`, "
-                            f"{_CRAFTED}") from None
+            refused = _global_of(exc)
+            if refused is None:
+                raise UserError(f"checkpoint {self.where}: its entry `{fqn}` is not a torch pickle "
+                                f"({_unpickler_words(exc)}); the checkpoint is damaged: use an earlier "
+                                "checkpoints/step_N") from None
+            raise UserError(f"checkpoint {self.where}: its entry `{fqn}` refers to `{refused}`, {_CRAFTED}") from None
         # What DefaultLoadPlanner.load_bytes (torch 2.14) does with the object, minus the unsafe load.
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[fqn], obj)

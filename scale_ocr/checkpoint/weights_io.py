@@ -12,8 +12,21 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from scale_ocr.disk import GiB, MiB, open_user_file
 from scale_ocr.errors import UserError
 from scale_ocr.models.registry import capable
+
+MODEL_FILE_LIMIT = 256 * GiB  # a model file (an export, a run's .pt, --init-from weights) past this is not one
+
+
+def holds_safetensors(path: str | Path, what: str = "the model file") -> bool:
+    """Whether ``path`` is a safetensors file by its content (the header's length in 8 little-endian bytes, then its
+    JSON object), whatever its name: an export written as ``OUT.pt`` is read as the export it is, not refused as a
+    torch pickle. Opened as every user's file is (:func:`scale_ocr.disk.open_user_file`): a FIFO, a device or a file
+    past :data:`MODEL_FILE_LIMIT` is one line."""
+    with open_user_file(path, what=what, limit=MODEL_FILE_LIMIT, follow=True) as f:
+        head = f.read(9)
+    return len(head) == 9 and head[8:] == b"{" and int.from_bytes(head[:8], "little") <= 100 * MiB
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -24,7 +37,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if not p.is_file():
         raise UserError(f"--init-from {p} does not exist; pass a state dict file (.pt of tensors or .safetensors)")
     try:
-        if p.suffix == ".safetensors":
+        if p.suffix == ".safetensors" or holds_safetensors(p, "--init-from"):
             from safetensors.torch import load_file
 
             state = load_file(str(p))

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from scale_ocr.distributed.extensions import use_environment_extensions
-from scale_ocr.errors import report_user_errors, say
+from scale_ocr.errors import on_interrupt, report_user_errors, say
 
 USAGE = """usage: scale-ocr COMMAND [ARGS]
 
@@ -84,7 +84,7 @@ def _models(argv: list[str]) -> int:
         params = sum(p.numel() for p in model.parameters())
         flops = flops_per_sample(task.create_model, task.dummy_inputs).total
         say(f"{name:<30} {task.name:<18} {params / 1e6:>9.2f}M {flops / 1e9:>10.3f} GFLOP/sample  "
-              f"lr {recommended_lr(name):g} at global batch {reference_batch(name)}")
+            f"lr {recommended_lr(name):g} at global batch {reference_batch(name)}")
     return 0
 
 
@@ -101,15 +101,16 @@ def _export(argv: list[str]) -> int:
                         "dict for docTR's own class of the architecture (strict), and OUT.json with its build "
                         "arguments")
     args = parser.parse_args(argv)
+    on_interrupt("the export is written whole or not at all: OUT is as it was and the checkpoint is untouched")
     out = export(args.src, args.out, args.format)
     if args.format == "doctr":
-        import json
+        from scale_ocr.disk import read_user_json
 
-        info = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
+        info = read_user_json(out.with_suffix(".json"), what="the export's sidecar")
         say(f"scale-ocr: wrote {out} and {out.with_suffix('.json')}: load it with "
-              f"doctr.models.{info['doctr_arch']}(pretrained=False"
-              f"{', vocab=<the vocab in the .json>' if 'vocab' in info else ''})"
-              ".load_state_dict(torch.load(OUT, weights_only=True))")
+            f"doctr.models.{info['doctr_arch']}(pretrained=False"
+            f"{', vocab=<the vocab in the .json>' if 'vocab' in info else ''})"
+            ".load_state_dict(torch.load(OUT, weights_only=True))")
     else:
         say(f"scale-ocr: wrote {out}")
     return 0
@@ -126,7 +127,7 @@ def _predict(argv: list[str]) -> int:
         return _predict_pages(argv)
     if len(argv) < 2:
         say("usage: scale-ocr predict CHECKPOINT_OR_EXPORT IMAGE...\n"
-              "       scale-ocr predict --det DET --reco RECO PAGE... (see --help)", err=True)
+            "       scale-ocr predict --det DET --reco RECO PAGE... (see --help)", err=True)
         return 2
     loaded = load_any(argv[0])
     for result in predict(loaded, argv[1:]):

@@ -5,12 +5,12 @@
 from __future__ import annotations
 
 import resource
-import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from scale_ocr.distributed.process_group import all_reduce_max, all_reduce_sum
+from scale_ocr.errors import say
 from scale_ocr.memory.meter import peak_breakdown
 from scale_ocr.run.breakdown import memory_breakdown, time_breakdown
 
@@ -38,8 +38,8 @@ def run_summary(t: Trainer, wall: float) -> dict[str, Any]:
     sps = state.timed_steps * t.plan.global_batch / timed if timed > 0 else float("nan")
     data_share = share_sum / t.strategy.world_size if timed > 0 else None
     if data_share is not None and data_share >= DATA_SHARE_NOTE and t.strategy.is_main:
-        print(f"scale-ocr: note: the ranks waited for data {data_share:.0%} of the timed training time; "
-              f"{t.data.speedup_hint}", file=sys.stderr, flush=True)
+        say(f"scale-ocr: note: the ranks waited for data {data_share:.0%} of the timed training time; "
+            f"{t.data.speedup_hint}", err=True)
     ev = state.last_eval
     return {
         "world_size": t.strategy.world_size,

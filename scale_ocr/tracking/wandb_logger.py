@@ -20,7 +20,17 @@ from pathlib import Path
 from typing import Any
 
 from scale_ocr.config import LoggingConfig
-from scale_ocr.disk import DiskFault, disk_fault, free_bytes, raise_or_defer, size_text, write_atomic
+from scale_ocr.disk import (
+    DiskFault,
+    KiB,
+    check_entry,
+    disk_fault,
+    free_bytes,
+    raise_or_defer,
+    read_user_text,
+    size_text,
+    write_atomic,
+)
 from scale_ocr.errors import UserError, printable, say, shown
 from scale_ocr.tracking.jsonl import clean
 
@@ -30,6 +40,8 @@ EXAMPLE_LIMIT = 200  # characters of a label or prediction in the W&B examples t
 # KiB, an examples table with its images some hundreds.
 WANDB_MIN_FREE = 1 << 20
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECASE)
+# A W&B run id as W&B and new_run_id write it; it becomes part of a folder's name, so nothing else is used.
+_RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def warn(message: str) -> None:
@@ -189,8 +201,9 @@ def open_wandb(cfg: LoggingConfig, run_dir: Path, run_config: dict[str, Any], re
         if os.environ.get(var) == "":
             del os.environ[var]
     wandb_dir = os.environ.get("WANDB_DIR", str(run_dir))
-    id_file = run_dir / RUN_ID_FILE
-    run_id = id_file.read_text().strip() if resume and id_file.is_file() else new_run_id()
+    if wandb_dir == str(run_dir) and not _own_wandb_folder(run_dir):
+        return None
+    run_id = _run_id(run_dir / RUN_ID_FILE) if resume else new_run_id()
     kwargs = dict(
         project=os.environ.get("WANDB_PROJECT", cfg.wandb_project), entity=cfg.wandb_entity,
         group=cfg.wandb_group, tags=list(cfg.wandb_tags) or None, name=cfg.run_name, id=run_id,
@@ -202,10 +215,46 @@ def open_wandb(cfg: LoggingConfig, run_dir: Path, run_config: dict[str, Any], re
     if run is None:
         return None
     try:
-        write_atomic(id_file, run.id + "\n", what="the W&B run id", kept="nothing was trained yet")
+        write_atomic(run_dir / RUN_ID_FILE, run.id + "\n", what="the W&B run id", kept="nothing was trained yet")
     except DiskFault as fault:
         raise_or_defer(fault)
     return WandbLogger(run)
+
+
+def _own_wandb_folder(run_dir: Path) -> bool:
+    """``run_dir/wandb`` made a folder of this user's, never a link: W&B would write its files through one (a link
+    planted there after the run's start-up check). False, with a warning, when it is not."""
+    folder = run_dir / "wandb"
+    try:
+        os.mkdir(folder)  # a link in its place is not followed: EEXIST
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        warn(f"W&B's folder {folder} cannot be created ({os.strerror(exc.errno or 0)}); logging to metrics.jsonl only")
+        return False
+    try:
+        check_entry(folder, directory=True)
+    except UserError as exc:
+        warn(f"W&B is not started: {exc}; logging to metrics.jsonl only")
+        return False
+    return True
+
+
+def _run_id(id_file: Path) -> str:
+    """The W&B run id a resumed run continues (its ``wandb_run_id`` file), or a new one, with a warning, when that
+    file is missing, unreadable or holds no run id."""
+    try:
+        os.lstat(id_file)
+    except FileNotFoundError:
+        return new_run_id()
+    try:
+        run_id = read_user_text(id_file, what="the run's W&B run id", limit=4 * KiB).strip()
+    except UserError as exc:
+        run_id = str(exc)
+    if _RUN_ID.fullmatch(run_id):
+        return run_id
+    warn(f"{id_file} holds no W&B run id ({printable(run_id, 80)}); this job logs to a new W&B run")
+    return new_run_id()
 
 
 def _init(wandb, mode: str, kwargs: dict[str, Any]):

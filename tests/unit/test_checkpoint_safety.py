@@ -197,3 +197,33 @@ def test_checkpoint_without_manifest_loads_with_one_warning(run_dir, tmp_path, c
     assert [ln for ln in err.splitlines() if "scale-ocr: warning" in ln] == [
         f"scale-ocr: warning: checkpoint {run_dir / 'checkpoints' / STEP} has no {MANIFEST} (written by an "
         "older scale-ocr); its integrity is not checked"]
+
+
+@pytest.mark.parametrize(("out", "fmt"), [("last_model.pt", "safetensors"), ("metrics.json", "safetensors"),
+                                          ("checkpoints/model.safetensors", "safetensors"),
+                                          ("config.pt", "doctr")])  # doctr's sidecar: config.json
+def test_export_never_replaces_a_file_of_the_run(run_dir, capsys, out, fmt):
+    """X07: ``export RUN/checkpoints/step_N RUN/last_model.pt`` replaced the run's model with the export; every
+    output of export (OUT, and docTR's OUT.json) goes through disk.check_output first."""
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    line = _one_error_line(cli_main(["export", str(run_dir / "checkpoints" / STEP), str(run_dir / out),
+                                     "--format", fmt]), capsys.readouterr().err)
+    assert "would replace a file of the run" in line
+    assert before == {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
+def test_an_export_named_pt_is_read_as_the_export_it_is(run_dir, tmp_path, capsys):
+    """X07's aftermath: a safetensors export written as ``.pt`` is recognised by its content (it was refused as a
+    pickle that "may have been crafted to run code"); bytes that are no torch pickle are said to be so, no attack
+    claimed."""
+    from scale_ocr.checkpoint.weights_io import read_state_dict
+
+    exported = tmp_path / "model.pt"
+    assert cli_main(["export", str(run_dir), str(exported)]) == 0
+    assert read_state_dict(exported).keys() == torch.load(run_dir / "last_model.pt", weights_only=True).keys()
+    (run_dir / "last_model.pt").write_bytes(exported.read_bytes())  # what X07 left
+    assert cli_main(["export", str(run_dir / "last_model.pt"), str(tmp_path / "again.safetensors")]) == 0
+    (run_dir / "last_model.pt").write_bytes(b"garbage, not a pickle")
+    line = _one_error_line(cli_main(["export", str(run_dir / "last_model.pt"), str(tmp_path / "m.safetensors")]),
+                           capsys.readouterr().err)
+    assert "is not a torch file" in line and "crafted" not in line

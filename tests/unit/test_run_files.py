@@ -57,6 +57,33 @@ def test_symlinked_run_file_is_refused(tmp_path, victim, capsys, name):
     assert sorted(p.name for p in run_dir.iterdir()) == sorted({name, ".scale-ocr.lock"})  # nothing else written
 
 
+def test_a_wandb_link_out_of_the_run_is_refused_at_start(tmp_path, capsys):
+    """W02: ``RUN/wandb`` replaced by a link to a folder outside, then the run resumed: W&B wrote its offline run
+    into the link's target. check_run_entries refuses it as the other run entries: one line, exit 2, nothing
+    written there."""
+    run_dir, victim = tmp_path / "run", tmp_path / "victim_w02"
+    run_dir.mkdir()
+    victim.mkdir()
+    (run_dir / "wandb").symlink_to(victim)
+    code = main([*SMALL[:-2], "--wandb-mode", "offline", "--max-steps", "1", "--output-dir", str(run_dir)])
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2 and f"{run_dir / 'wandb'} is a symbolic link (to {victim})" in line, line
+    assert list(victim.iterdir()) == [] and (run_dir / "wandb").is_symlink()
+
+
+def test_wandb_never_writes_through_a_link_planted_after_the_start_up_check(tmp_path, capsys):
+    """W02, mid-run: W&B's folder is checked (and made ours) just before W&B starts; a link there disables W&B
+    with one warning and the run logs to metrics.jsonl, W&B writes nothing through it."""
+    run_dir, target = tmp_path / "run", tmp_path / "victim_dir"
+    run_dir.mkdir()
+    target.mkdir()
+    (run_dir / "wandb").symlink_to(target)
+    assert open_wandb(LoggingConfig(wandb_mode="offline"), run_dir, {}, resume=True) is None
+    err = capsys.readouterr().err
+    assert "scale-ocr: warning: W&B is not started" in err and "is a symbolic link" in err, err
+    assert list(target.iterdir()) == [] and not (run_dir / "wandb_run_id").exists()
+
+
 def test_foreign_owned_entry_is_refused(tmp_path, capsys):
     run_dir = tmp_path / "run"
     run_dir.mkdir()

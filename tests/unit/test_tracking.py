@@ -4,7 +4,7 @@ import zlib
 import pytest
 
 from scale_ocr.errors import UserError
-from scale_ocr.tracking.wandb_logger import redact, resolve_mode, wandb_env
+from scale_ocr.tracking.wandb_logger import _run_id, redact, resolve_mode, wandb_env
 from tests.helpers.wandb_reader import BLOCK, iter_payloads
 
 
@@ -29,6 +29,26 @@ def test_redact_drops_secrets():
     doc = {"a": "uses 0123456789abcdef here", "api_key": "x", "nested": {"t": ["hf_secretvalue", "/usr/bin"]}}
     out = redact(doc, env)
     assert out == {"a": "<redacted>", "nested": {"t": ["<redacted>", "/usr/bin"]}}
+
+
+@pytest.mark.parametrize("content", ["../../../tmp/escape", "a b", "", "x" * 65, "fifo"])
+def test_a_resumed_run_id_that_is_no_run_id_starts_a_new_w_and_b_run(tmp_path, capsys, content):
+    """The W&B run id a resumed run reads becomes part of a folder's name: only an id W&B writes is used (a path
+    such as ``../..`` could lead W&B's folder out of the run), and the file is read as a user's file (a FIFO never
+    blocks it); anything else is one warning and a new id."""
+    import os
+
+    id_file = tmp_path / "wandb_run_id"
+    if content == "fifo":
+        os.mkfifo(id_file)
+    else:
+        id_file.write_text(content + "\n")
+    run_id = _run_id(id_file)
+    assert run_id != content and len(run_id) == 8 and run_id.isalnum()
+    assert "holds no W&B run id" in capsys.readouterr().err
+    id_file.unlink()
+    id_file.write_text("abc123xy\n")
+    assert _run_id(id_file) == "abc123xy"
 
 
 def _frame(kind: int, chunk: bytes) -> bytes:
