@@ -21,6 +21,7 @@ F = TypeVar("F", bound=Callable[..., int])
 
 EXIT_PEER_LOST = 69  # EX_UNAVAILABLE: another rank died or stopped responding (see scale_ocr.run.watchdog)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention for Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what the shell reports for a tool whose reader closed the pipe
 
 
 class UserError(Exception):
@@ -221,8 +222,12 @@ def say(*parts: object, err: bool = False, every_rank: bool = True, end: str = "
     unknown) unless ``every_rank``, so what every rank hits is said once per job."""
     if every_rank or os.environ.get("RANK", "0") == "0":
         stream = sys.stderr if err else sys.stdout
-        stream.write(terminal_safe(" ".join(map(str, parts))) + end)
-        stream.flush()
+        try:
+            stream.write(terminal_safe(" ".join(map(str, parts))) + end)
+            stream.flush()
+        except BrokenPipeError:  # the reader went away (`scale-ocr summary RUN | head -3`): stop quietly, as
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())  # Unix tools do (not a "lost rank")
+            raise SystemExit(EXIT_BROKEN_PIPE) from None
 
 
 def _say(line: str, every_rank: bool = False) -> None:

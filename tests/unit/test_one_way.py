@@ -133,3 +133,17 @@ def test_every_entry_point_runs_under_the_reporter():
     main = ast.parse((PACKAGE / "cli" / "main.py").read_text(encoding="utf-8"))
     assert _decorated_by_reporter(main, "main"), "the console script scale-ocr must run under report_user_errors"
     assert not unreported, f"entry points not under report_user_errors: {unreported}"
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """``scale-ocr models | head -1``: the closed pipe ends the command with 141 (128 + SIGPIPE), as Unix tools end,
+    not with a line blaming a lost rank."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "scale_ocr", "models"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout.readline()
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and not err, err
