@@ -59,9 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _print_summary(summary: dict, out: Path) -> None:
+    from scale_ocr.data.files import PATH_LIMIT
+
     pages, words = summary["pages"], summary["words"]
     skipped = ", ".join(f"{n} {r}" for r, n in sorted(pages["skipped"].items())) or "none"
-    say(f"scale-ocr: wrote {shown(out)}: {len(summary['documents'])} documents, {pages['written']} of "
+    say(f"scale-ocr: wrote {shown(out, PATH_LIMIT)}: {len(summary['documents'])} documents, {pages['written']} of "
         f"{pages['in_documents']} pages (skipped: {skipped})")
     say(f"  words in the text layer {words['in_text_layer']}, in detection labels {words['detection']}, "
         f"word crops {words['recognition']}")
@@ -72,7 +74,8 @@ def _print_summary(summary: dict, out: Path) -> None:
         say(f"  {name}: {len(split['documents'])} documents, {len(split['pages'])} pages, "
             f"{split['recognition_words']} word crops")
     if summary["repeated_documents"]:
-        say(f"  repeated documents, read once: {', '.join(shown(p) for p in summary['repeated_documents'])}")
+        names = ", ".join(shown(p, PATH_LIMIT) for p in summary["repeated_documents"])
+        say(f"  repeated documents, read once: {names}")
 
 
 @report_user_errors

@@ -86,7 +86,7 @@ def remove_stale(out: Path) -> None:
         if not pid.isdigit() or _alive(int(pid)) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
             continue
         shutil.rmtree(path, ignore_errors=True)
-        say(f"scale-ocr: removed {shown(str(path))}, the partial folder of an earlier run into {shown(str(out))} "
+        say(f"scale-ocr: removed {shown(path.name)} beside {shown(str(out))}, the partial folder of an earlier run "
             f"that was killed (pid {pid} is gone)", err=True)
 
 
