@@ -27,8 +27,10 @@ from scale_ocr.boxes.crop import PAD
 from scale_ocr.cli.main import main
 from scale_ocr.data import pdf_text
 from scale_ocr.data.detection import DetectionFolder
+from scale_ocr.data.page_pool import parallel_map
 from scale_ocr.data.recognition import RecognitionFolder
 from scale_ocr.disk import EXIT_DISK_FULL
+from scale_ocr.errors import EXIT_FAULT, RunStopped
 from scale_ocr.vocab import VOCABS, Vocab
 from tests.helpers.pdfs import Layout, write_encrypted, write_page_of, write_pdf
 
@@ -355,3 +357,10 @@ def test_stopped_while_rendering(sig, group, code, line, tmp_path):
     time.sleep(0.5)  # the resource tracker sees its pipe close
     assert not _session_processes(proc.pid)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.pdf", "big.pdf"]
+
+
+def test_a_worker_that_dies_is_one_line():
+    """A page-reading worker killed (the kernel's OOM killer, kill -9) ends the command in one line, exit 1."""
+    with pytest.raises(RunStopped, match="a worker process reading pages died") as info:
+        list(parallel_map(os._exit, [1, 1], 2))  # each worker exits at once, as one killed does
+    assert info.value.exit_code == EXIT_FAULT
