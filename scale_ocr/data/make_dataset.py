@@ -162,7 +162,8 @@ def check_sizes(documents: Sequence[Document], dpi: int) -> None:
         for i, (w, h, _) in enumerate(doc.pages):
             pw, ph = int(np.ceil(w * scale)), int(np.ceil(h * scale))
             if max(pw, ph) > PAGE_LIMITS.max_side or pw * ph > PAGE_LIMITS.max_pixels:
-                fits = int(min(PAGE_LIMITS.max_side / max(w, h), (PAGE_LIMITS.max_pixels / (w * h)) ** 0.5) * 72) - 1
+                area = max(w * h, 1e-9)  # a page 0 pt wide has no area but may be too tall
+                fits = int(min(PAGE_LIMITS.max_side / max(w, h), (PAGE_LIMITS.max_pixels / area) ** 0.5) * 72) - 1
                 fix = (f"pass --dpi {fits} or lower, or leave this document out" if fits >= DPI_RANGE[0] else
                        f"it is too large even at the lowest --dpi {DPI_RANGE[0]}: leave this document out (or crop "
                        "or scale its pages to a paper size first)")
