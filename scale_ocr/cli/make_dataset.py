@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from scale_ocr.errors import UserError, report_user_errors
+from scale_ocr.errors import UserError, on_interrupt, report_user_errors, say, shown, stop_on_sigterm
 
 
 def _fraction(text: str) -> float:
@@ -59,20 +59,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _print_summary(summary: dict, out: Path) -> None:
+    from scale_ocr.data.files import PATH_LIMIT
+
     pages, words = summary["pages"], summary["words"]
     skipped = ", ".join(f"{n} {r}" for r, n in sorted(pages["skipped"].items())) or "none"
-    print(f"scale-ocr: wrote {out}: {len(summary['documents'])} documents, {pages['written']} of "
-          f"{pages['in_documents']} pages (skipped: {skipped})")
-    print(f"  words in the text layer {words['in_text_layer']}, in detection labels {words['detection']}, "
-          f"word crops {words['recognition']}")
+    say(f"scale-ocr: wrote {shown(out, PATH_LIMIT)}: {len(summary['documents'])} documents, {pages['written']} of "
+        f"{pages['in_documents']} pages (skipped: {skipped})")
+    say(f"  words in the text layer {words['in_text_layer']}, in detection labels {words['detection']}, "
+        f"word crops {words['recognition']}")
     for key, what in (("left_out", "left out everywhere"), ("left_out_of_recognition", "boxed, not cropped")):
         if words[key]:
-            print(f"  {what}: " + ", ".join(f"{n} {r}" for r, n in sorted(words[key].items())))
+            say(f"  {what}: " + ", ".join(f"{n} {r}" for r, n in sorted(words[key].items())))
     for name, split in summary["splits"].items():
-        print(f"  {name}: {len(split['documents'])} documents, {len(split['pages'])} pages, "
-              f"{split['recognition_words']} word crops")
+        say(f"  {name}: {len(split['documents'])} documents, {len(split['pages'])} pages, "
+            f"{split['recognition_words']} word crops")
     if summary["repeated_documents"]:
-        print(f"  repeated documents, read once: {', '.join(summary['repeated_documents'])}")
+        names = ", ".join(shown(p, PATH_LIMIT) for p in summary["repeated_documents"])
+        say(f"  repeated documents, read once: {names}")
 
 
 @report_user_errors
@@ -99,7 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     def progress(items, total):
         return tqdm(items, total=total, desc="pages", unit="page", file=sys.stderr, disable=None)
 
-    summary = make_dataset(pdfs, out, opts, progress)
+    on_interrupt(f"nothing was written: {shown(str(out))} is written whole at the end, and the partial folder was "
+                 "removed")
+    with stop_on_sigterm():
+        summary = make_dataset(pdfs, out, opts, progress)
     _print_summary(summary, out)
     return 0
 

@@ -17,7 +17,8 @@ import numpy as np
 from scale_ocr.config import BAD_SAMPLE_POLICIES, SEED_MAX
 from scale_ocr.data.files import ScanReport, read_labels
 from scale_ocr.data.shards import IMAGE_EXTS, ShardWriter
-from scale_ocr.errors import UserError, shown
+from scale_ocr.disk import disk_fault
+from scale_ocr.errors import UserError, on_interrupt, report_user_errors, say, shown, stop_on_sigterm
 
 DEFAULT_PER_SHARD = {"recognition": 1000, "detection": 64}  # a few MB of crops, or of pages, a shard
 
@@ -82,18 +83,26 @@ def make_shards(folders: list[Path], out: Path, task: str | None, per_shard: int
     meta = {"seed": seed}
     writer = ShardWriter(out, task, per_shard or DEFAULT_PER_SHARD[task], meta)  # refuses a non-empty OUT first
     report = ScanReport()
-    samples = (_words if task == "recognition" else _pages)(folders, on_bad, report)
-    if not samples:
-        raise UserError(f"no usable samples in {', '.join(map(str, folders))}; nothing written")
-    writer.meta["skipped"] = dict(report.skipped)
-    for i, j in enumerate(np.random.default_rng(seed).permutation(len(samples))):
-        path, label = samples[int(j)]
-        image, ext = _image_bytes(path)
-        writer.add(f"{i:09d}", image, ext, label)
-    writer.close()
+    try:
+        samples = (_words if task == "recognition" else _pages)(folders, on_bad, report)
+        if not samples:
+            raise UserError(f"no usable samples in {', '.join(map(str, folders))}; nothing written")
+        writer.meta["skipped"] = dict(report.skipped)
+        for i, j in enumerate(np.random.default_rng(seed).permutation(len(samples))):
+            path, label = samples[int(j)]
+            image, ext = _image_bytes(path)
+            writer.add(f"{i:09d}", image, ext, label)
+        writer.close()
+    except BaseException as exc:  # a mistake, a full disk, Ctrl-C or SIGTERM: no partial set is left
+        writer.discard()
+        fault = disk_fault(exc, out, "the shard set", f"nothing is kept (the partial set in {shown(out)} was removed)")
+        if fault is not None:
+            raise fault from None
+        raise
     return len(samples), len(writer.shards), report
 
 
+@report_user_errors
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="scale-ocr make-shards",
@@ -114,7 +123,9 @@ def main(argv: list[str]) -> int:
     if not 0 <= args.seed <= SEED_MAX:
         raise UserError(f"--seed {args.seed}: use a whole number from 0 to {SEED_MAX}")
     *folders, out = (Path(p) for p in args.paths)
-    n, k, report = make_shards(folders, out, args.task, args.samples_per_shard, args.seed, args.on_bad_sample)
+    on_interrupt(f"nothing is kept: the partial set in {shown(out)} was removed")
+    with stop_on_sigterm():
+        n, k, report = make_shards(folders, out, args.task, args.samples_per_shard, args.seed, args.on_bad_sample)
     skipped = f"; skipped {report.num_skipped} bad samples {json.dumps(report.skipped)}" if report.num_skipped else ""
-    print(f"make-shards: wrote {n} samples in {k} shards to {shown(out)}{skipped}", flush=True)
+    say(f"make-shards: wrote {n} samples in {k} shards to {shown(out)}{skipped}")
     return 0

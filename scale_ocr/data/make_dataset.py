@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import shutil
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +21,10 @@ from PIL import Image
 
 from scale_ocr.boxes.crop import MIN_SIDE, crop_words
 from scale_ocr.data import pdf_text
+from scale_ocr.data.dataset_out import FolderWriter, publish, staging_dir, write_json
 from scale_ocr.data.files import PAGE_LIMITS
+from scale_ocr.data.page_pool import parallel_map
+from scale_ocr.disk import disk_fault, kind_of
 from scale_ocr.errors import UserError, shown
 
 DPI_RANGE = (50, 600)  # below 50 dpi body text is a few pixels high; above 600 a page is ~5000 px a side for nothing
@@ -47,16 +48,20 @@ RECOGNITION_ONLY = {"out_of_vocab": "characters outside the vocabulary",
                     "too_thin": f"a box under {MIN_SIDE:g} px wide or high (a rule, a bar): nothing page OCR reads",
                     "too_long": "more characters than the recognizer's CTC frames hold (--reco-width)"}
 PAGE_SKIPS = {"no_text_layer": "no word in the text layer (scanned, or drawn as images or paths)",
-              "invisible_text_layer": "only invisible text: an OCR layer over a scan, another engine's reading"}
+              "invisible_text_layer": "only invisible text: an OCR layer over a scan, another engine's reading",
+              "repeated_page": "the same text layer as another page read (a copy in another file): read once"}
 
 
 @dataclass(frozen=True)
 class Document:
-    """One input PDF: ``pages`` holds each page's size in points after ``/Rotate`` and whether it has text."""
+    """One input PDF: ``pages`` holds each page's size in points after ``/Rotate`` and whether it has text;
+    ``texts`` each page's text layer as a hash of its words ("" without text), which finds the same page in two
+    files (a copy inside another PDF, a re-saved file)."""
 
     path: str
     sha256: str
     pages: tuple[tuple[float, float, bool], ...]
+    texts: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -91,40 +96,55 @@ class PageSamples:
 
 
 def find_pdfs(args: Sequence[str]) -> list[Path]:
-    """The PDFs named: files as given, folders searched recursively for ``*.pdf`` (any case), sorted."""
+    """The PDFs named: files as given, folders searched recursively for ``*.pdf`` (any case), sorted; anything else
+    named (a named pipe, a device) is refused by what it is."""
     found: list[Path] = []
     for arg in args:
         path = Path(arg)
         if path.is_dir():
-            inside = sorted(p for p in path.rglob("*") if p.suffix.lower() == ".pdf" and p.is_file())
+            # Not only regular files: a named pipe or a broken link called .pdf is refused by name when read.
+            inside = sorted(p for p in path.rglob("*") if p.suffix.lower() == ".pdf" and not p.is_dir())
             if not inside:
                 raise UserError(f"{shown(arg)} holds no *.pdf file; pass PDF files or folders that hold them")
             found += inside
         elif path.is_file():
             found.append(path)
+        elif os.path.lexists(path):
+            try:
+                what = kind_of(path.stat().st_mode)
+            except OSError:
+                what = "a broken symbolic link"
+            raise UserError(f"{shown(arg)} is {what}, not a PDF file or a folder; pass PDF files or folders that "
+                            "hold them")
         else:
             raise UserError(f"{shown(arg)} does not exist; pass PDF files or folders that hold them")
     return found
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def _text_hash(text: str) -> str:
+    words = " ".join(text.split())
+    return hashlib.sha256(words.encode("utf-8", "surrogatepass")).hexdigest() if words else ""
 
 
 def _survey_one(path: str) -> Document:
-    document = pdf_text.open_pdf(Path(path))
+    f = pdf_text.open_file(path)  # the bytes hashed are the bytes read: one open
+    digest = hashlib.sha256()
     try:
-        pages = []
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+        f.seek(0)
+    except BaseException:
+        f.close()
+        raise
+    document = pdf_text.load(path, f)
+    try:
+        pages, texts = [], []
         for i in range(len(document)):
             with pdf_text.page_errors(path, i):
                 page = document[i]
-                text = page.get_textpage().get_text_range()
-                pages.append((page.get_width(), page.get_height(), any(not c.isspace() for c in text)))
-        return Document(path, _sha256(path), tuple(pages))
+                texts.append(_text_hash(page.get_textpage().get_text_range()))
+                pages.append((page.get_width(), page.get_height(), bool(texts[-1])))
+        return Document(path, digest.hexdigest(), tuple(pages), tuple(texts))
     finally:
         document.close()
 
@@ -142,10 +162,13 @@ def check_sizes(documents: Sequence[Document], dpi: int) -> None:
         for i, (w, h, _) in enumerate(doc.pages):
             pw, ph = int(np.ceil(w * scale)), int(np.ceil(h * scale))
             if max(pw, ph) > PAGE_LIMITS.max_side or pw * ph > PAGE_LIMITS.max_pixels:
-                fits = min(PAGE_LIMITS.max_side / max(w, h), (PAGE_LIMITS.max_pixels / (w * h)) ** 0.5) * 72
+                area = max(w * h, 1e-9)  # a page 0 pt wide has no area but may be too tall
+                fits = int(min(PAGE_LIMITS.max_side / max(w, h), (PAGE_LIMITS.max_pixels / area) ** 0.5) * 72) - 1
+                fix = (f"pass --dpi {fits} or lower, or leave this document out" if fits >= DPI_RANGE[0] else
+                       f"it is too large even at the lowest --dpi {DPI_RANGE[0]}: leave this document out (or crop "
+                       "or scale its pages to a paper size first)")
                 raise UserError(f"{shown(doc.path)} page {i + 1} ({w:.0f}x{h:.0f} pt) is {pw}x{ph} px at --dpi {dpi}, "
-                                f"larger than {PAGE_LIMITS.kind} can be ({PAGE_LIMITS}); pass --dpi "
-                                f"{max(1, int(fits) - 1)} or lower, or leave this document out")
+                                f"larger than {PAGE_LIMITS.kind} can be ({PAGE_LIMITS}); {fix}")
 
 
 def _draw(seed: int, unit: str) -> str:
@@ -167,14 +190,29 @@ def val_size(units: int, fraction: float | None, count: int | None, what: str) -
     return k
 
 
+def repeated_pages(documents: Sequence[Document]) -> set[tuple[str, int]]:
+    """``(sha256, page index)`` of each page whose text layer an earlier page already has (in content-hash order,
+    so whatever the names): read once, as a copy would put one page on both sides of the split."""
+    seen: set[str] = set()
+    repeats = set()
+    for doc in sorted(documents, key=lambda d: d.sha256):
+        for i, text in enumerate(doc.texts):
+            if text and text in seen:
+                repeats.add((doc.sha256, i))
+            seen.add(text)
+    return repeats
+
+
 def assign_splits(documents: Sequence[Document], by: str, seed: int, fraction: float | None,
                   count: int | None) -> dict[tuple[str, int], str]:
-    """``(sha256, page index) -> split`` for every page with text: a seeded draw over documents or pages.
+    """``(sha256, page index) -> split`` for every page with text that no other page repeats (see
+    :func:`repeated_pages`): a seeded draw over documents or pages.
 
     The draw ranks each unit by a hash of the seed and the unit's content hash, so it does not depend on file
     names, argument order or ``--jobs``, and a unit keeps its rank when others are added.
     """
-    pages = [(d.sha256, i) for d in documents for i, p in enumerate(d.pages) if p[2]]
+    repeats = repeated_pages(documents)
+    pages = [(d.sha256, i) for d in documents for i, p in enumerate(d.pages) if p[2] and (d.sha256, i) not in repeats]
     units = sorted({sha for sha, _ in pages}) if by == "document" else [f"{sha}:{i}" for sha, i in pages]
     k = val_size(len(units), fraction, count, "documents" if by == "document" else "pages")
     val = set(sorted(units, key=lambda u: _draw(seed, u))[:k])
@@ -296,78 +334,6 @@ def run_page(job: PageJob) -> PageSamples:
     return page_samples(pdf_text.read_page(document, job.index, job.dpi, job.path), job)  # type: ignore[arg-type]
 
 
-def parallel_map(fn: Callable, items: Sequence, jobs: int) -> Iterator:
-    """``fn`` over ``items`` in order, in ``jobs`` spawned processes (PDFium is not safe across threads or
-    forks of a process that has used it), or inline for one job."""
-    if jobs <= 1 or len(items) <= 1:
-        yield from map(fn, items)
-        return
-    with ProcessPoolExecutor(max_workers=min(jobs, len(items)), mp_context=get_context("spawn")) as pool:
-        yield from pool.map(fn, items, chunksize=1)
-
-
-class FolderWriter:
-    """docTR folders under ``root``: ``recognition/{train,val}`` (word crops) and ``detection/{train,val}``
-    (whole pages, labels with each polygon's word: what ``scale-ocr evaluate-pages`` reads)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.labels: dict[tuple[str, str], dict] = {}  # a folder only for a split that gets samples
-
-    def _write(self, task: str, split: str, name: str, data: bytes) -> None:
-        if (task, split) not in self.labels:
-            (self.root / task / split / "images").mkdir(parents=True)
-            self.labels[task, split] = {}
-        with open(self.root / task / split / "images" / name, "xb") as f:  # a name is never written twice
-            f.write(data)
-
-    def add(self, samples: PageSamples) -> None:
-        if samples.page_png is None:
-            return
-        self._write("detection", samples.split, samples.page_name, samples.page_png)
-        self.labels["detection", samples.split][samples.page_name] = samples.page_label
-        for name, png, word in samples.crops:
-            self._write("recognition", samples.split, name, png)
-            self.labels["recognition", samples.split][name] = word
-
-    def close(self) -> None:
-        for (task, split), labels in self.labels.items():
-            write_json(self.root / task / split / "labels.json", labels)
-
-
-def write_json(path: Path, obj: object, indent: int | None = None) -> None:
-    """Sorted UTF-8 JSON (compact unless ``indent``): the same content gives the same bytes."""
-    text = json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False,
-                      separators=(",", ": ") if indent else (",", ":"))
-    path.write_text(text + "\n", encoding="utf-8")
-
-
-def staging_dir(out: Path) -> Path:
-    """A fresh folder beside ``out`` that becomes ``out`` by one rename once everything is written; refuses an
-    ``out`` that is a file or a folder with anything in it."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"{shown(str(out))} already exists and is not an empty folder; make-dataset never writes over "
-                        "files: choose a new OUT or remove it")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        stage = out.parent / f".{out.name}.partial-{os.getpid()}"
-        if stage.exists():
-            shutil.rmtree(stage)  # ours: a run of this pid that died before its rename
-        stage.mkdir()
-    except OSError as exc:
-        raise UserError(f"cannot create {shown(str(out))} ({exc.strerror}); choose a folder you can write to") from None
-    return stage
-
-
-def publish(stage: Path, out: Path) -> None:
-    """``stage`` becomes ``out`` in one rename, which replaces an empty folder and fails on anything else."""
-    try:
-        stage.rename(out)
-    except OSError as exc:
-        raise UserError(f"{shown(str(out))} was filled by something else during the run ({exc.strerror}); nothing "
-                        "was written over it: choose a new OUT and run again") from None
-
-
 def distinct(documents: Iterable[Document]) -> tuple[list[Document], list[str]]:
     """Documents with distinct contents, and the paths of repeats (a copy would put one page on both sides)."""
     seen: set[str] = set()
@@ -393,7 +359,8 @@ class Options:
 
 
 def _survey(paths: Sequence[Path], jobs: int) -> tuple[list[Document], list[str]]:
-    documents = list(parallel_map(_survey_one, sorted(str(p) for p in paths), jobs))  # the order named: no matter
+    with closing(parallel_map(_survey_one, sorted(str(p) for p in paths), jobs)) as surveyed:
+        documents = list(surveyed)  # the order named: no matter
     kept, repeats = distinct(documents)
     if not any(has_text for doc in kept for _, _, has_text in doc.pages):
         raise UserError(f"no page of the {len(kept)} document(s) has a text layer (scanned or drawn as images); "
@@ -408,6 +375,7 @@ def _jobs(documents: Sequence[Document], splits: dict[tuple[str, int], str], opt
 
 def _summary(documents: Sequence[Document], repeats: Sequence[str], opts: Options) -> dict:
     no_text = sum(1 for d in documents for p in d.pages if not p[2])
+    skipped = {"no_text_layer": no_text, "repeated_page": len(repeated_pages(documents))}
     return {"options": {"dpi": opts.dpi, "vocab": opts.vocab, "reco_width": opts.reco_width,
                         "split_by": opts.split_by, "val_fraction": opts.val_fraction, "val_count": opts.val_count,
                         "seed": opts.seed},
@@ -415,7 +383,7 @@ def _summary(documents: Sequence[Document], repeats: Sequence[str], opts: Option
                           for d in sorted(documents, key=lambda d: d.path)],
             "repeated_documents": list(repeats),
             "pages": {"in_documents": sum(len(d.pages) for d in documents), "written": 0,
-                      "skipped": {"no_text_layer": no_text} if no_text else {}},
+                      "skipped": {k: n for k, n in skipped.items() if n}},
             "words": {"in_text_layer": 0, "detection": 0, "recognition": 0, "left_out": {},
                       "left_out_of_recognition": {}},
             "splits": {s: {"documents": [], "pages": [], "recognition_words": 0} for s in SPLITS}}
@@ -441,11 +409,29 @@ def _count(summary: dict, samples: PageSamples, doc_path: str) -> None:
         split["documents"].append(doc_path)
 
 
+def _write_all(pages: Iterable[PageSamples], jobs: Sequence[PageJob], stage: Path, summary: dict,
+               opts: Options) -> None:
+    writer = FolderWriter(stage)
+    for job, samples in zip(jobs, pages, strict=True):
+        drop_long_words(samples, opts.reco_width)
+        writer.add(samples)
+        _count(summary, samples, job.path)
+    if not summary["pages"]["written"]:
+        raise UserError(f"none of the {len(jobs)} page(s) with text has a visible word ({summary['pages']['skipped']});"
+                        " make-dataset needs born-digital pages whose text is drawn")
+    writer.close()
+    for split in summary["splits"].values():  # the same whatever order the PDFs were named in
+        split["documents"].sort()
+        split["pages"].sort()
+    write_json(stage / "summary.json", summary, indent=1)
+
+
 def make_dataset(pdfs: Sequence[Path], out: Path, opts: Options,
                  progress: Callable[[Iterable, int], Iterable] = lambda it, n: it) -> dict:
     """Turn ``pdfs`` into docTR folders under ``out`` (see :class:`FolderWriter`) and ``out/summary.json``, and
     return that summary. Everything is written into a staging folder that becomes ``out`` by one rename at the end:
-    an interrupted run leaves no partial dataset under ``out``."""
+    a run that fails, is interrupted (Ctrl-C) or stopped (SIGTERM, under :func:`scale_ocr.errors.stop_on_sigterm`)
+    stops its workers, removes that folder and leaves no partial dataset; a full disk is one line (exit 74)."""
     check_dpi(opts.dpi)
     stage = staging_dir(out)
     try:
@@ -454,21 +440,16 @@ def make_dataset(pdfs: Sequence[Path], out: Path, opts: Options,
         splits = assign_splits(documents, opts.split_by, opts.seed, opts.val_fraction, opts.val_count)
         jobs = _jobs(documents, splits, opts)
         summary = _summary(documents, repeats, opts)
-        writer = FolderWriter(stage)
-        for job, samples in zip(jobs, progress(parallel_map(run_page, jobs, opts.jobs), len(jobs)), strict=True):
-            drop_long_words(samples, opts.reco_width)
-            writer.add(samples)
-            _count(summary, samples, job.path)
-        if not summary["pages"]["written"]:
-            raise UserError(f"none of the {len(jobs)} page(s) with text has a visible word "
-                            f"({summary['pages']['skipped']});"
-                            " make-dataset needs born-digital pages whose text is drawn")
-        writer.close()
-        for split in summary["splits"].values():  # the same whatever order the PDFs were named in
-            split["documents"].sort()
-            split["pages"].sort()
-        write_json(stage / "summary.json", summary, indent=1)
+        with closing(parallel_map(run_page, jobs, opts.jobs)) as pages:
+            _write_all(progress(pages, len(jobs)), jobs, stage, summary, opts)
         publish(stage, out)
+    except OSError as exc:
+        shutil.rmtree(stage, ignore_errors=True)  # first: the line says how much is free without it
+        fault = disk_fault(exc, out, "the dataset", f"nothing was written (the partial folder {shown(stage.name)} is "
+                                                    "removed)")
+        if fault is not None:
+            raise fault from None
+        raise
     finally:
         close_documents()
         if stage.exists():

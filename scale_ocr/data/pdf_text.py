@@ -15,12 +15,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
 from PIL import Image
 
+from scale_ocr.disk import GiB, open_user_file
 from scale_ocr.errors import UserError, shown
 
 POINTS_PER_INCH = 72.0
@@ -67,19 +69,58 @@ def _load_error(path: Path, exc: pdfium.PdfiumError) -> UserError:
                      "it (e.g. `qpdf IN OUT`)")
 
 
-def open_pdf(path: Path) -> pdfium.PdfDocument:
-    """The document at ``path``, or one line saying it is no PDF, damaged or encrypted."""
+# The most bytes a PDF given to make-dataset may hold: a born-digital book is a few MB to a few hundred; beyond this
+# a file is a scan or not what it claims (a device, a disk image), refused before a byte is read.
+PDF_LIMIT = 2 * GiB
+# What may come before ``%PDF-``: white space and a UTF-8 byte order mark, which some tools write. PDF 32000-1
+# (7.5.2) puts the header on the file's first line; readers accept it within 1024 bytes, so an archive holding a
+# PDF near its start (a zip of PDFs named .pdf) would pass a search of the first kilobyte, and PDFium would read
+# its first member: the file is refused instead.
+_LEAD = b" \t\r\n\f\x00\xef\xbb\xbf"
+_CONTAINERS = {b"PK\x03\x04": "a zip archive", b"\x1f\x8b": "a gzip file", b"7z\xbc\xaf": "a 7z archive",
+               b"Rar!": "a RAR archive", b"BZh": "a bzip2 file", b"\xfd7zXZ": "an xz file"}
+
+
+def check_header(path: str | Path, head: bytes) -> None:
+    """Refuse a file whose first bytes (``head``) are not a PDF header, naming what it is when known."""
+    at = head.find(b"%PDF-")
+    if at >= 0 and not head[:at].strip(_LEAD):
+        return
+    kind = next((k for magic, k in _CONTAINERS.items() if head.startswith(magic)), None)
+    if kind is None and at > 0:
+        kind = f"another kind of file ({at} bytes before its %PDF- header)"
+    what = (f"is {kind} holding a PDF" if at > 0 and kind in _CONTAINERS.values() else f"is {kind}" if kind
+            else "does not start with a %PDF- header")
+    raise UserError(f"{shown(str(path))} is not a PDF: it {what}; pass only PDF files (take a PDF out of an archive "
+                    "first)")
+
+
+def open_file(path: str | Path) -> BinaryIO:
+    """The PDF at ``path`` as an open binary file (at its start), once it is known to be a regular file of at most
+    :data:`PDF_LIMIT` bytes whose first line is a PDF header; else one line saying why not."""
+    f = open_user_file(path, what="the PDF", limit=PDF_LIMIT, follow=True)
     try:
-        with open(path, "rb") as f:
-            head = f.read(1024)
-    except OSError as exc:
-        raise UserError(f"{shown(path)} cannot be read ({exc.strerror}); check the path and its permissions") from None
-    if b"%PDF-" not in head:  # PDFium repairs a lot; a file without the header is not a PDF to begin with
-        raise UserError(f"{shown(path)} is not a PDF (no %PDF- header); pass only PDF files")
+        check_header(path, f.read(1024))
+        f.seek(0)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def load(path: str | Path, f: BinaryIO) -> pdfium.PdfDocument:
+    """The document in ``f`` (from :func:`open_file`; closed with the document), or one line saying it is damaged
+    or encrypted."""
     try:
-        return pdfium.PdfDocument(path)
+        return pdfium.PdfDocument(f, autoclose=True)
     except pdfium.PdfiumError as exc:
-        raise _load_error(path, exc) from None
+        f.close()
+        raise _load_error(Path(path), exc) from None
+
+
+def open_pdf(path: str | Path) -> pdfium.PdfDocument:
+    """The document at ``path``, or one line saying it is no PDF, damaged or encrypted."""
+    return load(path, open_file(path))
 
 
 def pixel_size(page: pdfium.PdfPage, dpi: float) -> tuple[int, int]:

@@ -7,6 +7,7 @@ with webdataset's loader, whose resumption is approximate (:mod:`scale_ocr.data.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -301,11 +302,14 @@ class ShardWriter:
         if self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir())):
             raise UserError(f"{self.out} is not empty; a shard set is written into a new or empty folder, so another "
                             "set or run is never overwritten; pick another path or remove it")
+        missing = [p for p in (self.out, *self.out.parents) if not p.exists()]
         self.out.mkdir(parents=True, exist_ok=True)
+        self._made = missing  # the folders this writer created, OUT first: removed again by discard()
         self.shards: list[dict] = []
         self.chars: set[str] = set()
         self.frames = 0  # the most CTC frames a word needs (recognition)
         self._tar: tarfile.TarFile | None = None
+        self._file = None
         self._count = 0
 
     def add(self, key: str, image: bytes, ext: str, label: str | dict) -> None:
@@ -344,7 +348,24 @@ class ShardWriter:
         os.replace(self._tmp, self.out / self._name)
         self.shards.append({"name": self._name, "samples": self._count, "bytes": len(data),
                             "sha256": hashlib.sha256(data).hexdigest()})
-        self._tar, self._count = None, 0
+        self._tar, self._file, self._count = None, None, 0
+
+    def discard(self) -> None:
+        """Remove what this writer wrote (a conversion that failed or was stopped): the shard being written, the
+        finished shards, and ``out`` (with the folders above it) when it created it. Never raises OSError."""
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()  # its buffered bytes may fail to flush on a full disk: they are discarded anyway
+            self._tar = self._file = None
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp)
+        for shard in self.shards:
+            with contextlib.suppress(OSError):
+                os.unlink(self.out / shard["name"])
+        self.shards = []
+        for folder in self._made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty: anything else found there is not ours
 
     def close(self) -> Path:
         """Finish the last shard and write the index; returns the index's path."""

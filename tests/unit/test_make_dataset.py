@@ -4,12 +4,22 @@ back; the split, determinism, the summary's counts, every refusal, and one real 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import pypdfium2 as pdfium
 import pytest
+from conftest import _env
 from fpdf import FPDF
 from PIL import Image
 
@@ -17,7 +27,10 @@ from scale_ocr.boxes.crop import PAD
 from scale_ocr.cli.main import main
 from scale_ocr.data import pdf_text
 from scale_ocr.data.detection import DetectionFolder
+from scale_ocr.data.page_pool import parallel_map
 from scale_ocr.data.recognition import RecognitionFolder
+from scale_ocr.disk import EXIT_DISK_FULL
+from scale_ocr.errors import EXIT_FAULT, RunStopped
 from scale_ocr.vocab import VOCABS, Vocab
 from tests.helpers.pdfs import Layout, write_encrypted, write_page_of, write_pdf
 
@@ -173,22 +186,36 @@ FAULTS = {
                   "pass --dpi 195 or lower"),
     "one_document": (None, ["a.pdf"], "leave train none"),
     "missing": (None, ["nothing.pdf"], "does not exist"),
+    # M03: a zip of PDFs named .pdf: its first member starts within the first KB, and PDFium would read it
+    "zip": (lambda d: _zip(d / "x.pdf", d / "a.pdf"), ["x.pdf", "a.pdf"], "is a zip archive holding a PDF"),
+    # M07: no allowed --dpi fits, so the line must not advise one
+    "huge_page": (lambda d: write_page_of(d / "x.pdf", (20000, 20000)), ["x.pdf"],
+                  "too large even at the lowest --dpi 50: leave this document out"),
+    "fifo": (lambda d: os.mkfifo(d / "x.pdf"), ["x.pdf"], "'x.pdf' is a named pipe (FIFO), not a PDF file"),
+    # M17: decided at start, not after every page is rendered
+    "out_link": (lambda d: (d / "target").mkdir() or (d / "out").symlink_to("target"), ["a.pdf"],
+                 "is a symbolic link (to 'target')"),
 }
 
 
+def _zip(path: Path, member: Path) -> None:
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as z:
+        z.write(member, member.name)
+
+
 @pytest.mark.parametrize("case", sorted(FAULTS))
-def test_faults_are_one_line(case, tmp_path, capsys):
+def test_faults_are_one_line(case, tmp_path, capsys, monkeypatch):
     """docs/faults.md rows 100-107: one line, exit 2, nothing written."""
     make, args, words = FAULTS[case]
     write_pdf(tmp_path / "a.pdf", A_PAGES[:1], DPI)
     if make:
         make(tmp_path)
     capsys.readouterr()
-    paths = [tmp_path / a if a.endswith(".pdf") else a for a in args]
-    assert _run(*paths, tmp_path / "out", *([] if "--dpi" in args else ["--dpi", DPI])) == 2
+    monkeypatch.chdir(tmp_path)  # paths as typed: relative
+    assert _run(*args, "out", *([] if "--dpi" in args else ["--dpi", DPI])) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and len(err.splitlines()) == 1, err
-    assert case == "out_not_empty" or not (tmp_path / "out").exists()
+    assert case in ("out_not_empty", "out_link") or not (tmp_path / "out").exists()
     assert not list(tmp_path.glob(".out.partial-*"))
 
 
@@ -238,3 +265,102 @@ def test_real_pdf(tmp_path):
     for name, word in crops.items():
         page = labels["_".join(name.split("_")[:2]) + ".png"]
         assert word in page["words"]
+
+
+def test_a_page_in_two_files_is_read_once(tmp_path, capsys):
+    """M03's class: the same page in two different files (a copy inside another PDF, a re-saved file) is read once,
+    so it cannot land on both sides of the split; the copy is counted as repeated_page."""
+    (tmp_path / "in").mkdir()
+    write_pdf(tmp_path / "in" / "a.pdf", A_PAGES[:1], DPI)
+    write_pdf(tmp_path / "in" / "b.pdf", [Layout([(40, 60, 24, "Other")]), A_PAGES[0]], DPI)  # other bytes
+    write_pdf(tmp_path / "in" / "c.pdf", [Layout([(40, 60, 24, "Third")])], DPI)
+    assert _run(tmp_path / "in", tmp_path / "out", "--dpi", DPI, "--split-by", "page", "--val-fraction", 0.5,
+                "--jobs", 1) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["pages"]["skipped"] == {"repeated_page": 1} and summary["pages"]["written"] == 3
+    words = [" ".join(label["words"]) for split in ("train", "val")
+             for label in json.loads((tmp_path / "out" / "detection" / split / "labels.json").read_text()).values()]
+    assert sorted(words) == sorted(["Other", "Third", " ".join(w[3] for w in A_PAGES[0].words)])
+
+
+@contextlib.contextmanager
+def _file_size_limit(limit: int):
+    """RLIMIT_FSIZE in this process: a larger write fails with EFBIG, a real disk fault (Python ignores SIGXFSZ)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_full_disk_is_one_line(tmp_path, capsys):
+    """M19: a write that fails for lack of space (here the file size limit) ends in one line, exit 74, and the
+    staging folder is removed."""
+    write_pdf(tmp_path / "a.pdf", A_PAGES[:1], DPI)
+    with _file_size_limit(2000):  # a page's PNG is larger
+        code = _run(tmp_path / "a.pdf", tmp_path / "out", "--dpi", DPI, "--val-fraction", 0, "--jobs", 1)
+    err = capsys.readouterr().err.strip()
+    assert code == EXIT_DISK_FULL and len(err.splitlines()) == 1, err
+    assert f"could not write the dataset {tmp_path / 'out'} (EFBIG" in err and "nothing was written" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pdf"]
+
+
+def test_names_are_escaped_and_stale_staging_removed(tmp_path, capsys):
+    """M13: a repeated document's name cannot write to the terminal raw. M21: the staging folder a killed run left
+    (on this host, its pid gone) is removed by the next run, in one line."""
+    (tmp_path / "in").mkdir()
+    write_pdf(tmp_path / "in" / "a.pdf", A_PAGES[:1], DPI)
+    evil = "b\x1b[2J\nscale-ocr: wrote FAKE\x07.pdf"
+    (tmp_path / "in" / evil).write_bytes((tmp_path / "in" / "a.pdf").read_bytes())
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f".out.partial-{socket.gethostname()}-{dead.pid}"
+    (stale / "detection").mkdir(parents=True)
+    assert _run(tmp_path / "in", tmp_path / "out", "--dpi", DPI, "--val-fraction", 0, "--jobs", 1) == 0
+    captured = capsys.readouterr()
+    assert not stale.exists() and f"removed {stale.name!r} beside" in captured.err
+    assert "\x1b" not in captured.out + captured.err and "\x07" not in captured.out
+    assert not any(line.startswith("scale-ocr: wrote FAKE") for line in captured.out.splitlines())
+    assert "repeated documents, read once: '" + str(tmp_path / "in" / "b\\x1b[2J\\nscale-ocr: wrote FAKE\\x07.pdf'") \
+        in captured.out
+
+
+def _session_processes(sid: int) -> list[int]:
+    def session(pid: str) -> int | None:
+        try:
+            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[4])
+        except (OSError, IndexError, ValueError):
+            return None
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and session(p) == sid]
+
+
+@pytest.mark.parametrize(("sig", "group", "code", "line"), [
+    (signal.SIGINT, True, 130, "scale-ocr: interrupted (Ctrl-C); nothing was written"),
+    (signal.SIGTERM, False, 143, "scale-ocr: stopped: SIGTERM received; nothing was written")])
+def test_stopped_while_rendering(sig, group, code, line, tmp_path):
+    """M20, M21: Ctrl-C (to the process group, as a terminal sends it) or SIGTERM (to the command alone) while two
+    workers render: one line and its code, no worker traceback, no worker or staging folder left behind."""
+    write_pdf(tmp_path / "big.pdf", [Layout([(20, 20 + 14 * k, 10, f"line{k} of page{p}") for k in range(18)])
+                                     for p in range(40)], DPI)
+    write_pdf(tmp_path / "b.pdf", A_PAGES[:1], DPI)
+    proc = subprocess.Popen([sys.executable, "-m", "scale_ocr.cli.main", "make-dataset", str(tmp_path / "big.pdf"),
+                             str(tmp_path / "b.pdf"), str(tmp_path / "out"), "--dpi", "300", "--jobs", "2"],
+                            env=_env(), start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".out.partial-*/detection")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (os.killpg if group else os.kill)(proc.pid, sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code and err.strip().startswith(line) and len(err.strip().splitlines()) == 1, err
+    time.sleep(0.5)  # the resource tracker sees its pipe close
+    assert not _session_processes(proc.pid)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.pdf", "big.pdf"]
+
+
+def test_a_worker_that_dies_is_one_line():
+    """A page-reading worker killed (the kernel's OOM killer, kill -9) ends the command in one line, exit 1."""
+    with pytest.raises(RunStopped, match="a worker process reading pages died") as info:
+        list(parallel_map(os._exit, [1, 1], 2))  # each worker exits at once, as one killed does
+    assert info.value.exit_code == EXIT_FAULT

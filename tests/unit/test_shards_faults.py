@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -15,11 +16,13 @@ import pytest
 from conftest import make_folder
 from PIL import Image
 
+from scale_ocr.cli import make_shards as make_shards_module
 from scale_ocr.cli.main import main as cli
 from scale_ocr.cli.make_shards import make_shards
+from scale_ocr.data import shards
 from scale_ocr.data.shard_reader import DecodePage, DecodeWord, ShardTrain, ShardVal, open_pages, open_words
 from scale_ocr.data.shards import INDEX, ShardWriter, open_set
-from scale_ocr.errors import UserError
+from scale_ocr.errors import Terminated, UserError
 from scale_ocr.vocab import Vocab
 
 
@@ -284,3 +287,44 @@ def test_resume_from_an_edited_position(shard_set):
         state = {**p.state(0, 1), "pending": pending}
         _fails(lambda state=state: p.restore(0, 1, state), "names samples this shard set does not hold",
                "--resume none")
+
+
+def _words(tmp_path: Path) -> Path:
+    return make_folder(tmp_path / "words", {f"{i}.png": w for i, w in enumerate(["ab", "cd", "ef", "gh", "ij"])})
+
+
+def test_make_shards_full_disk_removes_the_partial_set(tmp_path, capsys, monkeypatch):
+    """S20: the disk fills while the second shard is written (one shard done, one .part open): one line, exit 74,
+    and nothing of the set is left (OUT was new, so it goes too)."""
+    words, calls = _words(tmp_path), []
+
+    def fsync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(shards.os, "fsync", fsync)
+    assert cli(["make-shards", str(words), str(tmp_path / "new" / "set"), "--samples-per-shard", "2"]) == 74
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "could not write the shard set" in err and "(ENOSPC" in err, err
+    assert "nothing is kept (the partial set" in err and sorted(p.name for p in tmp_path.iterdir()) == ["words"]
+
+
+@pytest.mark.parametrize(("stop", "code", "line"), [(KeyboardInterrupt, 130, "interrupted (Ctrl-C); nothing is kept"),
+                                                    (Terminated, 143, "stopped: SIGTERM received; nothing is kept")])
+def test_make_shards_stopped_removes_the_partial_set(stop, code, line, tmp_path, capsys, monkeypatch):
+    """S21: Ctrl-C or SIGTERM midway (shards written, one open): one line, its code, and an empty OUT the user made
+    is left empty, as found."""
+    words, read = _words(tmp_path), make_shards_module._image_bytes
+    (tmp_path / "set").mkdir()
+
+    def image_bytes(path: Path):
+        if path.name == sorted((words / "images").iterdir())[-1].name:  # some shards are written by then
+            raise stop()
+        return read(path)
+
+    monkeypatch.setattr(make_shards_module, "_image_bytes", image_bytes)
+    assert cli(["make-shards", str(words), str(tmp_path / "set"), "--samples-per-shard", "1"]) == code
+    err = capsys.readouterr().err.strip()
+    assert err == f"scale-ocr: {line}: the partial set in {tmp_path / 'set'} was removed", err
+    assert list((tmp_path / "set").iterdir()) == []
