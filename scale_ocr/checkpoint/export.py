@@ -21,7 +21,7 @@ from scale_ocr.checkpoint.identity import build_checked, dcp_model_elements, saf
 from scale_ocr.checkpoint.piecewise import SafetensorsFile, TensorSpec, TorchFile, TorchFileReader
 from scale_ocr.checkpoint.pointer import checkpoint_folder
 from scale_ocr.config import MODEL_SIZE_FIELDS
-from scale_ocr.disk import atomic_file, check_output, write_atomic
+from scale_ocr.disk import atomic_file, check_output, read_user_json, write_atomic
 from scale_ocr.errors import UserError
 from scale_ocr.tasks import Task
 
@@ -51,7 +51,7 @@ def _checkpoint_identity(path: Path) -> tuple[Path, dict, tuple[int, int], set[s
         raise UserError(f"{path} holds no complete checkpoint (trainer.json and .metadata expected)")
     listed = verify_manifest(ckpt)  # before reading anything in it
     try:
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        meta = read_user_json(meta_file, what="the checkpoint's trainer.json", nan_ok=True)
         held = dcp_model_elements(safe_dcp.read_metadata_file(ckpt / ".metadata"))
     except (ValueError, KeyError, TypeError) as exc:  # older checkpoints have no manifest to catch this earlier
         raise UserError(f"{meta_file} is unreadable ({type(exc).__name__}); the checkpoint is damaged") from None
@@ -150,7 +150,9 @@ def _run_weights(path: Path, *, layout_only: bool) -> tuple[nn.Module, Task, dic
 
     config_file = path.parent / "config.json"
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
+        if not config_file.exists() and not config_file.is_symlink():
+            raise FileNotFoundError(config_file)
+        config = read_user_json(config_file, what="the run's config.json", nan_ok=True)
         # config.json records the task's own identity keys (the recognizer's vocabulary's characters) at its
         # top level, and the architecture, input size and size overrides in its model section.
         section = config["model"]

@@ -17,7 +17,7 @@ import numpy as np
 from scale_ocr.config import BAD_SAMPLE_POLICIES, SEED_MAX
 from scale_ocr.data.files import ScanReport, read_labels
 from scale_ocr.data.shards import IMAGE_EXTS, ShardWriter
-from scale_ocr.disk import disk_fault
+from scale_ocr.disk import disk_fault, read_user_bytes
 from scale_ocr.errors import UserError, on_interrupt, report_user_errors, say, shown, stop_on_sigterm
 
 DEFAULT_PER_SHARD = {"recognition": 1000, "detection": 64}  # a few MB of crops, or of pages, a shard
@@ -62,11 +62,12 @@ def _image_bytes(path: Path) -> tuple[bytes, str]:
     """The file's bytes as they are, or, when webdataset would not know the type, the pixels every task decodes
     (scale_ocr.data.files.load_image: upright 8-bit RGB) as a lossless PNG."""
     ext = path.suffix.lower().lstrip(".")
-    if ext in IMAGE_EXTS:
-        return path.read_bytes(), ext
+    from scale_ocr.data.files import IMAGE_FILE_LIMIT, PAGE_LIMITS, reload_image
+
+    if ext in IMAGE_EXTS:  # the folder's scan decoded it: a regular file, inside the folder
+        return read_user_bytes(path, what="the image", limit=IMAGE_FILE_LIMIT, follow=True), ext
     import io
 
-    from scale_ocr.data.files import PAGE_LIMITS, reload_image
 
     buf = io.BytesIO()
     reload_image(path, PAGE_LIMITS).save(buf, format="PNG")  # the scan checked the tighter limit of its task

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from scale_ocr.errors import say
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -118,4 +119,4 @@ def warn_if_oversubscribed(threads: int, source: str, local_ranks: int) -> None:
     """Print :func:`oversubscription`'s line, if any, on stderr (call on rank 0)."""
     line = oversubscription(threads, source, local_ranks, usable_cores())
     if line:
-        print(line, file=sys.stderr, flush=True)
+        say(line, err=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-import sys
 import time
 import uuid
 from collections.abc import Mapping
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import torch.distributed as tdist
 
-from scale_ocr.errors import EXIT_PEER_LOST, RunStopped
+from scale_ocr.errors import EXIT_PEER_LOST, RunStopped, say
 
 KEY = "scale_ocr/round_store"  # in the agent's store: "PORT ROUND_ID" of this round's store
 ROUND_KEY = "scale_ocr/round_id"  # in the round's own store: its round id, to recognise it
@@ -73,7 +72,7 @@ def warn_if_joins_would_hang() -> None:
         argv = []
     line = join_warning(argv, os.environ)
     if line:
-        print(line, file=sys.stderr, flush=True)
+        say(line, err=True)
 
 
 def round_store(rank: int, world_size: int, timeout_s: float) -> tuple[tdist.Store, str]:
