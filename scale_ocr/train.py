@@ -118,8 +118,10 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
         parts = RunParts(strategy, wrapped, schedule, data, task, logger, checkpoints, control, watchdog)
         trainer = Trainer(plan, parts)
         if meta is not None or load is not None:  # what fit() names should the weights it starts from be unfit
-            trainer.origin = (f"the weights of checkpoint {shown(resume_from, 400)}" if meta is not None
-                              else f"the weights from --init-from {shown(cfg.model.init_from, 400)}")
+            trainer.origin = ((f"the weights of checkpoint {shown(resume_from, 400)}", "resume from an earlier "
+                               "checkpoints/step_N, or pass --resume none to start afresh") if meta is not None
+                              else (f"the weights from --init-from {shown(Path(cfg.model.init_from), 400)}",
+                                    "pass weights that are finite and of ordinary size, or leave --init-from out"))
         if meta is not None:
             where = trainer.restore(meta)
             if dist.is_main:

@@ -94,7 +94,8 @@ class Trainer:
         self.activations = ActivationProbe()  # bytes saved for backward by the first micro-batch
         self.state = RunState()
         self.weights = WeightCheck(self.strategy.weight_norm, self.cfg.max_weight_growth)  # measured again in fit()
-        self.origin = "the initial weights"  # where the weights fit() starts from came from, for its message
+        # Where the weights fit() starts from came from, and what to do should they be unfit (train.py sets it).
+        self.origin = ("the initial weights", "pass --init-from weights that are finite and of ordinary size")
         # A live bar on a terminal; plain log lines (one per --log-every) in files and CI logs.
         self.interactive = self.strategy.is_main and sys.stderr.isatty()
 
@@ -119,9 +120,8 @@ class Trainer:
         start = time.perf_counter()
         self.weights = WeightCheck(self.strategy.weight_norm, self.cfg.max_weight_growth)  # as resumed, if it was
         if self.weights.start is not None and not math.isfinite(self.weights.start):  # every rank: the same weights
-            raise UserError(f"{self.origin} {self.weights.describe()} before any step: a model that cannot train; "
-                            "pass weights that are finite and of ordinary size (or leave --init-from out), or resume "
-                            "from an earlier checkpoint")
+            raise UserError(f"{self.origin[0]} {self.weights.describe()} before any step: a model that cannot train; "
+                            f"{self.origin[1]}")
         bar = tqdm(total=self.plan.total_steps, desc="train", disable=not self.interactive, dynamic_ncols=True,
                    mininterval=1.0)
         bar.update(self.state.step)
@@ -404,9 +404,13 @@ class Trainer:
         written from these weights; earlier, a warning, and the epoch writes nothing (the loop trains on)."""
         what = (f"the validation loss at step {self.state.step} is {val_loss}: the model's outputs on the validation "
                 "set are not finite, though its weights passed the weight check")
+        fix = "check the validation data, lower --lr or --clip-grad"
+        if last and self.last_saved == self.state.step:  # its checkpoint was due before this validation
+            raise RunStopped(f"{what}; {self.checkpoints.latest_name()}, written before this validation, holds these "
+                             f"weights, and no model was written from them; {fix}, and resume from an earlier "
+                             "checkpoints/step_N (--resume) or pass --resume none", EXIT_DIVERGED)
         if last:
-            raise RunStopped(f"{what}; {self._kept_then('check the validation data, lower --lr or --clip-grad')}",
-                             EXIT_DIVERGED)
+            raise RunStopped(f"{what}; {self._kept_then(fix)}", EXIT_DIVERGED)
         say(f"scale-ocr: warning: {what}; no checkpoint or model file is written from them this epoch", err=True,
             every_rank=False)
 

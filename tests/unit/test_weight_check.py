@@ -44,16 +44,38 @@ def test_max_weight_growth_must_exceed_one(growth):
         TrainConfig(max_weight_growth=growth)
 
 
-def test_single_strategy_measures_the_norm_of_its_trainable_weights():
+def _single(model: torch.nn.Module):
     from scale_ocr.config import OptimConfig, StrategyConfig
     from scale_ocr.distributed.process_group import DistInfo
     from scale_ocr.strategies.single import SingleDevice
 
-    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
     strategy = SingleDevice(StrategyConfig(), DistInfo(0, 1, 0, 1, torch.device("cpu"), "gloo", "python"),
                             TrainConfig(), OptimConfig())
     strategy.model = model
+    return strategy
+
+
+def test_single_strategy_measures_the_norm_of_its_trainable_weights_and_saved_buffers():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    model[1].register_buffer("scratch", torch.full((4,), 1e6), persistent=False)  # not saved: left out
+    strategy = _single(model)
     model[0].bias.requires_grad_(False)  # frozen weights are not the optimizer's: left out
-    expected = torch.linalg.vector_norm(torch.cat([p.detach().reshape(-1) for p in model.parameters()
-                                                   if p.requires_grad]))
+    saved = [p for p in model.parameters() if p.requires_grad] + [model[1].running_mean, model[1].running_var]
+    expected = torch.linalg.vector_norm(torch.cat([t.detach().reshape(-1) for t in saved]))
     assert float(strategy.weight_norm()) == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_a_batchnorm_variance_past_the_bound_is_a_bad_step_though_the_weights_are_not():
+    """N05: a "last good" checkpoint held running_var 1.7e11 with weights of norm 1.3e5 (within their bound), and a
+    resume from it validated NaN. The saved statistics count as the weights do."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    check = WeightCheck(_single(model).weight_norm, 1000.0)
+    with torch.no_grad():
+        model[1].running_var.fill_(1.7e11)
+    assert not check.after_step() and "past" in check.describe()
+    with torch.no_grad():
+        model[1].running_var.fill_(math.inf)
+    assert not check.after_step() and "infinite norm" in check.describe()
+    with torch.no_grad():
+        model[1].running_mean[0] = math.nan
+    assert not check.after_step() and check.describe() == "hold NaN"
