@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from scale_ocr.disk import read_user_json
-from scale_ocr.errors import UserError
+from scale_ocr.errors import UserError, shown
 
 _WORDS = {"train_sha256": ("data position belongs to another dataset", "--train-path", "trained on"),
           "val_sha256": ("best score was measured on another validation set", "--val-path", "validated on")}
@@ -34,7 +34,7 @@ def same_data(recorded: dict | None, now: dict[str, str | None]) -> None:
     for key, (what, flag, did) in _WORDS.items():
         then = recorded.get(key) if isinstance(recorded, dict) else None
         if isinstance(then, str) and then and now.get(key) != then:
-            now_text = f"now {now[key][:12]}..." if now.get(key) else "this run has none"
+            now_text = f"now {shown(now[key][:12])}..." if now.get(key) else "this run has none"
             raise UserError(f"the checkpoint's {what}: the labels of {flag} (labels.json, or a shard set's index) "
-                            f"changed since it was saved (sha256 {then[:12]}..., {now_text}); resume with the "
+                            f"changed since it was saved (sha256 {shown(then[:12])}..., {now_text}); resume with the "
                             f"data it {did}, or pass --resume none to start afresh")

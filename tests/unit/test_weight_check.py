@@ -79,3 +79,21 @@ def test_a_batchnorm_variance_past_the_bound_is_a_bad_step_though_the_weights_ar
     with torch.no_grad():
         model[1].running_mean[0] = math.nan
     assert not check.after_step() and check.describe() == "hold NaN"
+
+
+def test_a_checkpoint_from_before_data_records_is_checked_against_its_runs_config(tmp_path):
+    """X06 as the probe met it: the checkpoint has no data record, but its run's config.json has the training
+    labels' digest (read before the resumed run rewrites it)."""
+    import json
+
+    from scale_ocr.run.same_data import recorded_data, same_data
+
+    step = tmp_path / "run" / "checkpoints" / "step_00000004"
+    step.mkdir(parents=True)
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"dataset": {"train_labels_sha256": "918bacc3c355"}}))
+    recorded = recorded_data({"step": 4}, step)
+    assert recorded == {"train_sha256": "918bacc3c355"}
+    same_data(recorded, {"train_sha256": "918bacc3c355", "val_sha256": None})  # the same data: goes on
+    with pytest.raises(UserError, match="data position belongs to another dataset"):
+        same_data(recorded, {"train_sha256": "0123456789ab", "val_sha256": None})
+    assert recorded_data({"data": {"train_sha256": None}}, step) == {"train_sha256": None}  # synthetic: nothing
