@@ -119,7 +119,7 @@ class WeightCheck:
     """
 
     def __init__(self, measure: Callable[[], torch.Tensor | None], growth: float) -> None:
-        self.measure = measure
+        self.measure, self.growth = measure, growth
         self.start = self.norm = self._read()
         finite_start = self.start is not None and math.isfinite(self.start)
         self.bound = growth * max(self.start, 1.0) if finite_start else math.inf
@@ -128,6 +128,20 @@ class WeightCheck:
     def _read(self) -> float | None:
         norm = self.measure()
         return None if norm is None else float(norm)
+
+    def unfit_start(self, recorded: float | None = None) -> str | None:
+        """What is wrong with the weights training starts from (None: nothing): NaN/inf, a norm fp32 cannot hold,
+        or, resumed, a norm past ``growth`` times the one its checkpoint ``recorded``, as one kept by a check of the
+        weights alone (before buffers counted) may be: its BatchNorm statistics had blown up."""
+        if self.start is None:
+            return None
+        if not math.isfinite(self.start):
+            return self.describe()
+        if isinstance(recorded, (int, float)) and math.isfinite(recorded) and self.start > self.growth * max(recorded,
+                                                                                                            1.0):
+            return (f"have a norm of {self.start:.3g} with their buffers (BatchNorm statistics), past --max-weight-"
+                    f"growth x the {recorded:.3g} its trainer.json records for the weights alone")
+        return None
 
     def after_step(self) -> bool:
         """Measure the updated weights; True when they are acceptable (the ranks then agree on it)."""

@@ -78,6 +78,7 @@ class Trainer:
         self.watchdog = parts.watchdog
         self.last_saved = -1
         self.first_step = 0  # the step this job began at (fit() sets it: a resumed job's is its checkpoint's)
+        self.recorded_norm: float | None = None  # the weight norm a resumed checkpoint's trainer.json records
         self.control = parts.control or StepControl(StopSignal(), None, self.strategy.is_main)
         self.segment_start = 0  # the epoch's optimizer step at which the loader's current order began
         self.device = self.strategy.dist.device
@@ -119,9 +120,9 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         start = time.perf_counter()
         self.weights = WeightCheck(self.strategy.weight_norm, self.cfg.max_weight_growth)  # as resumed, if it was
-        if self.weights.start is not None and not math.isfinite(self.weights.start):  # every rank: the same weights
-            raise UserError(f"{self.origin[0]} {self.weights.describe()} before any step: a model that cannot train; "
-                            f"{self.origin[1]}")
+        unfit = self.weights.unfit_start(self.recorded_norm)  # every rank: the same weights, the same answer
+        if unfit:
+            raise UserError(f"{self.origin[0]} {unfit} before any step: a model that cannot train; {self.origin[1]}")
         bar = tqdm(total=self.plan.total_steps, desc="train", disable=not self.interactive, dynamic_ncols=True,
                    mininterval=1.0)
         bar.update(self.state.step)
@@ -168,6 +169,7 @@ class Trainer:
         self.state.step, self.state.epoch = step, epoch
         self.schedule.load_state_dict({**meta["schedule"], "step_count": step})
         self.state.best = tuple(meta["best"]) if meta.get("best") else None
+        self.recorded_norm = (meta.get("weights") or {}).get("norm") if isinstance(meta.get("weights"), dict) else None
         self.data.position.restore(epoch, samples, meta.get("data_position"))  # old checkpoints: samples only
         where = f"at step {meta['step']}"
         if not same:
@@ -285,6 +287,10 @@ class Trainer:
             return (f"the last good checkpoint, {name}{WeightCheck.of_checkpoint(self.plan.run_dir / name)}, is kept "
                     f"and no model was written from this state; {fix} and run again: `--resume auto` (the default) "
                     "continues from it")
+        if self.first_step:  # resumed from a checkpoint elsewhere (--resume PATH), none written here since
+            return (f"no checkpoint was saved after step {self.first_step}, where this job resumed, and no model was "
+                    f"written from this state; {fix}, and resume again, from an earlier checkpoint if that one keeps "
+                    "failing, or pass --resume none to start afresh")
         return (f"no checkpoint was saved and no model was written from this state; {fix} and run again (there is "
                 "nothing to resume: it starts afresh)")
 

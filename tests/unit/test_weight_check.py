@@ -81,6 +81,16 @@ def test_a_batchnorm_variance_past_the_bound_is_a_bad_step_though_the_weights_ar
     assert not check.after_step() and check.describe() == "hold NaN"
 
 
+def test_a_start_that_cannot_train_is_unfit_before_any_step():
+    """N03 and N05's resume: NaN/inf, a norm fp32 cannot hold (1e38 weights), or a resumed checkpoint whose buffers
+    put the norm far past what its trainer.json recorded for the weights alone (kept before buffers counted)."""
+    assert _check([math.nan]).unfit_start() == "hold NaN"
+    assert "infinite norm" in _check([math.inf]).unfit_start()
+    assert _check([1.16e12]).unfit_start(recorded=1.29e5).startswith("have a norm of 1.16e+12 with their buffers")
+    assert _check([170.0]).unfit_start(recorded=164.0) is None and _check([None]).unfit_start(recorded=1.0) is None
+    assert _check([5.0]).unfit_start(recorded=None) is None
+
+
 def test_a_checkpoint_from_before_data_records_is_checked_against_its_runs_config(tmp_path):
     """X06 as the probe met it: the checkpoint has no data record, but its run's config.json has the training
     labels' digest (read before the resumed run rewrites it)."""
