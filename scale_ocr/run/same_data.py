@@ -29,12 +29,17 @@ def recorded_data(meta: dict, checkpoint: Path) -> dict | None:
         return None
 
 
+def _short(digest: str) -> str:
+    """A digest's first 12 hex digits for a message; anything else (a damaged record) quoted and escaped."""
+    return f"{digest[:12]}..." if digest and all(c in "0123456789abcdef" for c in digest) else shown(digest[:12])
+
+
 def same_data(recorded: dict | None, now: dict[str, str | None]) -> None:
     """Refuse to resume on data other than what ``recorded`` (:func:`recorded_data`) names; ``now``: this run's."""
     for key, (what, flag, did) in _WORDS.items():
         then = recorded.get(key) if isinstance(recorded, dict) else None
         if isinstance(then, str) and then and now.get(key) != then:
-            now_text = f"now {shown(now[key][:12])}..." if now.get(key) else "this run has none"
+            now_text = f"now {_short(now[key])}" if now.get(key) else "this run has none"
             raise UserError(f"the checkpoint's {what}: the labels of {flag} (labels.json, or a shard set's index) "
-                            f"changed since it was saved (sha256 {shown(then[:12])}..., {now_text}); resume with the "
+                            f"changed since it was saved (sha256 {_short(then)}, {now_text}); resume with the "
                             f"data it {did}, or pass --resume none to start afresh")
