@@ -36,7 +36,7 @@ from scale_ocr.distributed.process_group import (
     peek_launch,
     rank_zero_at_rendezvous,
 )
-from scale_ocr.errors import found_by_every_rank, on_interrupt, printable, report_user_errors, shown
+from scale_ocr.errors import found_by_every_rank, on_interrupt, report_user_errors, say, shown
 from scale_ocr.memory.budget import cap_device_memory
 from scale_ocr.memory.host import return_freed_memory
 from scale_ocr.optim import LRPlan, LRSchedule, build_optimizer_spec, lr_factor
@@ -78,7 +78,7 @@ def run(cfg: RunConfig, dist: DistInfo, stop: StopSignal, watchdog: Watchdog | N
         strategy.teardown()
         lock.release()
     if dist.is_main:
-        print(printable(run_summary_line(summary, run_dir, task)), flush=True)
+        say(run_summary_line(summary, run_dir, task))
     return summary
 
 
@@ -101,7 +101,7 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
                      f"scale-ocr: {lr.describe()}, warm-up {plan.warmup} of {plan.total_steps} steps "
                      f"({cfg.optim.sched})"):
             if line:
-                print(line, flush=True)
+                say(line)
     meta = checkpoints.load(resume_from, strategy, cfg.train.seed) if resume_from else None
     if meta is not None:  # before config.json is rewritten: an older checkpoint's digest is read from it
         same_data(recorded_data(meta, resume_from), data.identity())
@@ -125,7 +125,7 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
         if meta is not None:
             where = trainer.restore(meta)
             if dist.is_main:
-                print(f"scale-ocr: resumed from {shown(resume_from, 400)} {where}", flush=True)
+                say(f"scale-ocr: resumed from {shown(resume_from, 400)} {where}")
         summary = {"strategy": cfg.strategy.strategy, "arch": cfg.model.arch, "task": task.name,
                    "train_precision": cfg.train.precision,
                    "launcher": dist.launcher, "backend": dist.backend, "device": str(dist.device),

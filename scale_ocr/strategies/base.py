@@ -20,7 +20,7 @@ from torch import nn
 
 from scale_ocr.config import OptimConfig, StrategyConfig, TrainConfig
 from scale_ocr.distributed.process_group import DistInfo
-from scale_ocr.errors import UserError
+from scale_ocr.errors import UserError, say
 from scale_ocr.memory.meter import StateBytes, StateMeter
 from scale_ocr.memory.model import StateLayout
 from scale_ocr.models.checkpointing import bare_name
@@ -169,7 +169,7 @@ class Strategy(ABC):
             if factory.load_weights is not None:  # every rank reads the same file into the whole model
                 loaded = factory.load_weights(model)
                 if self.is_main:
-                    print(f"scale-ocr: {loaded}", flush=True)
+                    say(f"scale-ocr: {loaded}")
             return model
         init_weights(model.to_empty(device="cpu"), seed)  # each weight initialised once, by its rule
         return model

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from scale_ocr.errors import UserError, first_line
+from scale_ocr.errors import UserError, first_line, say
 from scale_ocr.memory.meter import StateMeter, optimizer_tensors
 from scale_ocr.memory.model import StateLayout
 from scale_ocr.models.init import ModelFactory, full_numel, init_weights
@@ -111,10 +111,10 @@ class DeepSpeed(Strategy):
         hpz = self._hpz_group()
         line = single_group_notice(self.cfg.strategy, hpz, self.world_size, "zero3 plus a copy of each partition")
         if hpz > 1 and line and self.is_main:
-            print(line, flush=True)
+            say(line)
         if self.fp32_for_batchnorm and self.is_main:
-            print("scale-ocr: DeepSpeed keeps fp32 weights (under autocast) for this BatchNorm model; "
-                  "set \"bf16\": {\"enabled\": true} in the JSON to force 16-bit weights", flush=True)
+            say("scale-ocr: DeepSpeed keeps fp32 weights (under autocast) for this BatchNorm model; "
+                "set \"bf16\": {\"enabled\": true} in the JSON to force 16-bit weights")
         model = model.to(self.dist.device)
         self._init_comm()
         kwargs: dict[str, Any] = {"model": model, "config": self.ds_config, "dist_init_required": False}
