@@ -46,6 +46,7 @@ from scale_ocr.run.control import StepControl, StopSignal
 from scale_ocr.run.plan import RunParts, build_plan, run_lr, scaled_optim
 from scale_ocr.run.run_dir import claim
 from scale_ocr.run.run_info import describe_run, run_summary_line, write_run_config
+from scale_ocr.run.same_data import recorded_data, same_data
 from scale_ocr.run.trainer import Trainer
 from scale_ocr.run.watchdog import Watchdog
 from scale_ocr.strategies import Strategy, check_launch, create_strategy
@@ -103,6 +104,8 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
             if line:
                 say(line)
     meta = checkpoints.load(resume_from, strategy, cfg.train.seed) if resume_from else None
+    if meta is not None:  # before config.json is rewritten: an older checkpoint's digest is read from it
+        same_data(recorded_data(meta, resume_from), data.identity())
     own = meta is not None and resume_from.resolve().is_relative_to(plan.run_dir.resolve())  # trim metrics.jsonl
     lr_record = lr.record(plan.warmup)
     if meta is not None:  # the rate a resumed run trains at (--lr-on-resume), as its resume line will say
@@ -115,6 +118,11 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
     try:
         parts = RunParts(strategy, wrapped, schedule, data, task, logger, checkpoints, control, watchdog)
         trainer = Trainer(plan, parts)
+        if meta is not None or load is not None:  # what fit() names should the weights it starts from be unfit
+            trainer.origin = ((f"the weights of checkpoint {shown(resume_from, 400)}", "resume from an earlier "
+                               "checkpoints/step_N, or pass --resume none to start afresh") if meta is not None
+                              else (f"the weights from --init-from {shown(Path(cfg.model.init_from), 400)}",
+                                    "pass weights that are finite and of ordinary size, or leave --init-from out"))
         if meta is not None:
             where = trainer.restore(meta)
             if dist.is_main:

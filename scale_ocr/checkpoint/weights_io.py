@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from scale_ocr.disk import GiB, MiB, open_user_file
-from scale_ocr.errors import UserError
+from scale_ocr.errors import UserError, shown
 from scale_ocr.models.registry import capable
 
 MODEL_FILE_LIMIT = 256 * GiB  # a model file (an export, a run's .pt, --init-from weights) past this is not one
@@ -52,7 +52,17 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         state = state["model"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"--init-from {p} is not a state dict (a mapping of names to tensors)")
+    bad = nonfinite_tensors(state)
+    if bad:
+        raise UserError(f"--init-from {shown(p)}: {len(bad)} of its {len(state)} tensors hold NaN or inf (e.g. "
+                        f"{shown(bad[0])}); a model cannot train from them: pass weights saved from a run that did not "
+                        "diverge")
     return state
+
+
+def nonfinite_tensors(state: dict[str, torch.Tensor]) -> list[str]:
+    """The names of the floating tensors of ``state`` that hold a NaN or an inf."""
+    return [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
 
 
 def mismatch(model: nn.Module, state: dict[str, torch.Tensor]) -> str | None:

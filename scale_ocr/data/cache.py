@@ -11,8 +11,11 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from scale_ocr.errors import UserError
+from scale_ocr.disk import GiB, open_user_file
+from scale_ocr.errors import UserError, say, shown
 from scale_ocr.vocab import Vocab
+
+CACHE_LIMIT = 256 * GiB  # far above any cache that fits in a host's memory, which the whole file must
 
 
 def build_cache(path: str | Path, n: int, input_size: tuple[int, int], chars: str, min_chars: int = 3,
@@ -41,20 +44,33 @@ class TensorWords(Dataset):
     """The words of a cache file; sample ``i`` is ``(image tensor (3, H, W), word)``."""
 
     def __init__(self, path: str | Path, vocab: Vocab, input_size: tuple[int, int]) -> None:
+        name = f"--data-cache {shown(path)}"
+        if not Path(path).exists() and not Path(path).is_symlink():
+            raise UserError(f"{name} does not exist; build it with `python -m scale_ocr.data.cache`")
         try:
-            data = torch.load(path, weights_only=True)
+            with open_user_file(path, what="--data-cache", limit=CACHE_LIMIT, follow=True) as f:
+                data = torch.load(f, weights_only=True)
             self.images, self.labels = data["images"], list(data["labels"])
-        except FileNotFoundError:
-            raise UserError(f"--data-cache {path} does not exist; build it with `python -m "
-                            "scale_ocr.data.cache`") from None
+        except UserError:
+            raise
         except Exception as exc:  # noqa: BLE001 - truncated or foreign files raise several types
-            raise UserError(f"--data-cache {path} is not a scale-ocr image cache ({type(exc).__name__})") from None
+            raise UserError(f"{name} is not a scale-ocr image cache ({type(exc).__name__})") from None
+        if not (isinstance(self.images, torch.Tensor) and self.images.is_floating_point() and self.images.dim() == 4
+                and self.images.shape[0] == len(self.labels) and all(isinstance(w, str) for w in self.labels)):
+            raise UserError(f"{name} is not a scale-ocr image cache (one float tensor of N images, 3 x H x W, and N "
+                            "words expected); rebuild it with `python -m scale_ocr.data.cache`")
         if tuple(self.images.shape[2:]) != tuple(input_size):
-            raise UserError(f"--data-cache {path} holds {self.images.shape[2]}x{self.images.shape[3]} images, this run "
+            raise UserError(f"{name} holds {self.images.shape[2]}x{self.images.shape[3]} images, this run "
                             f"uses --input-size {input_size[0]}x{input_size[1]}; rebuild the cache or change the size")
+        finite = torch.isfinite(self.images).flatten(1).all(1)  # one pass over the cache, at load
+        if not bool(finite.all()):
+            bad = (~finite).nonzero().flatten()
+            raise UserError(f"{name} holds {len(bad)} of {len(finite)} images with NaN or inf pixels (the first: "
+                            f"image {int(bad[0])}); a model cannot train on them: rebuild the cache with "
+                            "`python -m scale_ocr.data.cache`")
         unknown = sorted({c for w in self.labels for c in w} - set(vocab.chars))
         if unknown:
-            raise UserError(f"--data-cache {path} has characters outside the vocabulary: {''.join(unknown)!r}")
+            raise UserError(f"{name} has characters outside the vocabulary: {shown(''.join(unknown))}")
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -78,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", default="latin", choices=sorted(VOCABS))
     args = p.parse_args(argv)
     h, w = (int(v) for v in args.input_size.split("x"))
-    print(build_cache(args.path, args.n, (h, w), VOCABS[args.vocab]))
+    say(build_cache(args.path, args.n, (h, w), VOCABS[args.vocab]))
     return 0
 
 

@@ -131,6 +131,12 @@ class Data:
     skipped: dict[str, int]
     labels_sha256: str | None  # of the training labels.json files; None for synthetic data
     speedup_hint: str = ""  # what would make loading faster, for a run that waited on it
+    val_labels_sha256: str | None = None  # of the validation folders' labels.json (shards.json); None: synthetic
+
+    def identity(self) -> dict[str, str | None]:
+        """What a checkpoint records of its data, so a resume can tell the same from another (None: seeded synthetic
+        data or a cache, nothing recorded to compare)."""
+        return {"train_sha256": self.labels_sha256, "val_sha256": self.val_labels_sha256}
 
 
 def speedup_hint(workers: int, local_world: int) -> str:
@@ -190,4 +196,4 @@ def build_loaders(train_ds: Dataset, val_ds: Dataset, collate, cfg: DataConfig, 
     val_loader = DataLoader(EvalShard(val_ds, dist.rank, dist.world_size), batch_size=batch_size, shuffle=False,
                             **common)
     return Data(train_loader, val_loader, position, len(train_ds), len(val_ds), skipped, labels_sha256,
-                speedup_hint(workers, dist.local_world_size))
+                speedup_hint(workers, dist.local_world_size), labels_digest(cfg.val_path) if cfg.val_path else None)

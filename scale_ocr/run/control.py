@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import signal
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import torch
 import torch.distributed as tdist
 
 from scale_ocr.disk import DiskFault, pending, take_pending
+from scale_ocr.errors import say
 
 # EX_TEMPFAIL from sysexits.h: "try again later". Schedulers and torchrun treat it as a failure, so a
 # job under `--max-restarts` or a requeueing SLURM script starts again and `--resume auto` continues.
@@ -109,7 +109,9 @@ class WeightCheck:
 
     A loss and a gradient can both be finite on the step that throws the weights to 1e28 (``--lr 1e30``): only
     the next step's loss shows it, and by then a checkpoint of those weights may be written. The norm is one read
-    of the weights (the strategy's :meth:`~scale_ocr.strategies.Strategy.weight_norm`), the same on every rank.
+    of what a checkpoint saves of the model, buffers included (the strategy's
+    :meth:`~scale_ocr.strategies.Strategy.weight_norm`): BatchNorm's running variance can reach 1e11 while the
+    weights stay within their bound, and a checkpoint holding it validates NaN.
 
     Args:
         measure: the strategy's ``weight_norm`` (a collective; None: the engine cannot tell).
@@ -117,7 +119,7 @@ class WeightCheck:
     """
 
     def __init__(self, measure: Callable[[], torch.Tensor | None], growth: float) -> None:
-        self.measure = measure
+        self.measure, self.growth = measure, growth
         self.start = self.norm = self._read()
         finite_start = self.start is not None and math.isfinite(self.start)
         self.bound = growth * max(self.start, 1.0) if finite_start else math.inf
@@ -126,6 +128,20 @@ class WeightCheck:
     def _read(self) -> float | None:
         norm = self.measure()
         return None if norm is None else float(norm)
+
+    def unfit_start(self, recorded: float | None = None) -> str | None:
+        """What is wrong with the weights training starts from (None: nothing): NaN/inf, a norm fp32 cannot hold,
+        or, resumed, a norm past ``growth`` times the one its checkpoint ``recorded``, as one kept by a check of the
+        weights alone (before buffers counted) may be: its BatchNorm statistics had blown up."""
+        if self.start is None:
+            return None
+        if not math.isfinite(self.start):
+            return self.describe()
+        if isinstance(recorded, (int, float)) and math.isfinite(recorded) and self.start > self.growth * max(recorded,
+                                                                                                            1.0):
+            return (f"have a norm of {self.start:.3g} with their buffers (BatchNorm statistics), past --max-weight-"
+                    f"growth x the {recorded:.3g} its trainer.json records for the weights alone")
+        return None
 
     def after_step(self) -> bool:
         """Measure the updated weights; True when they are acceptable (the ranks then agree on it)."""
@@ -144,8 +160,8 @@ class WeightCheck:
     def fine(self, what: str, is_main: bool) -> bool:
         """False, with a warning on rank 0, when the weights every rank agreed on are not fit to write as ``what``."""
         if not self.ok and is_main:
-            print(f"scale-ocr: warning: not writing {what}: the weights {self.describe()}; the previous one, if any, "
-                  "is kept", file=sys.stderr, flush=True)
+            say(f"scale-ocr: warning: not writing {what}: the weights {self.describe()}; the previous one, if any, "
+                "is kept", err=True)
         return self.ok
 
     @staticmethod

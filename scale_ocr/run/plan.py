@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,8 +37,16 @@ def global_batch(train: TrainConfig, world_size: int) -> int:
 
 
 def run_lr(cfg: RunConfig, world_size: int) -> LRPlan:
-    """The run's peak rate: the resolved rate carried to this run's global batch by its rule."""
-    return plan_lr(cfg.optim, global_batch(cfg.train, world_size))
+    """The run's peak rate: the resolved rate carried to this run's global batch by its rule; a scaled rate a float
+    cannot hold is refused naming the rule that made it."""
+    lr = plan_lr(cfg.optim, global_batch(cfg.train, world_size))
+    if not math.isfinite(lr.peak_lr):
+        raise UserError(f"--lr {lr.base_lr:g} scaled by --lr-scaling {lr.rule} to this run's global batch "
+                        f"{lr.global_batch} (x {lr.factor:g}: global batch / --lr-reference-batch "
+                        f"{lr.reference_batch}{' under a square root' * (lr.rule == 'sqrt')}) overflows to "
+                        f"{lr.peak_lr}; give a rate that fits once scaled (--lr is the rate at the reference "
+                        "batch), or --lr-scaling none to use --lr as given")
+    return lr
 
 
 def scaled_optim(optim: OptimConfig, lr: LRPlan) -> OptimConfig:

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from scale_ocr.checkpoint.model_files import NonFiniteWeights, whole_bytes, write_whole_model
 from scale_ocr.disk import DiskFault, defer, pending, size_text, take_pending
 from scale_ocr.distributed.process_group import all_reduce_max, all_reduce_sum
-from scale_ocr.errors import RunStopped, UserError, memory_for
+from scale_ocr.errors import RunStopped, UserError, memory_for, say
 from scale_ocr.memory.meter import ActivationProbe
 from scale_ocr.precision import autocast_factory, gemm_factory
 from scale_ocr.run.breakdown import StepClock
@@ -78,6 +78,7 @@ class Trainer:
         self.watchdog = parts.watchdog
         self.last_saved = -1
         self.first_step = 0  # the step this job began at (fit() sets it: a resumed job's is its checkpoint's)
+        self.recorded_norm: float | None = None  # the weight norm a resumed checkpoint's trainer.json records
         self.control = parts.control or StepControl(StopSignal(), None, self.strategy.is_main)
         self.segment_start = 0  # the epoch's optimizer step at which the loader's current order began
         self.device = self.strategy.dist.device
@@ -94,6 +95,8 @@ class Trainer:
         self.activations = ActivationProbe()  # bytes saved for backward by the first micro-batch
         self.state = RunState()
         self.weights = WeightCheck(self.strategy.weight_norm, self.cfg.max_weight_growth)  # measured again in fit()
+        # Where the weights fit() starts from came from, and what to do should they be unfit (train.py sets it).
+        self.origin = ("the initial weights", "pass --init-from weights that are finite and of ordinary size")
         # A live bar on a terminal; plain log lines (one per --log-every) in files and CI logs.
         self.interactive = self.strategy.is_main and sys.stderr.isatty()
 
@@ -117,6 +120,9 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         start = time.perf_counter()
         self.weights = WeightCheck(self.strategy.weight_norm, self.cfg.max_weight_growth)  # as resumed, if it was
+        unfit = self.weights.unfit_start(self.recorded_norm)  # every rank: the same weights, the same answer
+        if unfit:
+            raise UserError(f"{self.origin[0]} {unfit} before any step: a model that cannot train; {self.origin[1]}")
         bar = tqdm(total=self.plan.total_steps, desc="train", disable=not self.interactive, dynamic_ncols=True,
                    mininterval=1.0)
         bar.update(self.state.step)
@@ -145,6 +151,7 @@ class Trainer:
             # Saved only after a good step: this records that its weights were finite and within the bound.
             "weights": self.weights.record(),
             "loss": float(self.state.epoch_loss[-1]) if self.state.epoch_loss else None,
+            "data": self.data.identity(),  # compared on resume (scale_ocr.run.same_data)
         }
 
     def restore(self, meta: dict[str, Any]) -> str:
@@ -162,6 +169,7 @@ class Trainer:
         self.state.step, self.state.epoch = step, epoch
         self.schedule.load_state_dict({**meta["schedule"], "step_count": step})
         self.state.best = tuple(meta["best"]) if meta.get("best") else None
+        self.recorded_norm = (meta.get("weights") or {}).get("norm") if isinstance(meta.get("weights"), dict) else None
         self.data.position.restore(epoch, samples, meta.get("data_position"))  # old checkpoints: samples only
         where = f"at step {meta['step']}"
         if not same:
@@ -260,20 +268,31 @@ class Trainer:
         what = (f"non-finite loss or gradient (grad_norm={float(stats.grad_norm)}); update skipped on every rank"
                 if nonfinite else f"the updated weights {self.weights.describe()}; no checkpoint until a good step")
         if self.strategy.is_main:
-            print(f"scale-ocr: warning: step {self.state.step}: {what} ({self.state.bad_steps} in a row, "
-                  f"--max-bad-steps {self.cfg.max_bad_steps})", file=sys.stderr, flush=True)
+            say(f"scale-ocr: warning: step {self.state.step}: {what} ({self.state.bad_steps} in a row, "
+                f"--max-bad-steps {self.cfg.max_bad_steps})", err=True)
         if self.state.bad_steps >= self.cfg.max_bad_steps:
             raise self._diverged()
 
     def _diverged(self) -> RunStopped:
         """The end of a run whose last steps were bad (:meth:`_bad_step`), exit :data:`EXIT_DIVERGED`."""
-        name = self.checkpoints.latest_name() if self.checkpoints is not None else None
-        kept = (f"the last good checkpoint, {name}{WeightCheck.of_checkpoint(self.plan.run_dir / name)}, is kept"
-                if name else "no checkpoint was saved")
         return RunStopped(f"training diverged: {self.state.bad_steps} consecutive steps up to step "
                           f"{self.state.step} had a NaN/inf loss or gradient, or weights NaN/inf or past "
-                          f"--max-weight-growth; {kept} and no model was written from this state; lower --lr or "
-                          "--clip-grad and resume from it", EXIT_DIVERGED)
+                          f"--max-weight-growth; {self._kept_then('lower --lr or --clip-grad')}", EXIT_DIVERGED)
+
+    def _kept_then(self, fix: str) -> str:
+        """What a run that ends on a bad state keeps, and ``fix`` with the way to go on that exists: resume from the
+        last good checkpoint, or start again when none was kept."""
+        name = self.checkpoints.latest_name() if self.checkpoints is not None else None
+        if name:
+            return (f"the last good checkpoint, {name}{WeightCheck.of_checkpoint(self.plan.run_dir / name)}, is kept "
+                    f"and no model was written from this state; {fix} and run again: `--resume auto` (the default) "
+                    "continues from it")
+        if self.first_step:  # resumed from a checkpoint elsewhere (--resume PATH), none written here since
+            return (f"no checkpoint was saved after step {self.first_step}, where this job resumed, and no model was "
+                    f"written from this state; {fix}, and resume again, from an earlier checkpoint if that one keeps "
+                    "failing, or pass --resume none to start afresh")
+        return (f"no checkpoint was saved and no model was written from this state; {fix} and run again (there is "
+                "nothing to resume: it starts afresh)")
 
     def _preempted(self) -> None:
         name = self.control.stop.received or "a preemption signal on another rank"
@@ -331,10 +350,10 @@ class Trainer:
         self.logger.log(metrics, self.state.step)
         bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", sps=f"{metrics['train/samples_per_sec']:.0f}")
         if self.strategy.is_main and not self.interactive:
-            print(f"step {self.state.step}/{self.plan.total_steps} loss={metrics['train/loss']:.4f} "
-                  f"lr={metrics['train/lr']:.2e} grad_norm={metrics['train/grad_norm']:.3f} "
-                  f"samples/s={metrics['train/samples_per_sec']:.1f} "
-                  f"{self.plan.utilization.describe(metrics['train/samples_per_sec'])}", flush=True)
+            say(f"step {self.state.step}/{self.plan.total_steps} loss={metrics['train/loss']:.4f} "
+                f"lr={metrics['train/lr']:.2e} grad_norm={metrics['train/grad_norm']:.3f} "
+                f"samples/s={metrics['train/samples_per_sec']:.1f} "
+                f"{self.plan.utilization.describe(metrics['train/samples_per_sec'])}")
         if self.watchdog is not None:
             self.watchdog.printed()
 
@@ -361,26 +380,45 @@ class Trainer:
         if last and self.state.bad_steps and (self.state.bad_steps >= self.state.step - self.first_step
                                               or not self.weights.ok):
             raise self._diverged()
-        improved = False
+        improved, unusable = False, None
         if self.cfg.eval:
             result = self.validate()
             score = self.task.score(result.metrics)
-            # A NaN validation loss (diverged weights) is never "best".
-            improved = math.isfinite(score[1]) and (self.state.best is None or score > self.state.best)
+            # A NaN validation loss (outputs not finite, though the weights passed their check) is never "best", and
+            # nothing is written from those weights: no checkpoint, no model file; the run's last epoch ends exit 4.
+            unusable = None if math.isfinite(score[1]) else result.metrics["val_loss"]
+            improved = unusable is None and (self.state.best is None or score > self.state.best)
             if improved:
                 self.state.best = score
+            if unusable is not None:
+                self._unusable(unusable, last)
         # A checkpoint of this step: after the last (so `--resume auto` on a finished run knows there is nothing left
         # to train), and before the model files (so one that fails loses nothing).
         if ((last or self.cfg.save_model) and self.checkpoints is not None and self.checkpoints.at_end
-                and self.last_saved != self.state.step and self.state.bad_steps == 0
+                and self.last_saved != self.state.step and self.state.bad_steps == 0 and unusable is None
                 and self.weights.fine("the checkpoint" if not last else "the final checkpoint", self.strategy.is_main)):
             self.save_checkpoint()
-        if self.cfg.save_model:
+        if self.cfg.save_model and unusable is None:  # every rank has the same (reduced) validation loss
             self._write_models(improved)
         self._end_on_disk_fault(all_reduce_max(float(pending() is not None), self.device) > 0)  # one per epoch
         if self.cfg.eval and self.strategy.is_main:
             tqdm.write(f"epoch {self.state.epoch + 1}: val_loss={result.metrics['val_loss']:.4f} "
                        f"{self.task.format_metrics(result.metrics)}")
+
+    def _unusable(self, val_loss: float, last: bool) -> None:
+        """A validation loss that is NaN/inf: said; at the run's last epoch, the end (exit 4), before anything is
+        written from these weights; earlier, a warning, and the epoch writes nothing (the loop trains on)."""
+        what = (f"the validation loss at step {self.state.step} is {val_loss}: the model's outputs on the validation "
+                "set are not finite, though its weights passed the weight check")
+        fix = "check the validation data, lower --lr or --clip-grad"
+        if last and self.last_saved == self.state.step:  # its checkpoint was due before this validation
+            raise RunStopped(f"{what}; {self.checkpoints.latest_name()}, written before this validation, holds these "
+                             f"weights, and no model was written from them; {fix}, and resume from an earlier "
+                             "checkpoints/step_N (--resume) or pass --resume none", EXIT_DIVERGED)
+        if last:
+            raise RunStopped(f"{what}; {self._kept_then(fix)}", EXIT_DIVERGED)
+        say(f"scale-ocr: warning: {what}; no checkpoint or model file is written from them this epoch", err=True,
+            every_rank=False)
 
     def _write_models(self, improved: bool) -> None:
         """``last_model.pt`` (and ``best_model.pt`` when ``improved``), piece by piece on rank 0 as every rank
@@ -395,9 +433,8 @@ class Trainer:
                 try:
                     write_whole_model(pieces, [self.plan.run_dir / n for n in names], self.strategy.is_main, kept=kept)
                 except NonFiniteWeights as bad:
-                    print(f"scale-ocr: warning: not writing {names[0]}: {bad.name} holds NaN/inf; the previous file, "
-                          "if "
-                          "any, is kept", file=sys.stderr, flush=True)
+                    say(f"scale-ocr: warning: not writing {names[0]}: {bad.name} holds NaN/inf; the previous file, if "
+                        "any, is kept", err=True)
                 except DiskFault as fault:
                     defer(fault)
 

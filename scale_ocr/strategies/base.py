@@ -42,6 +42,21 @@ def tensor_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
+def saved_buffers(module: torch.nn.Module) -> list[torch.Tensor]:
+    """The floating buffers a state dict of ``module`` holds (BatchNorm's running statistics): whole on every rank
+    under every engine (none shards buffers), and saved with the weights, so they count as weights do."""
+    return [b for m in module.modules() for name, b in m._buffers.items()
+            if b is not None and b.is_floating_point() and name not in m._non_persistent_buffers_set]
+
+
+def with_buffers(norm: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
+    """The L2 norm of the weights whose norm is ``norm`` together with ``module``'s saved floating buffers (fp32;
+    NaN when either holds a NaN). Buffers are each rank's own: ranks whose statistics differ may differ here, and
+    the loop's agreement (any rank's bad weights make the step bad) decides for all."""
+    buffers = tensor_norm(saved_buffers(module)).to(norm.device)
+    return torch.linalg.vector_norm(torch.stack([norm.float().reshape(()), buffers.float().reshape(())]))
+
+
 def shard_size(flag: int | None, world: int, local_world: int, what: str) -> int:
     """Ranks per shard group of the hybrid strategies (hsdp, zero3_hpz): ``--shard-size`` (``flag``) or the
     launcher's ranks per node, which must divide the world size; ``what`` names the strategy or file in the message.
@@ -188,14 +203,15 @@ class Strategy(ABC):
         """Clip to ``optim.clip_grad`` (if > 0), step the optimizer, and zero the gradients."""
 
     def weight_norm(self) -> torch.Tensor | None:
-        """Global L2 norm of the trainable weights as the last step left them: a 0-d tensor (perhaps on the device),
-        NaN/inf when some weight is, the same on every rank. A collective: every rank calls it.
+        """Global L2 norm of what a checkpoint saves of the model as the last step left it: the trainable weights
+        and the floating buffers (BatchNorm statistics, :func:`with_buffers`); a 0-d tensor (perhaps on the device),
+        NaN/inf when some value is. A collective: every rank calls it.
 
         The loop checks it after each step, so it must cost about one read of the local weights. This default reads
-        ``self.model``'s parameters: whole replicas, or FSDP2's DTensor shards (:func:`tensor_norm`). None: this
-        engine cannot tell now.
+        ``self.model``'s parameters: whole replicas, or FSDP2's DTensor shards (:func:`tensor_norm`), and its
+        buffers. None: this engine cannot tell now.
         """
-        return tensor_norm([p for p in self.model.parameters() if p.requires_grad])
+        return with_buffers(tensor_norm([p for p in self.model.parameters() if p.requires_grad]), self.model)
 
     @abstractmethod
     def model_pieces(self) -> list[ModelPiece]:

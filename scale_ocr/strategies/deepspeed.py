@@ -17,7 +17,7 @@ from scale_ocr.memory.model import StateLayout
 from scale_ocr.models.init import ModelFactory, full_numel, init_weights
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies import deepspeed_internals as internals
-from scale_ocr.strategies.base import ModelPiece, StepStats, Strategy, single_group_notice, tensor_norm
+from scale_ocr.strategies.base import ModelPiece, StepStats, Strategy, single_group_notice, tensor_norm, with_buffers
 from scale_ocr.strategies.common import broadcast_buffers
 from scale_ocr.strategies.deepspeed_state import DeepSpeedState
 from scale_ocr.strategies.ds_config import keep_fp32_weights, load_ds_config, preset_path, resolve_ds_config
@@ -114,7 +114,7 @@ class DeepSpeed(Strategy):
             say(line)
         if self.fp32_for_batchnorm and self.is_main:
             say("scale-ocr: DeepSpeed keeps fp32 weights (under autocast) for this BatchNorm model; "
-                  "set \"bf16\": {\"enabled\": true} in the JSON to force 16-bit weights")
+                "set \"bf16\": {\"enabled\": true} in the JSON to force 16-bit weights")
         model = model.to(self.dist.device)
         self._init_comm()
         kwargs: dict[str, Any] = {"model": model, "config": self.ds_config, "dist_init_required": False}
@@ -247,13 +247,14 @@ class DeepSpeed(Strategy):
         )
 
     def weight_norm(self):
-        """ZeRO-3: the squares of this rank's partitions summed over the ranks, without the last one's padding, which
-        DeepSpeed leaves uninitialized (it would make the norm NaN now and then); None under NVMe parameter offload."""
+        """With the floating buffers (:func:`with_buffers`). ZeRO-3: the squares of this rank's partitions summed over
+        the ranks, without the last one's padding, which DeepSpeed leaves uninitialized (it would make the norm NaN now
+        and then); None under NVMe parameter offload."""
         import torch.distributed as tdist
 
         params = [p for p in self.engine.module.parameters() if p.requires_grad]
         if self.zero_stage < 3:
-            return tensor_norm(params)
+            return with_buffers(tensor_norm(params), self.engine.module)
         if self.ds_config.get("zero_optimization", {}).get("offload_param", {}).get("device") == "nvme":
             return None  # decided by the config, never by tensors, so every rank takes the same branch
         parts = []
@@ -263,7 +264,7 @@ class DeepSpeed(Strategy):
         square = tensor_norm(parts).float().square().reshape(1).to(self.dist.device)
         if tdist.is_initialized():
             tdist.all_reduce(square)
-        return square.sqrt()[0]
+        return with_buffers(square.sqrt()[0], self.engine.module)  # buffers: whole on every rank, never summed
 
     def sync_buffers(self) -> None:
         broadcast_buffers(self.engine.module)  # as DDP: one set of BatchNorm statistics, rank 0's

@@ -51,8 +51,8 @@ def probe(strategy, dist, arch: str, width: str, depth: str, compare: str) -> di
         diff = max((reference[k].float() - whole[k].float()).abs().max().item() for k in reference)
         expected = [len(g["params"]) for g in spec.groups(reference_model) if g["weight_decay"] > 0]
         assert decayed == expected, f"weight decay on {decayed} parameters, {expected} when built whole"
-        norm = float(torch.linalg.vector_norm(torch.cat([p.detach().reshape(-1)
-                                                         for p in reference_model.parameters()])))
+        norm = float(torch.linalg.vector_norm(torch.cat([v.detach().reshape(-1) for v in reference.values()
+                                                         if v.is_floating_point()])))  # weights and buffers
     return {"max_abs_diff": diff, "peak_rss_growth": growth, "whole_bytes": 4 * n, "weight_norm": weight_norm,
             "padded": padded, "norm": norm}
 

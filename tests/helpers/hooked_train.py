@@ -1,12 +1,15 @@
 """``scale_ocr/train.py`` with test hooks installed first: what a test launches (under torchrun or python) to reach
 a moment a real run cannot be stopped at from outside. Hook options come before the training arguments::
 
-    hooked_train.py [--stall-save SECONDS] [--resave-on-resume] TRAIN_ARGS...
+    hooked_train.py [--stall-save SECONDS] [--stall-in-dcp SECONDS] [--resave-on-resume] TRAIN_ARGS...
 
 ``--stall-save SECONDS``
     from the second checkpoint on, every rank sleeps after writing its files, before the barrier that completes
     the save: a rank killed then dies mid-write (the checkpoint's ``step_N.tmp`` is there, ``latest`` not yet
     moved), and the first checkpoint, saved at once, is complete to fall back on.
+``--stall-in-dcp SECONDS``
+    every rank sleeps inside torch.distributed.checkpoint's write of each checkpoint's tensors (``step_N.tmp`` is
+    there): a signal sent then meets DCP's own handling (it wraps a Ctrl-C in a CheckpointException).
 ``--resave-on-resume``
     a resumed run saves the state it loaded, re-sharded by its own engine, before its first step, so a test can
     compare it bitwise with the checkpoint it came from.
@@ -41,6 +44,19 @@ def stall_saves(seconds: float) -> None:
     CheckpointManager.write_shards = write_then_stall
 
 
+def stall_in_dcp(seconds: float) -> None:
+    """Each rank sleeps ``seconds`` inside DCP's write of its data, before writing it."""
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+    write = FileSystemWriter.write_data
+
+    def stall_then_write(self, *args, **kwargs):
+        time.sleep(seconds)
+        return write(self, *args, **kwargs)
+
+    FileSystemWriter.write_data = stall_then_write
+
+
 def resave_on_resume() -> None:
     """A resumed run saves a checkpoint as soon as its trainer state is restored (before training on)."""
     from scale_ocr.run.trainer import Trainer
@@ -58,9 +74,12 @@ def resave_on_resume() -> None:
 def install(argv: list[str]) -> list[str]:
     """Install the hooks the leading options of ``argv`` ask for; the rest of ``argv`` (train.py's arguments)."""
     argv = list(argv)
-    while argv and argv[0] in ("--stall-save", "--resave-on-resume"):
-        if argv.pop(0) == "--stall-save":
+    while argv and argv[0] in ("--stall-save", "--stall-in-dcp", "--resave-on-resume"):
+        option = argv.pop(0)
+        if option == "--stall-save":
             stall_saves(float(argv.pop(0)))
+        elif option == "--stall-in-dcp":
+            stall_in_dcp(float(argv.pop(0)))
         else:
             resave_on_resume()
     return argv

@@ -227,3 +227,20 @@ def test_an_export_named_pt_is_read_as_the_export_it_is(run_dir, tmp_path, capsy
     line = _one_error_line(cli_main(["export", str(run_dir / "last_model.pt"), str(tmp_path / "m.safetensors")]),
                            capsys.readouterr().err)
     assert "is not a torch file" in line and "crafted" not in line
+
+
+@pytest.mark.parametrize("value", [float("nan"), 1e38])
+def test_init_from_weights_unfit_to_train_are_refused_before_any_step(trained, tmp_path, capsys, value):
+    """N03: --init-from NaN weights (or 1e38, finite but with an infinite norm) trained 5 NaN steps and ended
+    "training diverged ... lower --lr": NaN is refused as the file loads, 1e38 as the weight check first measures."""
+    state = torch.load(trained / "last_model.pt", weights_only=True)
+    state = {k: v.fill_(value) if v.is_floating_point() and k.endswith("weight") else v for k, v in state.items()}
+    torch.save(state, tmp_path / "bad.pt")
+    code = train_main([*SMALL, "--output-dir", str(tmp_path / "run"), "--init-from", str(tmp_path / "bad.pt")])
+    line = _one_error_line(code, capsys.readouterr().err)
+    if value != value:  # NaN
+        assert "bad.pt: " in line and "tensors hold NaN or inf (e.g. " in line, line
+    else:
+        assert "the weights from --init-from " in line and "have an infinite norm" in line, line
+        assert "before any step" in line, line
+    assert not (tmp_path / "run" / "checkpoints").exists() or not list((tmp_path / "run").glob("checkpoints/step_*"))

@@ -118,3 +118,22 @@ def test_train_sampler_gives_disjoint_shards():
     assert not idx[0] & idx[1] and len(idx[0] | idx[1]) == 64
     shards[0].position.sampler.set_epoch(1)
     assert set(shards[0].position.sampler) != idx[0]  # a new permutation each epoch
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_cache_of_nan_or_inf_images_is_refused_when_it_loads(tmp_path, bad):
+    """N01: a NaN (or inf) cache trained 5 NaN steps and ended "training diverged ... lower --lr": refused at load,
+    naming the cache and its first bad image."""
+    from scale_ocr.data.cache import TensorWords, build_cache
+    from scale_ocr.errors import UserError
+
+    path = build_cache(tmp_path / "c.pt", 4, (32, 64), "abc")
+    data = torch.load(path, weights_only=True)
+    data["images"][2, 0, 5, 5] = bad
+    torch.save(data, path)
+    with pytest.raises(UserError, match=r"--data-cache .*c\.pt holds 1 of 4 images with NaN or inf pixels \(the first: "
+                                        r"image 2\).*rebuild the cache"):
+        TensorWords(path, Vocab("abc"), (32, 64))
+    torch.save({**data, "images": [1, 2]}, path)  # not a tensor: one line, not an AttributeError
+    with pytest.raises(UserError, match="is not a scale-ocr image cache"):
+        TensorWords(path, Vocab("abc"), (32, 64))

@@ -152,3 +152,15 @@ def test_lamb_trains_and_the_run_records_its_rate(engine, tmp_path, capsys):
     losses = [json.loads(x)["train/loss"] for x in (run / "metrics.jsonl").read_text().splitlines()
               if "train/loss" in x]
     assert losses == pytest.approx([5.0510, 5.0163], abs=1e-3), losses  # as measured under single (blank-prior head)
+
+
+def test_a_scaled_rate_that_overflows_names_the_scaling_not_the_flag():
+    """L01: --lr 1e308 x 4 (linear, reference batch 1) was reported as "--lr inf is not a finite number"."""
+    from scale_ocr.run.plan import run_lr
+
+    cfg = parse_config(["--lr", "1e308", "--lr-scaling", "linear", "--lr-reference-batch", "1", "-b", "4"])
+    with pytest.raises(UserError) as err:
+        run_lr(cfg, 1)
+    text = str(err.value)
+    assert "--lr 1e+308 scaled by --lr-scaling linear" in text and "x 4" in text and "overflows to inf" in text
+    assert "--lr-scaling none" in text and "--lr inf" not in text

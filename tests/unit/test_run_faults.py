@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY, TRAIN, _env, python_train, read_jsonl, read_metrics
+from conftest import HOOKED_TRAIN, REPO, TINY, TRAIN, _env, make_folder, python_train, read_jsonl, read_metrics
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from scale_ocr.run.run_dir import RunLock
@@ -116,6 +116,7 @@ def test_diverging_run_stops_with_its_last_good_checkpoint(tmp_path, capsys):
     err = capsys.readouterr().err
     line = _one_line(err)
     assert code == 4 and "training diverged" in line and "no checkpoint was saved" in line
+    assert "nothing to resume" in line and "resume from it" not in line  # the advice names what exists
     assert "step 1: the updated weights" in err, err
     assert not list(wild.glob("checkpoints/step_*")) and not (wild / "last_model.pt").exists()
     # Two good steps, then the same rate from step 2: step_00000002 is the last good checkpoint, and says so.
@@ -128,18 +129,61 @@ def test_diverging_run_stops_with_its_last_good_checkpoint(tmp_path, capsys):
     err = capsys.readouterr().err
     line = _one_line(err)
     assert code == 4 and "training diverged" in line and "step_00000002 (weights finite, norm" in line, line
+    assert "`--resume auto` (the default) continues from it" in line, line
     assert "step 3: the updated weights" in err and err.count("scale-ocr: warning: step") == 3, err
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000002"
     meta = json.loads((run_dir / "checkpoints" / "step_00000002" / "trainer.json").read_text())
     assert meta["weights"]["finite"] and meta["weights"]["within_bound"] and meta["loss"] < 1e3, meta
     dcp_to_torch_save(str(run_dir / "checkpoints" / "step_00000002"), str(tmp_path / "full.pt"))
     state = torch.load(tmp_path / "full.pt", weights_only=True)["model"]
-    weights = [v.float() for k, v in state.items() if torch.is_tensor(v) and v.is_floating_point()
-               and "running_" not in k]
+    weights = [v.float() for k, v in state.items() if torch.is_tensor(v) and v.is_floating_point()]  # buffers too
     norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(w) for w in weights])))
     assert abs(norm - meta["weights"]["norm"]) <= 1e-3 * norm  # the recorded norm is these weights'
     assert norm < meta["weights"]["bound"] / 100 and max(float(w.abs().max()) for w in weights) < 100
     assert (run_dir / "last_model.pt").stat().st_mtime_ns == good_model  # the good run's, not rewritten
+
+
+def test_a_nan_validation_loss_writes_no_model_and_does_not_exit_0(tmp_path, capsys, monkeypatch):
+    """N05's end: a run resumed from a checkpoint whose BatchNorm statistics had blown up validated NaN, exited 0 and
+    wrote best and last models from it. A NaN validation loss at the end is exit 4, and nothing is written from it."""
+    from scale_ocr.tasks.recognition import RecognitionTask
+
+    evaluate = RecognitionTask.evaluate
+
+    def nan_loss(self, *args, **kwargs):
+        result = evaluate(self, *args, **kwargs)
+        result.metrics["val_loss"] = float("nan")
+        return result
+
+    monkeypatch.setattr(RecognitionTask, "evaluate", nan_loss)
+    run_dir = tmp_path / "run"
+    code = main([*SMALL, "--max-steps", "3", "--save-every", "2", "--output-dir", str(run_dir)])
+    line = _one_line(capsys.readouterr().err)
+    assert code == 4 and "the validation loss at step 3 is nan" in line, line
+    assert "the last good checkpoint, checkpoints/step_00000002" in line and "no model was written" in line, line
+    assert not list(run_dir.glob("*_model.pt")) and not (run_dir / "checkpoints" / "step_00000003").exists()
+
+
+def test_a_resume_after_the_training_labels_changed_is_refused(tmp_path, capsys):
+    """X06: a folder run resumed after its labels.json changed continued mid-epoch on another dataset, although
+    config.json recorded train_labels_sha256. Refused, as a shard set whose index changed is."""
+    words = {f"{i}.png": w for i, w in enumerate(["hello", "world", "scale", "ocr42", "Text", "CTC", "gloo", "rank"])}
+    train, val = make_folder(tmp_path / "train", words), make_folder(tmp_path / "val", dict(list(words.items())[:4]))
+    args = [*SMALL, "--train-path", str(train), "--val-path", str(val), "--save-every", "1", "--vocab", "latin",
+            "--output-dir", str(tmp_path / "run")]
+    assert main([*args, "--max-steps", "1"]) == 0
+    capsys.readouterr()
+    labels = json.loads((train / "labels.json").read_text())
+    (train / "labels.json").write_text(json.dumps({**labels, "0.png": "jello"}))
+    code = main([*args, "--max-steps", "3"])
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2 and "the checkpoint's data position belongs to another dataset" in line, line
+    assert "--train-path" in line and "--resume none" in line, line
+    (train / "labels.json").write_text(json.dumps(labels))  # the data it trained on: the same resume goes on
+    (val / "labels.json").write_text(json.dumps({**json.loads((val / "labels.json").read_text()), "0.png": "jello"}))
+    code = main([*args, "--max-steps", "3"])
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2 and "best score was measured on another validation set" in line and "--val-path" in line, line
 
 
 def _launch(args: list[str]) -> subprocess.Popen:
@@ -195,6 +239,28 @@ def test_ctrl_c_is_one_line(tmp_path):
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert proc.returncode == 130 and len(lines) == 1 and lines[0].startswith("scale-ocr: interrupted (Ctrl-C)"), \
         f"exit {proc.returncode}; stdout:\n{out}\nstderr:\n{err}"
+
+
+def test_ctrl_c_during_a_checkpoint_save_is_one_line_and_exit_130(tmp_path):
+    """G01: DCP wraps a Ctrl-C during its write in a CheckpointException (a BaseException): 150 lines (the traceback
+    twice, once as `[rank0]:`) and exit 1. Now the interrupt line alone, exit 130, and the partial save removed."""
+    run_dir = tmp_path / "r"
+    proc = subprocess.Popen([sys.executable, str(HOOKED_TRAIN), "--stall-in-dcp", "60", *SMALL, "--log-every", "1",
+                             "--save-every", "2", "--output-dir", str(run_dir)], cwd=REPO, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    tmp = run_dir / "checkpoints" / "step_00000002.tmp"
+    deadline = time.monotonic() + 120
+    while not tmp.is_dir() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)  # inside the stalled write
+    sent = proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert sent and proc.returncode == 130 and len(lines) == 1, f"exit {proc.returncode}; {out}\nstderr:\n{err}"
+    assert lines[0].startswith("scale-ocr: interrupted (Ctrl-C); checkpoints already written are kept"), err
+    assert not tmp.exists() and not (run_dir / "checkpoints" / "latest").exists()  # nothing partial is left
 
 
 def test_sigusr1_checkpoints_and_exits_75(tmp_path):
