@@ -30,6 +30,7 @@ from scale_ocr.disk import (
     DiskFault,
     disk_fault,
     pending,
+    read_user_json,
     remove_tree,
     size_text,
     take_pending,
@@ -231,9 +232,9 @@ class CheckpointManager:
         """Restore model, optimizer and RNG from ``path``; returns the trainer state to continue from."""
         listed = verify_manifest(path, warn=self.dist.is_main)  # before reading anything in it
         try:
-            meta = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UserError(f"{path / 'trainer.json'} is unreadable ({exc}); the checkpoint is damaged") from None
+            meta = read_user_json(path / "trainer.json", what="the checkpoint's trainer.json", nan_ok=True)
+        except UserError as exc:
+            raise UserError(f"{exc}; the checkpoint is damaged") from None
         for key, ours in self.identity.items():
             if meta.get(key) != ours:
                 raise UserError(

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import Dataset
 
 from scale_ocr.disk import GiB, open_user_file
-from scale_ocr.errors import UserError, say, shown
+from scale_ocr.errors import UserError, report_user_errors, say, shown
 from scale_ocr.vocab import Vocab
 
 CACHE_LIMIT = 256 * GiB  # far above any cache that fits in a host's memory, which the whole file must
@@ -82,6 +82,7 @@ class TensorWords(Dataset):
         return self.images[index].float(), self.labels[index]
 
 
+@report_user_errors
 def main(argv: list[str] | None = None) -> int:
     import argparse
 

@@ -14,6 +14,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from scale_ocr.config import DataConfig
+from scale_ocr.data.files import LABELS_LIMIT
+from scale_ocr.disk import read_user_bytes
 from scale_ocr.distributed.process_group import DistInfo
 from scale_ocr.errors import UserError
 
@@ -157,7 +159,8 @@ def labels_digest(paths: tuple[str, ...]) -> str:
 
     h = hashlib.sha256()
     for p in paths:
-        h.update((Path(p) / (INDEX if is_shard_set(p) else "labels.json")).read_bytes())
+        h.update(read_user_bytes(Path(p) / (INDEX if is_shard_set(p) else "labels.json"), what="the labels",
+                                 limit=LABELS_LIMIT, follow=True))
     return h.hexdigest()
 
 

@@ -336,7 +336,7 @@ class ShardWriter:
     def _open(self) -> None:
         self._name = f"shard-{len(self.shards):06d}.tar"
         self._tmp = self.out / f".{self._name}.part"
-        self._file = open(self._tmp, "wb")  # noqa: SIM115 - closed in _finish_shard
+        self._file = open(self._tmp, "xb")  # noqa: SIM115 - closed in _finish_shard; x: never through a link
         self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.USTAR_FORMAT)
 
     def _finish_shard(self) -> None:

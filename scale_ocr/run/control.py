@@ -8,7 +8,6 @@ SIGUSR1 set the stop flag: the step ends, every rank checkpoints together and th
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import time
@@ -19,8 +18,8 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 
-from scale_ocr.disk import DiskFault, pending, take_pending
-from scale_ocr.errors import say
+from scale_ocr.disk import DiskFault, pending, read_user_json, take_pending
+from scale_ocr.errors import UserError, say
 
 # EX_TEMPFAIL from sysexits.h: "try again later". Schedulers and torchrun treat it as a failure, so a
 # job under `--max-restarts` or a requeueing SLURM script starts again and `--resume auto` continues.
@@ -168,11 +167,11 @@ class WeightCheck:
     def of_checkpoint(folder: Path) -> str:
         """What a checkpoint's trainer.json says of its weights and loss, for the divergence message."""
         try:
-            meta = json.loads((folder / "trainer.json").read_text(encoding="utf-8"))
+            meta = read_user_json(folder / "trainer.json", what="the checkpoint's trainer.json", nan_ok=True)
             w, loss = meta["weights"], meta["loss"]
             fine = w["finite"] and w["within_bound"]
             return f" (weights finite, norm {w['norm']:.3g}; loss {loss:.4g})" if fine else ""
-        except (OSError, ValueError, KeyError, TypeError):  # written by an older version, or not measured
+        except (UserError, ValueError, KeyError, TypeError):  # written by an older version, or not measured
             return ""
 
     def record(self) -> dict[str, float | bool | None]:

@@ -12,11 +12,10 @@ import datetime
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 
-from scale_ocr.errors import EXIT_PEER_LOST
+from scale_ocr.errors import EXIT_PEER_LOST, say
 
 ALIVE_EVERY = 60.0  # seconds between "alive" lines while nothing else is printed
 
@@ -99,8 +98,8 @@ class Watchdog:
             if self.is_main and now - self.last_line >= ALIVE_EVERY:
                 self.last_line = now
                 where = f"step {self.step}/{self.total}" if self.total else "starting"
-                print(f"scale-ocr: alive: {where}, {stuck:.0f} s since the last completed step; "
-                      f"{self.world - len(stale)} of {self.world} ranks responding", file=sys.stderr, flush=True)
+                say(f"scale-ocr: alive: {where}, {stuck:.0f} s since the last completed step; "
+                      f"{self.world - len(stale)} of {self.world} ranks responding", err=True)
 
     def _beat(self, now: float) -> list[int]:
         """Bump our counter, read the others'; returns the ranks silent for ``timeout`` (-1: the store)."""
@@ -145,9 +144,8 @@ class Watchdog:
         survivors = [r for r in range(self.world) if r not in stale and not (r == 0 and -1 in stale)]
         if survivors and self.rank != min(survivors):
             os._exit(EXIT_PEER_LOST)
-        print(f"scale-ocr: error: {who} stopped responding: no heartbeat for over {self.timeout:.0f} s "
+        say(f"scale-ocr: error: {who} stopped responding: no heartbeat for over {self.timeout:.0f} s "
               f"(--dist-timeout) while rank {self.rank} waited {stuck:.0f} s at step {self.step}; ending the job. "
               "The process was stopped, hung or killed: check that host; with --save-every or the default "
-              "timed checkpoints, `--resume auto` continues from the last one",
-              file=sys.stderr, flush=True)
+              "timed checkpoints, `--resume auto` continues from the last one", err=True)
         os._exit(EXIT_PEER_LOST)
