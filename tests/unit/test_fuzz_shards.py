@@ -9,7 +9,6 @@ training and for validation, returns or raises one UserError line (:mod:`test_fu
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import shutil
@@ -23,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 from test_fuzz_oracle import outcome
+from test_shards_faults import _reindex
 
 from scale_ocr.cli.make_shards import make_shards
 from scale_ocr.data.shard_reader import ShardVal, open_pages, open_words
@@ -68,14 +68,6 @@ def _exercise(path: Path, task: str) -> None:
         else:
             for s in range(len(ds.set.shards)):
                 ds[(s, 0)]
-
-
-def _reindex(path: Path) -> None:
-    doc = json.loads((path / INDEX).read_text())
-    for s in doc["shards"]:
-        data = (path / s["name"]).read_bytes()
-        s["bytes"], s["sha256"] = len(data), hashlib.sha256(data).hexdigest()
-    (path / INDEX).write_text(json.dumps(doc))
 
 
 def _run(sets: dict[str, Path], task: str, mutate) -> None:
