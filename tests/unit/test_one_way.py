@@ -147,13 +147,15 @@ def test_every_entry_point_runs_under_the_reporter():
 
 
 def test_a_reader_that_goes_away_ends_the_command_quietly():
-    """``scale-ocr models | head -1``: the closed pipe ends the command with 141 (128 + SIGPIPE), as Unix tools end,
-    not with a line blaming a lost rank."""
+    """``scale-ocr summary RUN | head -3``: the closed pipe ends the command with 141 (128 + SIGPIPE), as Unix tools
+    end, not with a line blaming a lost rank. A command under the reporter writes far more than a pipe holds."""
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "scale_ocr", "models"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=ROOT)
+    script = ("from scale_ocr.errors import report_user_errors, say\n"
+              "main = report_user_errors(lambda: [say('x' * 100) for _ in range(100_000)] and 0)\n"
+              "raise SystemExit(main())\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     assert proc.stdout.readline()
     proc.stdout.close()
     _, err = proc.communicate(timeout=120)
