@@ -322,16 +322,27 @@ def test_a_run_that_waits_on_its_data_says_so(tmp_path, capsys, monkeypatch):
     assert all(0 <= r["train/data_share"] <= 1 for r in read_jsonl(run_dir) if "train/loss" in r)
 
 
+VALIDATED = [*SMALL, "--save-every", "2", "--keep-last", "0", "--eval-every", "2", "--max-steps", "10"]
+
+
+@pytest.fixture(scope="module")
+def validated_run(tmp_path_factory):
+    """One uninterrupted run that validates and checkpoints every 2 steps, for each rewind to copy."""
+    whole = tmp_path_factory.mktemp("validated") / "whole"
+    assert main([*VALIDATED, "--output-dir", str(whole)]) == 0
+    return whole
+
+
 @pytest.mark.parametrize("rewind", [4, 8])  # a validation within the epoch; the epoch's end (8 steps of 4 samples)
-def test_a_checkpoint_at_a_validated_step_keeps_that_validation_for_the_resumed_run(tmp_path, capsys, rewind):
+def test_a_checkpoint_at_a_validated_step_keeps_that_validation_for_the_resumed_run(validated_run, tmp_path, capsys,
+                                                                                     rewind):
     """A run resumed from a checkpoint of a step it validated has every validation of an uninterrupted run, once:
     the checkpoint is written after that step's validation (a resumed run does not validate the step again)."""
     def val_steps(run_dir: Path) -> list[int]:
         return [r["step"] for r in read_jsonl(run_dir) if "val/exact_match" in r]
 
-    args = [*SMALL, "--save-every", "2", "--keep-last", "0", "--eval-every", "2", "--max-steps", "10"]
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    assert main([*args, "--output-dir", str(whole)]) == 0
+    args = VALIDATED
+    whole, cut = validated_run, tmp_path / "cut"
     shutil.copytree(whole, cut)
     for ckpt in (cut / "checkpoints").glob("step_*"):
         if int(ckpt.name.split("_")[1]) > rewind:
