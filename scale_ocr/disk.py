@@ -272,7 +272,8 @@ def kind_of(mode: int) -> str:
     return next((words for test, words in _KINDS if test(mode)), "not a regular file")
 
 
-def open_user_file(path: str | os.PathLike[str], *, what: str, limit: int, follow: bool = False) -> BinaryIO:
+def open_user_file(path: str | os.PathLike[str], *, what: str, limit: int, follow: bool = False,
+                   missing: str | None = None) -> BinaryIO:
     """Open a file a user handed us (``what``, e.g. ``"the run's config.json"``) for reading, or refuse it in one line.
 
     Args:
@@ -281,6 +282,8 @@ def open_user_file(path: str | os.PathLike[str], *, what: str, limit: int, follo
         limit: the most bytes such a file can hold; a larger one is refused before a byte is read.
         follow: a link is followed only for a path the user typed (it names what the user meant); an entry found
             inside a run or dataset folder is read only as itself.
+        missing: the whole line to say when nothing is at ``path`` (not even a link), where the caller knows what
+            the file is for and how to make it; else the line says it does not exist.
 
     The open is non-blocking (a FIFO never blocks it); the descriptor's ``fstat`` must show a regular file.
 
@@ -292,7 +295,7 @@ def open_user_file(path: str | os.PathLike[str], *, what: str, limit: int, follo
     try:
         fd = os.open(path, flags)
     except OSError as exc:
-        raise _unreadable(path, what, exc) from None
+        raise _unreadable(path, what, exc, missing) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -307,7 +310,9 @@ def open_user_file(path: str | os.PathLike[str], *, what: str, limit: int, follo
         raise
 
 
-def _unreadable(path: Path, what: str, exc: OSError) -> UserError:
+def _unreadable(path: Path, what: str, exc: OSError, missing: str | None = None) -> UserError:
+    if exc.errno == errno.ENOENT and missing is not None and not os.path.lexists(path):
+        return UserError(missing)
     if exc.errno == errno.ENOENT:
         return UserError(f"{what} {shown(path)} does not exist; check the path")
     if exc.errno == errno.ELOOP:
@@ -319,10 +324,11 @@ def _unreadable(path: Path, what: str, exc: OSError) -> UserError:
                      f"{os.strerror(exc.errno or 0)}); check the path")
 
 
-def read_user_bytes(path: str | os.PathLike[str], *, what: str, limit: int, follow: bool = False) -> bytes:
+def read_user_bytes(path: str | os.PathLike[str], *, what: str, limit: int, follow: bool = False,
+                    missing: str | None = None) -> bytes:
     """The bytes of a user's file, read through :func:`open_user_file` (arguments as there); a file that grew past
     ``limit`` while it was read is refused too."""
-    with open_user_file(path, what=what, limit=limit, follow=follow) as f:
+    with open_user_file(path, what=what, limit=limit, follow=follow, missing=missing) as f:
         data = f.read(limit + 1)
     if len(data) > limit:
         raise UserError(f"{what} {shown(Path(path))} grew past {size_text(limit)} while it was read; pass a file that "
@@ -330,9 +336,10 @@ def read_user_bytes(path: str | os.PathLike[str], *, what: str, limit: int, foll
     return data
 
 
-def read_user_text(path: str | os.PathLike[str], *, what: str, limit: int, follow: bool = False) -> str:
+def read_user_text(path: str | os.PathLike[str], *, what: str, limit: int, follow: bool = False,
+                   missing: str | None = None) -> str:
     """A user's file as UTF-8 text (arguments as :func:`open_user_file`); other bytes are refused in one line."""
-    data = read_user_bytes(path, what=what, limit=limit, follow=follow)
+    data = read_user_bytes(path, what=what, limit=limit, follow=follow, missing=missing)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -340,18 +347,19 @@ def read_user_text(path: str | os.PathLike[str], *, what: str, limit: int, follo
                         f"{exc.start}); save it as UTF-8, or pass the right file") from None
 
 
-def _no_constant(name: str) -> float:
+def refuse_json_constant(name: str) -> float:
+    """``json.loads``' ``parse_constant``: NaN and Infinity, which Python writes but JSON does not have, refused."""
     raise ValueError(f"it holds {name}, which JSON does not have")
 
 
 def read_user_json(path: str | os.PathLike[str], *, what: str, limit: int = JSON_LIMIT, follow: bool = False,
-                   nan_ok: bool = False):
+                   nan_ok: bool = False, missing: str | None = None):
     """A user's JSON file, parsed (arguments as :func:`open_user_file`). ``NaN`` and ``Infinity``, which Python
     writes but JSON does not have, are refused unless ``nan_ok`` (a run's metrics may hold a NaN loss); the caller
     then validates the records before it uses them."""
-    text = read_user_text(path, what=what, limit=limit, follow=follow)
+    text = read_user_text(path, what=what, limit=limit, follow=follow, missing=missing)
     try:
-        return json.loads(text) if nan_ok else json.loads(text, parse_constant=_no_constant)
+        return json.loads(text) if nan_ok else json.loads(text, parse_constant=refuse_json_constant)
     except JSON_ERRORS as exc:
         raise UserError(f"{what} {shown(Path(path))} is not valid JSON ({json_problem(exc)}); pass the file "
                         "scale-ocr wrote, or repair it") from None

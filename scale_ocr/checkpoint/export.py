@@ -149,18 +149,15 @@ def _run_weights(path: Path, *, layout_only: bool) -> tuple[nn.Module, Task, dic
     from scale_ocr.checkpoint.safe_dcp import load_tensors
 
     config_file = path.parent / "config.json"
+    config = read_user_json(config_file, what="the run's config.json", nan_ok=True,
+                            missing=f"{path} has no config.json beside it to say which model it holds; pass the "
+                            "run's checkpoint folder or a `scale-ocr export` file")
     try:
-        if not config_file.exists() and not config_file.is_symlink():
-            raise FileNotFoundError(config_file)
-        config = read_user_json(config_file, what="the run's config.json", nan_ok=True)
         # config.json records the task's own identity keys (the recognizer's vocabulary's characters) at its
         # top level, and the architecture, input size and size overrides in its model section.
         section = config["model"]
         identity = {**config, "arch": section["arch"], "input_size": section["input_size"],
                     **{k: section[k] for k in MODEL_SIZE_FIELDS if section.get(k) is not None}}
-    except FileNotFoundError:
-        raise UserError(f"{path} has no config.json beside it to say which model it holds; pass the run's "
-                        "checkpoint folder or a `scale-ocr export` file") from None
     except (ValueError, KeyError, TypeError):
         raise UserError(f"{config_file} does not describe a model (model.arch, model.input_size); "
                         "the run directory is damaged") from None

@@ -123,14 +123,8 @@ class Run:
 
 def _run_file(run_dir: Path, name: str) -> _Fields:
     path = run_dir / name
-    try:
-        os.lstat(path)
-    except FileNotFoundError:
-        raise UserError(f"{shown(path)} does not exist: is {shown(run_dir)} a finished run's directory "
-                        "(train.py --output-dir)?") from None
-    except OSError:
-        pass  # open_user_file says why in its one line
-    return _Fields(read_user_json(path, what=f"the run's {name}", nan_ok=True), path)
+    missing = f"{shown(path)} does not exist: is {shown(run_dir)} a finished run's directory (train.py --output-dir)?"
+    return _Fields(read_user_json(path, what=f"the run's {name}", nan_ok=True, missing=missing), path)
 
 
 def load_run(run_dir: Path) -> Run:

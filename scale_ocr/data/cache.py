@@ -45,10 +45,9 @@ class TensorWords(Dataset):
 
     def __init__(self, path: str | Path, vocab: Vocab, input_size: tuple[int, int]) -> None:
         name = f"--data-cache {shown(path)}"
-        if not Path(path).exists() and not Path(path).is_symlink():
-            raise UserError(f"{name} does not exist; build it with `python -m scale_ocr.data.cache`")
         try:
-            with open_user_file(path, what="--data-cache", limit=CACHE_LIMIT, follow=True) as f:
+            with open_user_file(path, what="--data-cache", limit=CACHE_LIMIT, follow=True,
+                                missing=f"{name} does not exist; build it with `python -m scale_ocr.data.cache`") as f:
                 data = torch.load(f, weights_only=True)
             self.images, self.labels = data["images"], list(data["labels"])
         except UserError:

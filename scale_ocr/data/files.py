@@ -197,9 +197,8 @@ def read_labels(path: Path, task: str, maps_to: str) -> dict:
     if not path.is_dir():
         raise UserError(f"{path} is not a directory; pass a docTR folder holding images/ and labels.json")
     labels_file = path / "labels.json"
-    if not labels_file.exists() and not labels_file.is_symlink():
-        raise UserError(f"{labels_file} is missing; a docTR {task} folder needs images/ and labels.json")
-    text = read_user_text(labels_file, what="the labels file", limit=LABELS_LIMIT, follow=True)
+    text = read_user_text(labels_file, what="the labels file", limit=LABELS_LIMIT, follow=True,
+                          missing=f"{labels_file} is missing; a docTR {task} folder needs images/ and labels.json")
     try:
         labels = json.loads(text)
     except JSON_ERRORS as exc:

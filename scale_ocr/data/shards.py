@@ -22,7 +22,7 @@ import numpy as np
 
 from scale_ocr.data.detection import SKIP, stored_page
 from scale_ocr.data.files import PATH_LIMIT, BadSample
-from scale_ocr.disk import JSON_LIMIT, GiB, open_user_file, read_user_bytes
+from scale_ocr.disk import JSON_LIMIT, GiB, open_user_file, read_user_bytes, refuse_json_constant
 from scale_ocr.errors import JSON_ERRORS, UserError, json_problem, printable, shown
 from scale_ocr.models.recognition.ctc import ctc_frames_needed
 
@@ -80,10 +80,6 @@ def _bad_index(index: Path, why: str) -> UserError:
     return UserError(f"{path_text(index)} {why}; {REBUILD}")
 
 
-def _no_constant(name: str) -> float:
-    raise ValueError(f"it holds {name}, which JSON does not have")
-
-
 def _count(value: object) -> bool:
     """A JSON whole number (not a bool, not a float)."""
     return isinstance(value, int) and not isinstance(value, bool)
@@ -109,10 +105,8 @@ def _encodable(name: str) -> bool:
 
 def _stat_shard(path: Path, index: Path) -> int:
     """The shard's size, from its descriptor: a link, a FIFO, a device or a file over SHARD_LIMIT is refused."""
-    if not os.path.lexists(path):
-        raise UserError(f"{path_text(path)}, listed in {path_text(index)}, is missing; copy the whole set, or "
-                        f"{REBUILD}")
-    with open_user_file(path, what="the shard", limit=SHARD_LIMIT) as f:
+    missing = f"{path_text(path)}, listed in {path_text(index)}, is missing; copy the whole set, or {REBUILD}"
+    with open_user_file(path, what="the shard", limit=SHARD_LIMIT, missing=missing) as f:
         return os.fstat(f.fileno()).st_size
 
 
@@ -169,12 +163,11 @@ def open_set(path: str | Path, task: str) -> ShardSet:
     """
     root = Path(path)
     index = root / INDEX
-    if not os.path.lexists(index):
-        raise UserError(f"{path_text(index)} is missing; a shard set holds shards.json and its tar files "
-                        "(`scale-ocr make-shards` writes them)")
-    raw = read_user_bytes(index, what="the shard index", limit=JSON_LIMIT)
+    raw = read_user_bytes(index, what="the shard index", limit=JSON_LIMIT,
+                          missing=f"{path_text(index)} is missing; a shard set holds shards.json and its tar files "
+                          "(`scale-ocr make-shards` writes them)")
     try:
-        doc = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        doc = json.loads(raw.decode("utf-8"), parse_constant=refuse_json_constant)
     except JSON_ERRORS as exc:
         raise _bad_index(index, f"is not valid JSON ({json_problem(exc)})") from None
     _header(doc, root, index, task)
