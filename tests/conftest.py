@@ -5,9 +5,12 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,6 +32,10 @@ TINY = ["--max-steps", "6", "--train-samples", "64", "--val-samples", "16", "-b"
         "--max-chars", "5", "--lr", "1e-3"]
 
 
+def _full() -> bool:
+    return os.environ.get("SCALE_OCR_FULL_TESTS", "0") not in ("", "0")
+
+
 # Hypothesis profiles for the property-based fuzz tests (tests/unit/test_fuzz_*.py, docs/faults.md "Fuzzing"):
 # "fast" in `make test`, "full" (5x the examples) under SCALE_OCR_FULL_TESTS=1, as CI runs. Both derandomize: the
 # examples are a function of each test's source, so a red CI run is the same run on any machine (CI keeps no
@@ -40,17 +47,43 @@ settings.register_profile("fast", max_examples=60, deadline=None, derandomize=Tr
 settings.register_profile("full", settings.get_profile("fast"), max_examples=150)
 settings.register_profile("explore", max_examples=2000, deadline=None, print_blob=True,
                           database=DirectoryBasedExampleDatabase(Path(tempfile.gettempdir()) / "scale-ocr-hypothesis"))
-settings.load_profile("full" if os.environ.get("SCALE_OCR_FULL_TESTS", "0") not in ("", "0") else "fast")
+settings.load_profile("full" if _full() else "fast")
 # The fuzz targets of the commands' own input surfaces (make-dataset, shards, summary, estimate-memory, the
 # launcher's environment, training's inputs; issue 55) run in-process and fast: 60 examples a property in `make
 # test`, 1,000 under FULL=1 (about 50 s for the six files, inside the suite's 25 minutes). The issue's 2,000 a
 # property: `SCALE_OCR_SURFACE_EXAMPLES=2000 make test FULL=1` (about 100 s for them; docs/faults.md "Fuzzing").
-SURFACE_EXAMPLES = int(os.environ.get("SCALE_OCR_SURFACE_EXAMPLES", "0")) or (
-    1000 if os.environ.get("SCALE_OCR_FULL_TESTS", "0") not in ("", "0") else 60)
+SURFACE_EXAMPLES = int(os.environ.get("SCALE_OCR_SURFACE_EXAMPLES", "0")) or (1000 if _full() else 60)
+
+
+# The most the suite holds on disk at once, measured (docs/testing.md): each passing test's folder goes when it
+# ends (pyproject's tmp_path_retention_policy) and each shared fixture's when its tests are done (`fixture_dir`).
+PEAK_GIB = {"fast": 0.5, "full": 1.5}
+
+
+def pytest_sessionstart(session):
+    """Refuse to start, in one line, where the temporary folder has less room than the suite's peak: out of disk,
+    every later test fails by the dozen and pytest's own capture file ends the run with an internal error."""
+    where = Path(tempfile.gettempdir())
+    need = PEAK_GIB["full" if _full() else "fast"] + 0.5  # and room for pytest's own capture files, logs and caches
+    free = shutil.disk_usage(where).free / 2**30
+    if free < need:
+        pytest.exit(f"only {free:.1f} GiB free in {where}; the tests need about {need:.1f} GiB there: free some "
+                    f"space, or point TMPDIR at a disk with room", returncode=2)
+
+
+@contextmanager
+def fixture_dir(factory: pytest.TempPathFactory, name: str) -> Iterator[Path]:
+    """A shared (module or session) fixture's folder, removed when the fixture ends: pytest keeps those to the
+    end of the session, and a full run's would add up to gigabytes."""
+    path = factory.mktemp(name)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
-    if os.environ.get("SCALE_OCR_FULL_TESTS", "0") not in ("", "0"):
+    if _full():
         return
     skip = pytest.mark.skip(reason="slow: run with `make test FULL=1` (CI does)")
     for item in items:
@@ -160,10 +193,12 @@ def saved(tmp_path_factory):
     def get(strategy: str) -> Path:
         if strategy not in cache:
             run_dir = tmp_path_factory.mktemp(f"saved_{strategy}")
+            cache[strategy] = run_dir / "checkpoints" / "step_00000004"
             proc = torchrun_train(["--strategy", strategy, *CKPT_BASE, "--save-every", "4",
                                    "--output-dir", str(run_dir)])
             assert proc.returncode == 0, proc.stderr[-3000:]
-            cache[strategy] = run_dir / "checkpoints" / "step_00000004"
         return cache[strategy]
 
-    return get
+    yield get
+    for step in cache.values():
+        shutil.rmtree(step.parents[1], ignore_errors=True)

@@ -64,6 +64,7 @@ def run_summary(t: Trainer, wall: float) -> dict[str, Any]:
         "time_breakdown": time_breakdown(t.clock, t.profiler and t.profiler.comm,
                                          timed / state.timed_steps if state.timed_steps else None,
                                          device, t.strategy.world_size),
+        "noise_scale": t.noise.summary(),  # B_simple as last smoothed, and how it was measured
         "nonfinite_steps": state.skipped_steps,
         "wall_seconds": wall,
     }

@@ -24,6 +24,7 @@ from scale_ocr.memory.meter import ActivationProbe
 from scale_ocr.precision import autocast_factory, gemm_factory
 from scale_ocr.run.breakdown import StepClock
 from scale_ocr.run.control import EXIT_PREEMPTED, StepControl, StopSignal, WeightCheck
+from scale_ocr.run.noise_scale import NoiseMeter
 from scale_ocr.run.plan import RunParts, RunPlan
 from scale_ocr.run.profiling import StepProfiler
 from scale_ocr.run.summary import peak_memory_bytes, run_summary
@@ -93,6 +94,8 @@ class Trainer:
                                       self.strategy.is_main) if self.cfg.profile_steps else None)
         self.clock = StepClock(self.device)  # data, compute, optimizer and other time of each step
         self.activations = ActivationProbe()  # bytes saved for backward by the first micro-batch
+        self.noise = NoiseMeter(self.strategy, self.cfg.noise_every, self.cfg.noise_smoothing, self.cfg.batch_size,
+                                plan.global_batch, self.device)
         self.state = RunState()
         self.weights = WeightCheck(self.strategy.weight_norm, self.cfg.max_weight_growth)  # measured again in fit()
         # Where the weights fit() starts from came from, and what to do should they be unfit (train.py sets it).
@@ -123,6 +126,8 @@ class Trainer:
         unfit = self.weights.unfit_start(self.recorded_norm)  # every rank: the same weights, the same answer
         if unfit:
             raise UserError(f"{self.origin[0]} {unfit} before any step: a model that cannot train; {self.origin[1]}")
+        if (why := self.noise.why_not()) and self.strategy.is_main:
+            say(f"scale-ocr: note: {why}", err=True)
         bar = tqdm(total=self.plan.total_steps, desc="train", disable=not self.interactive, dynamic_ncols=True,
                    mininterval=1.0)
         bar.update(self.state.step)
@@ -152,6 +157,7 @@ class Trainer:
             "weights": self.weights.record(),
             "loss": float(self.state.epoch_loss[-1]) if self.state.epoch_loss else None,
             "data": self.data.identity(),  # compared on resume (scale_ocr.run.same_data)
+            "noise_scale": self.noise.scale.state_dict(),  # its averages continue on resume
         }
 
     def restore(self, meta: dict[str, Any]) -> str:
@@ -171,6 +177,8 @@ class Trainer:
         self.state.best = tuple(meta["best"]) if meta.get("best") else None
         self.recorded_norm = (meta.get("weights") or {}).get("norm") if isinstance(meta.get("weights"), dict) else None
         self.data.position.restore(epoch, samples, meta.get("data_position"))  # old checkpoints: samples only
+        if isinstance(meta.get("noise_scale"), dict):
+            self.noise.scale.load_state_dict(meta["noise_scale"])
         where = f"at step {meta['step']}"
         if not same:
             where += (f" (epoch {epoch + 1}, {samples} samples into it; step {step} at this run's global batch of "
@@ -212,6 +220,8 @@ class Trainer:
             stats = self.strategy.step()
             self.clock.lap("optimizer")
             agreed = self.control.agree(bool(torch.isfinite(loss)), self._norm_finite(stats), weights=self.weights)
+            if self.noise.due(self.state.step + 1):  # a collective, on every rank at the same steps
+                self.noise.record(stats.grad_norm, not (agreed.nonfinite or agreed.bad_weights or stats.skipped))
             lr = self.schedule.lr  # the rate this step used
             self.schedule.step()
             self.state.step += 1
@@ -306,6 +316,8 @@ class Trainer:
         """Forward and backward over ``grad_accum`` micro-batches; returns their mean loss (on device) and the
         seconds spent waiting for the loader's batches."""
         total, waited = torch.zeros((), device=self.device), 0.0
+        if self.noise.due(self.state.step + 1):
+            self.noise.begin()
         for micro in range(self.cfg.grad_accum):
             t0 = time.perf_counter()
             batch = next(batches).to(self.device)
@@ -318,8 +330,10 @@ class Trainer:
                 loss = out["loss"]
                 with self.gemm():
                     self.strategy.backward(loss)
+            self.noise.end_micro()
             self.clock.lap("compute", then="optimizer" if sync else "data")
             total += loss.detach().float()
+        self.noise.end_backward()
         return total / self.cfg.grad_accum, waited
 
     def log_window(self, window: Window, bar: tqdm) -> None:
@@ -344,6 +358,7 @@ class Trainer:
             "memory/peak_bytes_max": all_reduce_max(mem, self.device),
             "memory/peak_bytes_mean": mem_sum / self.strategy.world_size,
             **self.plan.utilization.metrics(n_steps * self.plan.global_batch / max(elapsed, 1e-9)),
+            **self.noise.metrics(),  # B_simple and its parts, as smoothed up to this step
         }
         if stats.loss_scale is not None:
             metrics["train/loss_scale"] = stats.loss_scale
@@ -353,7 +368,7 @@ class Trainer:
             say(f"step {self.state.step}/{self.plan.total_steps} loss={metrics['train/loss']:.4f} "
                 f"lr={metrics['train/lr']:.2e} grad_norm={metrics['train/grad_norm']:.3f} "
                 f"samples/s={metrics['train/samples_per_sec']:.1f} "
-                f"{self.plan.utilization.describe(metrics['train/samples_per_sec'])}")
+                f"{self.plan.utilization.describe(metrics['train/samples_per_sec'])} {self.noise.describe()}".rstrip())
         if self.watchdog is not None:
             self.watchdog.printed()
 

@@ -42,6 +42,12 @@ def tensor_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
+def hook_tensors(tensors, on_grad: Callable[[torch.Tensor], None]) -> list:
+    """Tensor hooks calling ``on_grad`` with the gradient of each trainable tensor of ``tensors`` in each backward
+    (before it is accumulated into ``.grad`` or handed to an engine's own hooks); returns their handles."""
+    return [t.register_hook(on_grad) for t in tensors if t.requires_grad]
+
+
 def saved_buffers(module: torch.nn.Module) -> list[torch.Tensor]:
     """The floating buffers a state dict of ``module`` holds (BatchNorm's running statistics): whole on every rank
     under every engine (none shards buffers), and saved with the weights, so they count as weights do."""
@@ -201,6 +207,23 @@ class Strategy(ABC):
     @abstractmethod
     def step(self) -> StepStats:
         """Clip to ``optim.clip_grad`` (if > 0), step the optimizer, and zero the gradients."""
+
+    def tap_gradients(self, on_grad: Callable[[torch.Tensor], None]) -> list:
+        """Have ``on_grad`` called with each trainable tensor's gradient from each backward on this rank, before the
+        engine reduces or partitions it: the rank's micro-batch gradient, times :meth:`gradient_scale`. Returns the
+        handles to remove (the gradient noise scale's reading, :mod:`scale_ocr.run.noise_scale`).
+
+        This default hooks the parameters of the module :meth:`setup` returned, which is right for engines whose
+        forward uses those tensors (whole, or gathered into them in place); an engine that swaps in other tensors
+        for the forward hooks those.
+        """
+        return hook_tensors(self.model.parameters(), on_grad)
+
+    def gradient_scale(self) -> float:
+        """What this engine's backward multiplies a micro-batch's mean-loss gradient by: ``1 / grad_accum`` (the
+        accumulated gradient is the mean over the step's micro-batches), times the fp16 loss scale if there is one.
+        Read after a step's backward and before its optimizer step."""
+        return 1.0 / self.train.grad_accum
 
     def weight_norm(self) -> torch.Tensor | None:
         """Global L2 norm of what a checkpoint saves of the model as the last step left it: the trainable weights

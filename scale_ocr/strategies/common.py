@@ -33,6 +33,10 @@ class TorchStepper:
             loss = self.scaler.scale(loss)
         loss.backward()
 
+    def gradient_scale(self) -> float:
+        """``1 / grad_accum`` times the loss scale (fp16): what :meth:`backward` multiplies gradients by."""
+        return (float(self.scaler.get_scale()) if self.scaler is not None else 1.0) / self.grad_accum
+
     def step(self) -> StepStats:
         scale = None
         if self.scaler is not None:
@@ -70,6 +74,9 @@ class StepperMixin:
 
     def step(self) -> StepStats:
         return self.stepper.step()
+
+    def gradient_scale(self) -> float:
+        return self.stepper.gradient_scale()
 
 
 def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:

@@ -17,7 +17,15 @@ from scale_ocr.memory.model import StateLayout
 from scale_ocr.models.init import ModelFactory, full_numel, init_weights
 from scale_ocr.optim import OptimizerSpec
 from scale_ocr.strategies import deepspeed_internals as internals
-from scale_ocr.strategies.base import ModelPiece, StepStats, Strategy, single_group_notice, tensor_norm, with_buffers
+from scale_ocr.strategies.base import (
+    ModelPiece,
+    StepStats,
+    Strategy,
+    hook_tensors,
+    single_group_notice,
+    tensor_norm,
+    with_buffers,
+)
 from scale_ocr.strategies.common import broadcast_buffers
 from scale_ocr.strategies.deepspeed_state import DeepSpeedState
 from scale_ocr.strategies.ds_config import keep_fp32_weights, load_ds_config, preset_path, resolve_ds_config
@@ -231,6 +239,15 @@ class DeepSpeed(Strategy):
             # engine.step() on a non-boundary micro-step only advances the engine's micro-step
             # counter, keeping its notion of the accumulation boundary aligned with the loop's.
             self.engine.step()
+
+    def tap_gradients(self, on_grad):
+        # ZeRO-3 gathers each weight into the module's own parameter for the forward, so those are what the backward
+        # differentiates at every stage; the engine's own hooks (reduce, partition) run after these.
+        return hook_tensors(self.engine.module.parameters(), on_grad)
+
+    def gradient_scale(self) -> float:
+        scale = internals.loss_scale(self.optimizer) if self.engine.fp16_enabled() else 1.0
+        return float(scale) / self.engine.gradient_accumulation_steps()  # engine.backward divides by it
 
     def step(self) -> StepStats:
         skipped_before = internals.skipped_steps(self.engine)

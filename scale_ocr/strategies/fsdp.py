@@ -22,6 +22,7 @@ from scale_ocr.precision import compute_weight_dtype
 from scale_ocr.strategies.base import (
     ModelPiece,
     Strategy,
+    hook_tensors,
     shard_size,
     single_group_notice,
     written_dtype,
@@ -110,6 +111,23 @@ class FSDP(StepperMixin, Strategy):
                            grads_sharded=True, optim_sharded=True, gathers_16bit=self.train.precision != "fp32",
                            grads_freed=True, gathers_per="unit",
                            note=note)
+
+    def tap_gradients(self, on_grad):
+        """The module's parameters are this rank's shards (DTensors); each unit's forward runs on whole tensors that
+        FSDP gathers into and registers just before it. A forward pre-hook on each unit, after FSDP's own, hooks
+        those the first time it sees them (FSDP keeps the same tensors from step to step, refilling their storage),
+        so each backward hands ``on_grad`` the rank's gradient before the reduce-scatter."""
+        hooked: set[int] = set()
+        handles: list = []
+
+        def hook_gathered(module: nn.Module, args: Any) -> None:
+            fresh = [p for p in module.parameters() if not isinstance(p, DTensor) and id(p) not in hooked]
+            hooked.update(id(p) for p in fresh)
+            handles.extend(hook_tensors(fresh, on_grad))
+
+        units = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
+        handles.extend(unit.register_forward_pre_hook(hook_gathered) for unit in units)
+        return handles  # the tensor hooks join it as they are placed
 
     @contextlib.contextmanager
     def no_sync(self):

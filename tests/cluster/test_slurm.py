@@ -28,7 +28,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from conftest import BIN, REPO, _env, read_jsonl, read_metrics
+from conftest import BIN, REPO, _env, fixture_dir, read_jsonl, read_metrics
 from slurm_cluster import NODES, SlurmCluster, missing_programs
 
 from scale_ocr.distributed.process_group import _slurm_first_host
@@ -92,11 +92,11 @@ def pace(run_dir: Path, log: str) -> tuple[float, float]:
 @pytest.fixture(scope="module")
 def plain_run(cluster, tmp_path_factory) -> tuple[Path, dict[str, str], str]:
     """train.sbatch as shipped, uninterrupted, on the fresh cluster: its run directory, job fields and log."""
-    runs = tmp_path_factory.mktemp("plain")
-    job = cluster.sbatch(["-J", "train", "-o", str(runs / "train.out"), str(EXAMPLES / "train.sbatch")],
-                         job_env(runs, SHORT), REPO)
-    info, text = finished(cluster, job, runs / "train.out", timeout=120)
-    return runs / "train", info, text
+    with fixture_dir(tmp_path_factory, "plain") as runs:
+        job = cluster.sbatch(["-J", "train", "-o", str(runs / "train.out"), str(EXAMPLES / "train.sbatch")],
+                             job_env(runs, SHORT), REPO)
+        info, text = finished(cluster, job, runs / "train.out", timeout=120)
+        yield runs / "train", info, text
 
 
 @pytest.mark.slow

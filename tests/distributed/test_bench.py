@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_cmd
+from conftest import fixture_dir, run_cmd
 
 from benchmarks.harness import Config, classify, work_dir
 from benchmarks.report import build_report
@@ -28,12 +28,13 @@ def _results(out: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def tiny_suite(tmp_path_factory):
     """DDP and ZeRO-2 at world size 2 on the smallest CRNN, plus the DataParallel baseline."""
-    out = tmp_path_factory.mktemp("bench") / "tiny"
-    proc = _bench(out, "--models", "crnn_mobilenet_v3_small", "--strategies", "dp,ddp,zero2", "--world-sizes", "2",
-                  "--batch-size", "4", "--steps", "3", "--warmup", "1", "--precision", "fp32")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    yield out, proc
-    shutil.rmtree(work_dir(out), ignore_errors=True)
+    with fixture_dir(tmp_path_factory, "bench") as root:
+        out = root / "tiny"
+        proc = _bench(out, "--models", "crnn_mobilenet_v3_small", "--strategies", "dp,ddp,zero2", "--world-sizes",
+                      "2", "--batch-size", "4", "--steps", "3", "--warmup", "1", "--precision", "fp32")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        yield out, proc
+        shutil.rmtree(work_dir(out), ignore_errors=True)  # the runs' scratch, under benchmarks/.work
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import _env, deepspeed_train, python_train, read_jsonl, read_metrics, torchrun_train
+from conftest import _env, deepspeed_train, fixture_dir, python_train, read_jsonl, read_metrics, torchrun_train
 
 # 128x128 pages, 2 per rank: a few seconds a step for DBNet-MobileNetV3 on a CPU core.
 DET = ["db_mobilenet_v3_large", "--input-size", "128x128", "-b", "2", "--train-samples", "16", "--val-samples", "4",
@@ -22,11 +22,11 @@ def _check(proc, run_dir, steps: int) -> dict:
 @pytest.fixture(scope="module")
 def zero3_saved(tmp_path_factory):
     """A 2-rank ZeRO-3 detection run of 3 steps that saved at step 2."""
-    run_dir = tmp_path_factory.mktemp("det_zero3")
-    proc = torchrun_train(["--strategy", "zero3", *DET, "--max-steps", "3", "--save-every", "2",
-                           "--output-dir", str(run_dir)])
-    _check(proc, run_dir, 3)
-    return run_dir
+    with fixture_dir(tmp_path_factory, "det_zero3") as run_dir:
+        proc = torchrun_train(["--strategy", "zero3", *DET, "--max-steps", "3", "--save-every", "2",
+                               "--output-dir", str(run_dir)])
+        _check(proc, run_dir, 3)
+        yield run_dir
 
 
 @pytest.mark.slow

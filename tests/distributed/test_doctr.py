@@ -9,7 +9,7 @@ import doctr.models as doctr_models
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, TINY, deepspeed_train, make_folder, read_jsonl, read_metrics, torchrun_train
+from conftest import REPO, TINY, deepspeed_train, fixture_dir, make_folder, read_jsonl, read_metrics, torchrun_train
 from PIL import Image
 
 from scale_ocr.checkpoint.export import load_any
@@ -23,12 +23,12 @@ WORDS = ["abc", "Été", "42€", "word", "XyZ", "gloo"]
 def zero3_reco(tmp_path_factory):
     """docTR's CRNN trained on 2 ranks under ZeRO-3, launched by `deepspeed` with the generic strategy on a
     user's JSON (the shipped zero3.json; engines do not see the launcher)."""
-    run_dir = tmp_path_factory.mktemp("doctr_reco") / "run"
-    proc = deepspeed_train([f"doctr:{ARCH}", "--strategy", "deepspeed", "--ds-config",
-                            str(REPO / "ds_configs" / "zero3.json"), *TINY, "--save-every", "6",
-                            "--output-dir", str(run_dir)])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return run_dir
+    with fixture_dir(tmp_path_factory, "doctr_reco") as root:
+        proc = deepspeed_train([f"doctr:{ARCH}", "--strategy", "deepspeed", "--ds-config",
+                                str(REPO / "ds_configs" / "zero3.json"), *TINY, "--save-every", "6",
+                                "--output-dir", str(root / "run")])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        yield root / "run"
 
 
 @pytest.mark.slow

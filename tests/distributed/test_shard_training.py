@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import REPO, make_folder, python_train, read_metrics, torchrun_train
+from conftest import REPO, fixture_dir, make_folder, python_train, read_metrics, torchrun_train
 
 from scale_ocr.cli.make_shards import make_shards
 
@@ -18,10 +18,10 @@ BASE = ["-b", "4", "--log-every", "1", "--epochs", "1", "--sched", "constant", "
 
 @pytest.fixture(scope="module")
 def shard_set(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("shards")
-    folder = make_folder(root / "words", {f"{i}.png": f"w{i % 10}" for i in range(SAMPLES)})
-    make_shards([folder], root / "set", None, 9, seed=3, on_bad="error")
-    return root / "set"
+    with fixture_dir(tmp_path_factory, "shards") as root:
+        folder = make_folder(root / "words", {f"{i}.png": f"w{i % 10}" for i in range(SAMPLES)})
+        make_shards([folder], root / "set", None, 9, seed=3, on_bad="error")
+        yield root / "set"
 
 
 def _keys(run_dir: Path) -> list[str]:

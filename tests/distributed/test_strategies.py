@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import REPO, TINY, python_train, read_jsonl, read_metrics, torchrun_train
+from conftest import REPO, TINY, fixture_dir, python_train, read_jsonl, read_metrics, torchrun_train
 
 from scale_ocr.strategies import list_strategies, strategy_entry
 
@@ -35,9 +35,9 @@ def _steps(run_dir) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def ddp_reference(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("ddp_ref")
-    _check(torchrun_train(["--strategy", "ddp", *ACCUM, "--output-dir", str(run_dir)]), run_dir, 2, 3, 2)
-    return _steps(run_dir)
+    with fixture_dir(tmp_path_factory, "ddp_ref") as run_dir:
+        _check(torchrun_train(["--strategy", "ddp", *ACCUM, "--output-dir", str(run_dir)]), run_dir, 2, 3, 2)
+        return _steps(run_dir)
 
 
 # ddp is the reference; the generic `deepspeed` strategy runs under its own launcher on the user's JSON (the

@@ -15,6 +15,7 @@ import shutil
 
 import pytest
 import torch
+from conftest import fixture_dir
 
 from scale_ocr.checkpoint.manifest import MANIFEST, sha256, write_manifest
 from scale_ocr.checkpoint.safe_dcp import read_metadata_file
@@ -42,9 +43,9 @@ class _RunsCode:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    run = tmp_path_factory.mktemp("trained") / "run"
-    assert train_main([*SMALL, "--output-dir", str(run)]) == 0
-    return run
+    with fixture_dir(tmp_path_factory, "trained") as root:
+        assert train_main([*SMALL, "--output-dir", str(root / "run")]) == 0
+        yield root / "run"
 
 
 @pytest.fixture

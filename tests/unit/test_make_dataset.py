@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pypdfium2 as pdfium
 import pytest
-from conftest import _env
+from conftest import _env, fixture_dir
 from fpdf import FPDF
 from PIL import Image
 
@@ -56,11 +56,12 @@ def _run(*args: object) -> int:
 def built(tmp_path_factory):
     """Two documents (6 pages: one image-only, one an image under invisible text, one /Rotate 90, one with a CropBox,
     one with an invisible word, a word off the page and a word cut by its edge), made into a dataset."""
-    root = tmp_path_factory.mktemp("pdfs")
-    (root / "in").mkdir()
-    truth = {"a": write_pdf(root / "in" / "a.pdf", A_PAGES, DPI), "b": write_pdf(root / "in" / "b.pdf", B_PAGES, DPI)}
-    assert _run(root / "in", root / "out", "--dpi", DPI, "--val-count", 1, "--jobs", 1) == 0
-    return root, truth
+    with fixture_dir(tmp_path_factory, "pdfs") as root:
+        (root / "in").mkdir()
+        truth = {"a": write_pdf(root / "in" / "a.pdf", A_PAGES, DPI),
+                 "b": write_pdf(root / "in" / "b.pdf", B_PAGES, DPI)}
+        assert _run(root / "in", root / "out", "--dpi", DPI, "--val-count", 1, "--jobs", 1) == 0
+        yield root, truth
 
 
 def _tree(path: Path) -> dict[str, bytes]:

@@ -14,7 +14,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import HOOKED_TRAIN, REPO, TINY, TRAIN, _env, make_folder, python_train, read_jsonl, read_metrics
+from conftest import (
+    HOOKED_TRAIN,
+    REPO,
+    TINY,
+    TRAIN,
+    _env,
+    fixture_dir,
+    make_folder,
+    python_train,
+    read_jsonl,
+    read_metrics,
+)
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from scale_ocr.run.run_dir import RunLock
@@ -328,9 +339,9 @@ VALIDATED = [*SMALL, "--save-every", "2", "--keep-last", "0", "--eval-every", "2
 @pytest.fixture(scope="module")
 def validated_run(tmp_path_factory):
     """One uninterrupted run that validates and checkpoints every 2 steps, for each rewind to copy."""
-    whole = tmp_path_factory.mktemp("validated") / "whole"
-    assert main([*VALIDATED, "--output-dir", str(whole)]) == 0
-    return whole
+    with fixture_dir(tmp_path_factory, "validated") as root:
+        assert main([*VALIDATED, "--output-dir", str(root / "whole")]) == 0
+        yield root / "whole"
 
 
 @pytest.mark.parametrize("rewind", [4, 8])  # a validation within the epoch; the epoch's end (8 steps of 4 samples)

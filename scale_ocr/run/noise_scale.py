@@ -1,0 +1,189 @@
+"""The gradient noise scale, measured in every run: how large a batch still pays (docs/scaling-pays.md).
+
+McCandlish et al. 2018 (arXiv 1812.06162) define the simple noise scale ``B_simple = tr(Σ) / |G|²``: Σ is the
+per-sample gradient covariance, G the true gradient. A step on a batch of B samples is about as good as B steps on
+one while B is well below B_simple, and buys little more past it. Their appendix A estimates both terms without
+bias from the squared norms of two gradients of the same weights at two batch sizes, b < B:
+
+    E|g_b|² = |G|² + tr(Σ)/b,  so  |G|² ≈ (B|g_B|² - b|g_b|²)/(B - b)  and  tr(Σ) ≈ (|g_b|² - |g_B|²)/(1/b - 1/B)
+
+Here b is one micro-batch on one rank and B the optimizer step's global batch: every engine computes each rank's
+micro-batch gradient before it reduces anything (:meth:`~scale_ocr.strategies.base.Strategy.tap_gradients`), and
+reports the global gradient's norm after (``StepStats.grad_norm``). A run on one process with ``--grad-accum 1``
+has one batch size only, and measures nothing. Each estimate alone is noisy (it may even be negative), so |G|² and
+tr(Σ) are averaged separately, as the paper does, with a bias-corrected exponential moving average, and their ratio
+is B_simple.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from scale_ocr.distributed.process_group import all_reduce_sum
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One step's two gradients: the mean squared norm over this step's micro-batch gradients of ``small`` samples
+    each (every rank's, every micro-step's), and the squared norm of the step's gradient over ``big`` samples."""
+
+    small_sq: float
+    big_sq: float
+    small: int
+    big: int
+
+    def terms(self) -> tuple[float, float]:
+        """The unbiased estimates of |G|² and tr(Σ) from this pair (appendix A of McCandlish et al.)."""
+        b, big = self.small, self.big
+        grad_sq = (big * self.big_sq - b * self.small_sq) / (big - b)
+        trace = (self.small_sq - self.big_sq) / (1 / b - 1 / big)
+        return grad_sq, trace
+
+
+class NoiseScale:
+    """|G|² and tr(Σ), each a bias-corrected exponential moving average of the per-step estimates with weight
+    ``smoothing`` on the past (Adam's correction, so the first readings are not pulled towards zero)."""
+
+    def __init__(self, smoothing: float) -> None:
+        self.smoothing = smoothing
+        self.grad_sq = self.trace = 0.0  # the raw averages; read through the properties
+        self.count = 0
+        self.small = self.big = 0
+
+    def add(self, pair: Pair) -> None:
+        grad_sq, trace = pair.terms()
+        beta = self.smoothing
+        self.grad_sq = beta * self.grad_sq + (1 - beta) * grad_sq
+        self.trace = beta * self.trace + (1 - beta) * trace
+        self.count += 1
+        self.small, self.big = pair.small, pair.big
+
+    def _debiased(self, value: float) -> float:
+        return value / (1 - self.smoothing ** self.count)
+
+    @property
+    def b_simple(self) -> float | None:
+        """tr(Σ)/|G|², None before the first reading or while the averaged |G|² is not positive (a gradient too
+        small to tell from its noise: any batch would do no better than the smallest)."""
+        if not self.count:
+            return None
+        grad_sq, trace = self._debiased(self.grad_sq), self._debiased(self.trace)
+        return trace / grad_sq if grad_sq > 0 and trace > 0 else None
+
+    def metrics(self) -> dict[str, float]:
+        """The ``noise/*`` metrics of a log record (nothing before the first reading)."""
+        if not self.count:
+            return {}
+        found = {"noise/grad_sq": self._debiased(self.grad_sq), "noise/trace": self._debiased(self.trace),
+                 "noise/b_small": self.small, "noise/b_big": self.big, "noise/smoothing": self.smoothing}
+        return ({"noise/b_simple": self.b_simple} if self.b_simple is not None else {}) | found
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"grad_sq": self.grad_sq, "trace": self.trace, "count": self.count, "small": self.small,
+                "big": self.big, "smoothing": self.smoothing}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the averages a checkpoint kept, when they were made with this smoothing (else start afresh)."""
+        if state.get("smoothing") != self.smoothing:
+            return
+        self.grad_sq, self.trace = float(state["grad_sq"]), float(state["trace"])
+        self.count, self.small, self.big = int(state["count"]), int(state["small"]), int(state["big"])
+
+
+class NoiseMeter:
+    """Measures the noise scale every ``every`` optimizer steps under any strategy.
+
+    On a measured step each micro-batch's local gradient is read, as the backward produces it, by hooks the
+    strategy places (:meth:`~scale_ocr.strategies.base.Strategy.tap_gradients`): one extra read of the gradients
+    and one all-reduce of two numbers. The hooks stay in place and do nothing on other steps.
+    """
+
+    def __init__(self, strategy, every: int, smoothing: float, micro_batch: int, global_batch: int,
+                 device: torch.device) -> None:
+        self.strategy, self.every, self.device = strategy, every, device
+        self.small, self.big = micro_batch, global_batch
+        self.scale = NoiseScale(smoothing)
+        self.active = False
+        self._running: torch.Tensor | None = None  # this micro-batch's squared norm so far (on the device)
+        self._micro: list[torch.Tensor] = []
+        self._gradient_scale = 1.0
+        self.handles = strategy.tap_gradients(self._on_grad) if self.measures else []
+
+    @property
+    def measures(self) -> bool:
+        """Whether this run has two batch sizes to compare (several ranks, or several micro-batches a step)."""
+        return self.every > 0 and self.big > self.small
+
+    def due(self, step: int) -> bool:
+        """Whether optimizer step ``step`` (counted from 1) is measured."""
+        return self.measures and step % self.every == 0
+
+    def _on_grad(self, grad: torch.Tensor) -> None:
+        if self.active:
+            sq = grad.detach().float().square().sum()
+            self._running = sq if self._running is None else self._running + sq.to(self._running.device)
+
+    def begin(self) -> None:
+        """Read the gradients of this step's micro-batches."""
+        self.active, self._micro = True, []
+
+    def end_micro(self) -> None:
+        """One micro-batch's backward is done: keep its squared norm."""
+        if self.active:
+            self._micro.append(self._running if self._running is not None else torch.zeros((), device=self.device))
+            self._running = None
+
+    def end_backward(self) -> None:
+        """The step's last backward is done: stop reading, and note the engine's gradient scale (loss scaling,
+        accumulation) while it is the one these gradients were made with."""
+        if self.active:
+            self.active = False
+            self._gradient_scale = self.strategy.gradient_scale()
+
+    def record(self, grad_norm: float | torch.Tensor, good: bool) -> None:
+        """After a measured step: the ranks' micro-batch norms against the step's global norm (a collective, on
+        every rank at the same steps). A bad or skipped step adds nothing (its gradients were not used)."""
+        local = float(torch.stack(self._micro).sum()) if self._micro else 0.0
+        total, count = all_reduce_sum([local, len(self._micro)], self.device)
+        self._micro = []
+        big_sq = float(grad_norm) ** 2
+        if not good or not count or not math.isfinite(total) or not math.isfinite(big_sq):
+            return
+        small_sq = total / count / self._gradient_scale ** 2
+        self.scale.add(Pair(small_sq, big_sq, self.small, self.big))
+
+    def metrics(self) -> dict[str, float]:
+        return self.scale.metrics() if self.measures else {}
+
+    def describe(self) -> str:
+        """The log line's words: B_simple and the two batches it compares."""
+        value = self.scale.b_simple
+        if value is None:
+            return ""
+        return f"B_simple={value:.0f} (b {self.small}/{self.big})"
+
+    def summary(self) -> dict[str, Any] | None:
+        """metrics.json's ``noise_scale``: the last smoothed values and how they were measured."""
+        if not self.measures:
+            return None
+        return {"b_simple": self.scale.b_simple, **{k.split("/")[1]: v for k, v in self.scale.metrics().items()
+                                                     if k != "noise/b_simple"},
+                "every": self.every, "readings": self.scale.count}
+
+    def why_not(self) -> str | None:
+        """Why this run measures no noise scale, if it does not (None when it does, or was told not to)."""
+        if self.every <= 0 or self.measures:
+            return None
+        return ("the gradient noise scale is not measured: it compares gradients at two batch sizes, and one process "
+                "with --grad-accum 1 has one; run on 2 or more ranks or with --grad-accum 2 or more "
+                "(--noise-every 0 turns the measurement off)")
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
