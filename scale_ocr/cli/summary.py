@@ -34,6 +34,7 @@ COUNT_LIMIT = 1 << 63
 # A plotted value beyond this is no loss or metric (matplotlib's log axis overflows near 1e308); a step beyond
 # STEP_LIMIT has no exact float. Such points are left out of the plot.
 VALUE_LIMIT, STEP_LIMIT = 1e30, 1 << 53
+NOISE_FIELDS = ("b_simple", "grad_sq", "trace", "b_small", "b_big", "smoothing", "every", "readings")
 _JSON_TYPES = ((bool, "true or false"), (str, "a string"), (int, "a number"), (float, "a number"), (list, "an array"),
                (dict, "an object"))
 
@@ -119,6 +120,7 @@ class Run:
     wall_seconds: float | None
     samples_per_sec: float | None
     metrics: dict[str, float | None] = field(default_factory=dict)  # the task's metrics and best_<headline>
+    noise: dict[str, float | None] = field(default_factory=dict)  # metrics.json's noise_scale (NOISE_FIELDS)
 
 
 def _run_file(run_dir: Path, name: str) -> _Fields:
@@ -155,6 +157,7 @@ def load_run(run_dir: Path) -> Run:
         device=metrics.get("device", "text"), wall_seconds=metrics.get("wall_seconds", "number"),
         samples_per_sec=metrics.get("samples_per_sec", "number"),
         metrics={k: metrics.get(k, "number") for k in (*task.metric_names, f"best_{headline}")},
+        noise={k: metrics.get(f"noise_scale.{k}", "number") for k in NOISE_FIELDS},
     )
 
 
@@ -218,7 +221,7 @@ def _figure(curves: Curves, run: Run, title: str):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (loss_ax, metric_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (loss_ax, metric_ax, noise_ax) = plt.subplots(1, 3, figsize=(14, 3.8))
     for key, label in (("train/loss", "train loss"), ("val/val_loss", "validation loss")):
         steps, values = curves.points(key)
         if steps:
@@ -236,9 +239,26 @@ def _figure(curves: Curves, run: Run, title: str):
     if run.percent:
         metric_ax.set_ylim(0, 100)
     metric_ax.grid(alpha=0.3)
+    _noise_panel(noise_ax, curves, run)
     fig.suptitle(title, fontsize=10, parse_math=False)  # a run's strings are shown as they are, never as TeX
     fig.tight_layout()
     return fig, plt
+
+
+def _noise_panel(ax, curves: Curves, run: Run) -> None:
+    """B_simple against the step, beside the run's global batch: where the curve is above the line, a larger
+    batch would still have paid."""
+    steps, values = curves.points("noise/b_simple")
+    if steps:
+        ax.plot(steps, values, color="tab:purple", label="noise scale B_simple")
+        ax.set_yscale("log")
+    else:
+        ax.text(0.5, 0.5, "noise scale not measured", ha="center", va="center", transform=ax.transAxes)
+    ax.axhline(run.global_batch, color="grey", linestyle="--", label=f"global batch {run.global_batch}")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("samples")
+    ax.legend()
+    ax.grid(alpha=0.3)
 
 
 def plot_curves(curves: Curves, run: Run, out: Path) -> Path:
@@ -327,6 +347,7 @@ def _lines(run: Run, png: Path) -> list[str]:
         + (f"; {_text(run.lr_line)}" if run.lr_line else ""),
         f"  accuracy     {h} {fmt(h, m.get(h))} at the end (best {fmt(h, m.get(f'best_{h}'))}) on {run.num_val} "
         f"held-out samples; {every}",
+        _noise_line(run),
         f"  run dir      {run.run_dir}  (config.json, metrics.json, metrics.jsonl, checkpoints)",
         f"  W&B          {wandb}",
         f"  curves       {png}",
@@ -334,12 +355,25 @@ def _lines(run: Run, png: Path) -> list[str]:
     ]
 
 
+def _noise_line(run: Run) -> str:
+    n = run.noise
+    if n.get("readings") is None:
+        return "  noise scale  not measured (--noise-every 0, or one process with --grad-accum 1)"
+    if n.get("b_simple") is None:
+        return (f"  noise scale  no estimate ({n['readings']:.0f} readings: the averaged gradient was not above its "
+                "noise)")
+    how = (f"micro-batch {n.get('b_small') or 0:.0f} against global {n.get('b_big') or 0:.0f}, "
+           f"{n['readings']:.0f} readings every {n.get('every') or 0:.0f} steps, smoothing {n.get('smoothing') or 0:g}")
+    return (f"  noise scale  B_simple {n['b_simple']:.0f} at the end ({how}): past a global batch of about that, a "
+            f"larger one buys little per sample (this run's: {run.global_batch})")
+
+
 def summarize(run_dir: Path, plot: Path | None) -> list[str]:
     """The summary's lines; writes the curves' PNG to ``plot`` (default ``RUN_DIR/curves.png``). Every run file is
     read and checked before the plot is written."""
     run = load_run(run_dir)
     png = check_output(plot if plot is not None else run_dir / "curves.png", "--plot")
-    keys = ("train/loss", "val/val_loss", f"val/{run.headline}")
+    keys = ("train/loss", "val/val_loss", f"val/{run.headline}", "noise/b_simple")
     curves = read_curves(run_dir / "metrics.jsonl", keys)
     plot_curves(curves, run, png)
     return _lines(run, png)

@@ -86,12 +86,18 @@ class NoiseScale:
         return {"grad_sq": self.grad_sq, "trace": self.trace, "count": self.count, "small": self.small,
                 "big": self.big, "smoothing": self.smoothing}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue the averages a checkpoint kept, when they were made with this smoothing (else start afresh)."""
-        if state.get("smoothing") != self.smoothing:
-            return
-        self.grad_sq, self.trace = float(state["grad_sq"]), float(state["trace"])
-        self.count, self.small, self.big = int(state["count"]), int(state["small"]), int(state["big"])
+    def load_state_dict(self, state: dict[str, Any]) -> bool:
+        """Continue the averages a checkpoint kept, when they were made with this smoothing; False (and a fresh
+        start) when they were not, or are not numbers of the kinds this writes."""
+        numbers = [state.get(k) for k in ("grad_sq", "trace")]
+        counts = [state.get(k) for k in ("count", "small", "big")]
+        if (state.get("smoothing") != self.smoothing
+                or not all(isinstance(v, float) and math.isfinite(v) for v in numbers)
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts)):
+            return False
+        self.grad_sq, self.trace = numbers
+        self.count, self.small, self.big = counts
+        return True
 
 
 class NoiseMeter:

@@ -26,7 +26,8 @@ def _check(proc, run_dir, world_size: int, steps: int = 6, micro_batches: int = 
 
 # TINY's six micro-batches per rank as three optimizer steps of two accumulated micro-batches, clipped to
 # a global norm of 0.5 (well under the CRNN's early gradients), logged every step.
-ACCUM = [*TINY, "--max-steps", "3", "--grad-accum", "2", "--clip-grad", "0.5", "--log-every", "1"]
+# The gradient noise scale is read at every step: each engine's hooks must see the same micro-batch gradients.
+ACCUM = [*TINY, "--max-steps", "3", "--grad-accum", "2", "--clip-grad", "0.5", "--log-every", "1", "--noise-every", "1"]
 
 
 def _steps(run_dir) -> list[dict]:
@@ -68,6 +69,11 @@ def test_torchrun_two_ranks(name, tmp_path, ddp_reference):
         rel = 1e-5 if a["step"] == 1 else 1e-3
         assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=rel), (ours, ddp_reference)
         assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5), (ours, ddp_reference)
+        # The noise scale's parts: micro-batch gradients read before each engine's own reduction, against the
+        # global one (docs/scaling-pays.md); the same 4-sample micro-batches, so the same values to float noise.
+        for key in ("noise/grad_sq", "noise/trace"):
+            assert a[key] == pytest.approx(b[key], rel=rel * 10), (key, ours, ddp_reference)
+        assert (a["noise/b_small"], a["noise/b_big"]) == (4, 16)
     assert ours[0]["train/grad_norm"] > 0.5  # clipping really happened
 
 
@@ -77,6 +83,8 @@ def test_plain_python_single_process(name, tmp_path):
     proc = python_train(["--strategy", name, *TINY, "--eval-every", "4", "--output-dir", str(run_dir)])
     m = _check(proc, run_dir, 1)
     assert m["launcher"] == "python"
+    # One process, one micro-batch a step: one batch size, so no noise scale, and the run says why once.
+    assert m["noise_scale"] is None and proc.stderr.count("the gradient noise scale is not measured") == 1
     # --eval-every 4: validated at step 4 within the epoch, and at the run's end (step 6), not twice there
     assert [r["step"] for r in read_jsonl(run_dir) if "val/exact_match" in r] == [4, 6]
 

@@ -23,21 +23,25 @@ def test_summary_of_a_real_run(tmp_path, capsys):
     accuracy; the run dir; the W&B offline run with a `wandb sync` command naming a folder that exists; a PNG of the
     curves; and the same job under fsdp and zero3, its flags kept and only the strategy and output dir changed."""
     run_dir = tmp_path / "run"
-    proc = python_train([*TINY, "--output-dir", str(run_dir)])
+    args = [*TINY, "--grad-accum", "2", "--noise-every", "1"]  # two batch sizes: the noise scale is measured
+    proc = python_train([*args, "--output-dir", str(run_dir)])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads((run_dir / "config.json").read_text())["argv"] == [*TINY, "--output-dir", str(run_dir)]
+    assert json.loads((run_dir / "config.json").read_text())["argv"] == [*args, "--output-dir", str(run_dir)]
     assert cli_main(["summary", str(run_dir)]) == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines()[1:]}
-    assert "world size 1" in lines["strategy"] and "global batch 8" in lines["strategy"]
-    assert " 8 steps" in lines["trained"] and "exact_match" in lines["accuracy"] and "on 8 held-out" in out
+    assert "world size 1" in lines["strategy"] and "global batch 16" in lines["strategy"]
+    assert " 4 steps" in lines["trained"] and "exact_match" in lines["accuracy"] and "on 8 held-out" in out
+    noise = json.loads((run_dir / "metrics.json").read_text())["noise_scale"]
+    assert (noise["b_small"], noise["b_big"], noise["readings"]) == (8, 16, 4)
+    assert f"B_simple {noise['b_simple']:.0f} at the end (micro-batch 8 against global 16, 4 readings" in lines["noise"]
     sync = lines["W&B"].split("wandb sync ")[1].rstrip(")")
     assert (run_dir / "wandb").is_dir() and sync.startswith(str(run_dir / "wandb" / "offline-run-"))
     assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for strategy in ("fsdp", "zero3"):
         cmd = shlex.split(out.split(f"under {strategy}")[1].splitlines()[0])
         assert cmd[:4] == ["torchrun", "--nproc_per_node", "1", "scale_ocr/train.py"]
-        assert cmd[4:] == [*TINY, "--strategy", strategy, "--output-dir", f"{run_dir}-{strategy}"]
+        assert cmd[4:] == [*args, "--strategy", strategy, "--output-dir", f"{run_dir}-{strategy}"]
 
 
 def test_summary_of_no_run_is_one_line(tmp_path, capsys):
