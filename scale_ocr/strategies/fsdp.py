@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import weakref
 from functools import partial
 from typing import Any
 
@@ -117,12 +118,13 @@ class FSDP(StepperMixin, Strategy):
         FSDP gathers into and registers just before it. A forward pre-hook on each unit, after FSDP's own, hooks
         those the first time it sees them (FSDP keeps the same tensors from step to step, refilling their storage),
         so each backward hands ``on_grad`` the rank's gradient before the reduce-scatter."""
-        hooked: set[int] = set()
+        hooked: dict[int, weakref.ref] = {}  # by id, checked by identity: a tensor FSDP replaced may reuse its id
         handles: list = []
 
         def hook_gathered(module: nn.Module, args: Any) -> None:
-            fresh = [p for p in module.parameters() if not isinstance(p, DTensor) and id(p) not in hooked]
-            hooked.update(id(p) for p in fresh)
+            fresh = [p for p in module.parameters()
+                     if not isinstance(p, DTensor) and (id(p) not in hooked or hooked[id(p)]() is not p)]
+            hooked.update((id(p), weakref.ref(p)) for p in fresh)
             handles.extend(hook_tensors(fresh, on_grad))
 
         units = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
