@@ -319,9 +319,10 @@ class TrainConfig:
     profile_steps: int = opt(0, "profile the last N optimizer steps with torch.profiler (excluded from samples/s): "
                              "rank 0's Chrome trace in the run directory, and the communication no compute hides "
                              "(exposed_comm in metrics.json's time_breakdown; docs/time-breakdown.md)")
-    noise_every: int = opt(10, "measure the gradient noise scale B_simple (the batch past which a larger one buys "
-                           "little; docs/scaling-pays.md) every N optimizer steps: each micro-batch's gradient on each "
-                           "rank against the step's global one; 0: off. Needs 2+ ranks or --grad-accum 2+")
+    noise_every: int | None = opt(None, "measure the gradient noise scale B_simple (the batch past which a larger one "
+                                  "buys little; docs/scaling-pays.md) every N optimizer steps: each micro-batch's "
+                                  "gradient on each rank against the step's global one; 0: off. It needs 2+ ranks "
+                                  "or --grad-accum 2+ (default: every 10 steps where it has them)")
     noise_smoothing: float = opt(0.9, "weight on the past of the noise scale's moving averages, per reading (0.9: "
                                  "about the last 10 readings)")
     gpu_memory_cap_gb: float | None = opt(None, "cap each rank's GPU memory at this many GiB, as if the device were "
@@ -350,7 +351,7 @@ class TrainConfig:
             raise UserError(f"--max-weight-growth {self.max_weight_growth:g}: use a number above 1 (inf: no bound)")
         if self.profile_steps < 0:
             raise UserError(f"--profile-steps {self.profile_steps}: use 0 (off) or more")
-        if self.noise_every < 0:
+        if self.noise_every is not None and self.noise_every < 0:
             raise UserError(f"--noise-every {self.noise_every}: use 0 (off) or a number of steps")
         if not 0 <= self.noise_smoothing < 1:  # NaN too
             raise UserError(f"--noise-smoothing {self.noise_smoothing:g}: use a number from 0 (none) up to, not "

@@ -24,6 +24,9 @@ from typing import Any
 import torch
 
 from scale_ocr.distributed.process_group import all_reduce_sum
+from scale_ocr.errors import UserError
+
+DEFAULT_EVERY = 10  # steps between readings when --noise-every is left out (its cost: docs/scaling-pays.md)
 
 
 @dataclass(frozen=True)
@@ -108,10 +111,17 @@ class NoiseMeter:
     and one all-reduce of two numbers. The hooks stay in place and do nothing on other steps.
     """
 
-    def __init__(self, strategy, every: int, smoothing: float, micro_batch: int, global_batch: int,
+    def __init__(self, strategy, every: int | None, smoothing: float, micro_batch: int, global_batch: int,
                  device: torch.device) -> None:
-        self.strategy, self.every, self.device = strategy, every, device
+        """``every`` None: every :data:`DEFAULT_EVERY` steps where the run has two batch sizes, else never; a number
+        where it has one is refused (:class:`~scale_ocr.errors.UserError`): it asks for what cannot be measured."""
         self.small, self.big = micro_batch, global_batch
+        if every and global_batch <= micro_batch:
+            raise UserError(f"--noise-every {every}: the gradient noise scale compares gradients at two batch sizes, "
+                            "and one process with --grad-accum 1 has one; run on 2 or more ranks or with --grad-accum "
+                            "2 or more, or leave --noise-every out")
+        self.strategy, self.device = strategy, device
+        self.every = (DEFAULT_EVERY if global_batch > micro_batch else 0) if every is None else every
         self.scale = NoiseScale(smoothing)
         self.active = False
         self._running: torch.Tensor | None = None  # this micro-batch's squared norm so far (on the device)
@@ -122,7 +132,7 @@ class NoiseMeter:
     @property
     def measures(self) -> bool:
         """Whether this run has two batch sizes to compare (several ranks, or several micro-batches a step)."""
-        return self.every > 0 and self.big > self.small
+        return self.every > 0
 
     def due(self, step: int) -> bool:
         """Whether optimizer step ``step`` (counted from 1) is measured."""
@@ -179,14 +189,6 @@ class NoiseMeter:
         return {"b_simple": self.scale.b_simple, **{k.split("/")[1]: v for k, v in self.scale.metrics().items()
                                                      if k != "noise/b_simple"},
                 "every": self.every, "readings": self.scale.count}
-
-    def why_not(self) -> str | None:
-        """Why this run measures no noise scale, if it does not (None when it does, or was told not to)."""
-        if self.every <= 0 or self.measures:
-            return None
-        return ("the gradient noise scale is not measured: it compares gradients at two batch sizes, and one process "
-                "with --grad-accum 1 has one; run on 2 or more ranks or with --grad-accum 2 or more "
-                "(--noise-every 0 turns the measurement off)")
 
     def remove(self) -> None:
         for handle in self.handles:

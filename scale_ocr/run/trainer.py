@@ -126,8 +126,6 @@ class Trainer:
         unfit = self.weights.unfit_start(self.recorded_norm)  # every rank: the same weights, the same answer
         if unfit:
             raise UserError(f"{self.origin[0]} {unfit} before any step: a model that cannot train; {self.origin[1]}")
-        if (why := self.noise.why_not()) and self.strategy.is_main:
-            say(f"scale-ocr: note: {why}", err=True)
         bar = tqdm(total=self.plan.total_steps, desc="train", disable=not self.interactive, dynamic_ncols=True,
                    mininterval=1.0)
         bar.update(self.state.step)
