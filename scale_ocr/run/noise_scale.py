@@ -124,7 +124,7 @@ class NoiseMeter:
         self.every = (DEFAULT_EVERY if global_batch > micro_batch else 0) if every is None else every
         self.scale = NoiseScale(smoothing)
         self.active = False
-        self._running: torch.Tensor | None = None  # this micro-batch's squared norm so far (on the device)
+        self._norms: list[torch.Tensor] = []  # this micro-batch's gradient norms so far, a tensor at a time
         self._micro: list[torch.Tensor] = []
         self._gradient_scale = 1.0
         self.handles = strategy.tap_gradients(self._on_grad) if self.measures else []
@@ -139,9 +139,8 @@ class NoiseMeter:
         return self.measures and step % self.every == 0
 
     def _on_grad(self, grad: torch.Tensor) -> None:
-        if self.active:
-            sq = grad.detach().float().square().sum()
-            self._running = sq if self._running is None else self._running + sq.to(self._running.device)
+        if self.active:  # a norm is one fused read (a square would write a gradient-sized temporary first)
+            self._norms.append(torch.linalg.vector_norm(grad.detach(), dtype=torch.float32).to(self.device))
 
     def begin(self) -> None:
         """Read the gradients of this step's micro-batches."""
@@ -150,8 +149,9 @@ class NoiseMeter:
     def end_micro(self) -> None:
         """One micro-batch's backward is done: keep its squared norm."""
         if self.active:
-            self._micro.append(self._running if self._running is not None else torch.zeros((), device=self.device))
-            self._running = None
+            norms = torch.stack(self._norms) if self._norms else torch.zeros(1, device=self.device)
+            self._micro.append(norms.square().sum())
+            self._norms = []
 
     def end_backward(self) -> None:
         """The step's last backward is done: stop reading, and note the engine's gradient scale (loss scaling,
