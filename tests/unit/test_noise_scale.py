@@ -1,0 +1,123 @@
+"""The online gradient noise scale against a brute force over per-sample gradients (issue 54, acceptance line 2).
+
+On fixed weights, a fixed set of N words defines the noise scale exactly: with per-sample gradients g_i, the true
+gradient is G = mean g_i and the per-sample covariance Σ the population one over the N samples (the online batches
+are drawn from them with replacement, so a batch of b has covariance Σ/b exactly), and B_true = tr(Σ)/|G|². The
+online side is what a run measures: the real ``single`` strategy, its tap on each micro-batch's gradient and its
+step's global norm, read by :class:`~scale_ocr.run.noise_scale.NoiseMeter` in the order the trainer calls it. The
+optimizer steps at learning rate 0, so every step sees the same weights the brute force saw.
+
+The models are in eval mode: BatchNorm normalises with its running statistics, so a sample's loss does not depend
+on the other samples of its batch, per-sample gradients are well defined, and a batch's gradient is the mean of its
+samples' (checked first).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.func import functional_call, grad
+
+from scale_ocr.config import ModelConfig, OptimConfig, StrategyConfig, TrainConfig
+from scale_ocr.data.synthetic import SyntheticWords
+from scale_ocr.distributed.process_group import DistInfo
+from scale_ocr.optim import OptimizerSpec
+from scale_ocr.run.noise_scale import NoiseMeter
+from scale_ocr.strategies.single import SingleDevice
+from scale_ocr.tasks import create_task
+from scale_ocr.tasks.recognition import Collate, WordBatch
+
+CPU = torch.device("cpu")
+WORDS = 96  # the fixed data set
+MICRO, ACCUM = 8, 4  # b_small = 8 samples, b_big = 32
+STEPS = 120  # optimizer steps measured online
+SMOOTHING = 0.99
+SEED = 0
+MODELS = {
+    "crnn": ModelConfig(arch="crnn_mobilenet_v3_small", input_size=(32, 64), vocab="digits"),
+    "vitstr": ModelConfig(arch="vitstr_tiny", input_size=(32, 64), vocab="digits", model_width=64, model_depth=2,
+                          model_heads=2),
+}
+
+
+def _single(micro: int, accum: int) -> SingleDevice:
+    dist = DistInfo(0, 1, 0, 1, CPU, "gloo", "python")
+    return SingleDevice(StrategyConfig(), dist, TrainConfig(batch_size=micro, grad_accum=accum),
+                        OptimConfig(clip_grad=0.0))
+
+
+def _words(task, seed: int) -> WordBatch:
+    """WORDS synthetic word images of 2-4 digits, as the validation transform prepares them."""
+    data = SyntheticWords(task.vocab.chars, WORDS, 2, 4, seed, task.transform(train=False))
+    return Collate(task.vocab)([(*data[i], True) for i in range(WORDS)])
+
+
+def _pick(batch: WordBatch, index: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return batch.images[index], batch.targets[index], batch.target_lengths[index]
+
+
+def brute_force(model: torch.nn.Module, batch: WordBatch) -> tuple[float, float, torch.Tensor]:
+    """|G|², tr(Σ) and G from each sample's own gradient (torch.func), summed as they come: one parameter-sized sum
+    and one scalar, never all N gradients at once."""
+    params = {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
+    buffers = dict(model.named_buffers())
+
+    def loss(p, images, targets, lengths):
+        return functional_call(model, (p, buffers), (images, targets, lengths))["loss"]
+
+    sample_grad = grad(loss)
+    total = torch.zeros(sum(p.numel() for p in params.values()), dtype=torch.float64)
+    sum_sq = 0.0
+    for i in range(WORDS):
+        grads = sample_grad(params, *_pick(batch, torch.tensor([i])))
+        flat = torch.cat([g.reshape(-1) for g in grads.values()]).double()
+        total += flat
+        sum_sq += float(flat.square().sum())
+    mean = total / WORDS
+    grad_sq = float(mean.square().sum())
+    return grad_sq, sum_sq / WORDS - grad_sq, mean.float()
+
+
+def online(strategy: SingleDevice, model: torch.nn.Module, batch: WordBatch, seed: int) -> NoiseMeter:
+    """STEPS optimizer steps of ACCUM micro-batches of MICRO words drawn with replacement, measured every step as the
+    trainer measures: begin, forward and backward with end_micro after each, end_backward, the strategy's step, and
+    record of its global norm."""
+    meter = NoiseMeter(strategy, every=1, smoothing=SMOOTHING, micro_batch=MICRO, global_batch=MICRO * ACCUM,
+                       device=CPU)
+    draw = torch.Generator().manual_seed(seed)
+    for step in range(1, STEPS + 1):
+        assert meter.due(step)
+        meter.begin()
+        for _ in range(ACCUM):
+            out = model(*_pick(batch, torch.randint(WORDS, (MICRO,), generator=draw)))
+            strategy.backward(out["loss"])
+            meter.end_micro()
+        meter.end_backward()
+        stats = strategy.step()
+        meter.record(stats.grad_norm, good=not stats.skipped)
+    meter.remove()
+    return meter
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_online_noise_scale_is_within_a_quarter_of_the_per_sample_brute_force(name):
+    task = create_task(MODELS[name])
+    strategy = _single(MICRO, ACCUM)
+    model = strategy.build_model(task.model_factory(), SEED)
+    model, _ = strategy.setup(model, OptimizerSpec(torch.optim.SGD, {"lr": 0.0}))  # steps that change nothing
+    model.eval()
+    batch = _words(task, SEED)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+
+    grad_sq, trace, mean = brute_force(model, batch)
+    model(*batch.inputs)["loss"].backward()  # the whole set's batch gradient is the mean of the samples'
+    whole = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.requires_grad])
+    assert torch.allclose(whole, mean, rtol=1e-3, atol=1e-3 * float(mean.abs().max()))
+    model.zero_grad(set_to_none=True)
+
+    meter = online(strategy, model, batch, SEED)
+    assert meter.scale.count == STEPS
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "the weights moved"
+    b_true, b_online = trace / grad_sq, meter.scale.b_simple
+    assert b_online is not None, f"no estimate (B_true {b_true:.2f})"
+    assert abs(b_online / b_true - 1) <= 0.25, f"B_simple {b_online:.2f} online, {b_true:.2f} brute force"
