@@ -121,3 +121,14 @@ def test_the_online_noise_scale_is_within_a_quarter_of_the_per_sample_brute_forc
     b_true, b_online = trace / grad_sq, meter.scale.b_simple
     assert b_online is not None, f"no estimate (B_true {b_true:.2f})"
     assert abs(b_online / b_true - 1) <= 0.25, f"B_simple {b_online:.2f} online, {b_true:.2f} brute force"
+
+
+def test_a_run_of_one_batch_size_measures_nothing_unless_asked_and_then_refuses():
+    """One process with one micro-batch a step has one batch size: left out, --noise-every is off there (the run is
+    not told about what it did not ask for); asked for, it is refused in one line before any step."""
+    from scale_ocr.errors import UserError
+
+    assert not NoiseMeter(None, None, 0.9, 8, 8, CPU).measures
+    assert NoiseMeter(None, 0, 0.9, 8, 8, CPU).summary() is None
+    with pytest.raises(UserError, match="--noise-every 5: .* two batch sizes.*--grad-accum 2 or more"):
+        NoiseMeter(None, 5, 0.9, 8, 8, CPU)
