@@ -25,7 +25,9 @@ def test_compiled_single_run_trains_like_the_eager_one(tmp_path):
     assert main(["--strategy", "single", *STEPS, "--compile", "aot_eager", "--output-dir", str(compiled)]) == 0
     a, b = _losses(eager), _losses(compiled)
     assert len(a) == len(b) >= 3
-    assert max(abs(x - y) / abs(x) for x, y in zip(sum(a, ()), sum(b, ()), strict=True)) < 1e-4, (a, b)
+    # The noise's trace is a difference of two gradient norms: float noise in it is ten times the loss's.
+    for (loss, trace), (loss_c, trace_c) in zip(a, b, strict=True):
+        assert abs(loss - loss_c) / abs(loss) < 1e-4 and abs(trace - trace_c) / abs(trace) < 1e-3, (a, b)
     assert json.loads((compiled / "config.json").read_text())["strategy"]["compile"] == "aot_eager"
     saved = json.loads((compiled / "metrics.json").read_text())
     assert saved["steps"] == 3
