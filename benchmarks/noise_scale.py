@@ -315,7 +315,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--agree-steps", type=int, default=200, help="optimizer steps of part 1's runs")
     p.add_argument("--cost-steps", type=int, default=100, help="optimizer steps of part 2's runs")
-    p.add_argument("--pairs", type=int, default=3, help="part 2's alternating groups per strategy")
+    p.add_argument("--pairs", type=int, default=5, help="part 2's alternating groups per strategy")
     p.add_argument("--cadences", default="10,1", help="part 2's --noise-every values, each against 0")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run")
     p.add_argument("--wandb-mode", default="disabled", choices=["offline", "disabled"], help="the trainer's")
