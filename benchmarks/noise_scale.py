@@ -54,13 +54,15 @@ DISTRIBUTED = ("ddp", "fsdp", "zero2", "zero3")
 SPREAD = 1.2  # max / min of the distributed strategies' final B_simple (issue 54, acceptance 1)
 COST = 1.03  # step time with the default cadence / without the measurement
 DEFAULT_EVERY = 10  # the trainer's --noise-every
+DEFAULT_SMOOTHING = 0.9  # and its --noise-smoothing
+DIVERGED = 0.05  # the runs' training has parted once their gradient norms at a logged step differ by more
 PLOT_META = {"Software": None}  # no version stamp in the PNG: the same results give the same bytes
 
 
 # --- running ------------------------------------------------------------------------------------------------------
 
-def job(args: argparse.Namespace, strategy: str, steps: int, every: int, cache: str,
-        run_dir: Path) -> tuple[list[str], int, int]:
+def job(args: argparse.Namespace, strategy: str, steps: int, every: int, cache: str, run_dir: Path,
+        smoothing: float) -> tuple[list[str], int, int]:
     """Train.py's command for one run, and its ranks and threads per rank: ``--world-size`` ranks, or one process
     accumulating as many micro-batches (single), so both compare ``-b`` with the same global batch."""
     ws = 1 if strategy == "single" else args.world_size
@@ -69,7 +71,8 @@ def job(args: argparse.Namespace, strategy: str, steps: int, every: int, cache: 
     threads = cores if ws == 1 else max(1, cores // ws)
     cli = [args.arch, "--strategy", strategy, "-b", str(args.batch_size), "--grad-accum", str(accum),
            "--max-steps", str(steps), "--epochs", "1000", "--data-cache", cache, "--seed", str(args.seed),
-           "--noise-every", str(every), "--log-every", str(WINDOW), "--no-eval", "--no-save-model",
+           "--noise-every", str(every), "--noise-smoothing", str(smoothing), "--log-every", str(WINDOW),
+           "--no-eval", "--no-save-model",
            "--save-every", "0", "--save-minutes", "0", "--resume", "none", "--output-dir", str(run_dir),
            "--wandb-mode", args.wandb_mode, "--run-name", run_dir.name]
     return launch(strategy, ws, TRAIN, cli), ws, threads
@@ -79,8 +82,8 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     """A finished run's B_simple curve, its final noise scale, global batch and loss."""
     records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
     summary = json.loads((run_dir / "metrics.json").read_text())
-    curve = [{"step": r["step"], **{k.split("/")[1]: r[k] for k in ("noise/b_simple", "noise/grad_sq", "noise/trace")
-                                     if k in r}}
+    keys = ("noise/b_simple", "noise/grad_sq", "noise/trace", "train/grad_norm", "train/loss")
+    curve = [{"step": r["step"], **{k.split("/")[1]: r[k] for k in keys if k in r}}
              for r in records if any(k.startswith("noise/") for k in r)]
     return {"curve": curve, "noise_scale": summary.get("noise_scale"), "global_batch": summary.get("global_batch"),
             "train_loss": summary.get("train_loss"), "samples_per_sec": summary.get("samples_per_sec")}
@@ -89,7 +92,8 @@ def read_run(run_dir: Path) -> dict[str, Any]:
 def run_one(args: argparse.Namespace, part: str, strategy: str, steps: int, every: int, cache: str, run_dir: Path,
             extra: dict[str, Any]) -> dict[str, Any]:
     """Run one job and append its line to results.jsonl."""
-    cmd, ws, threads = job(args, strategy, steps, every, cache, run_dir)
+    smoothing = args.agree_smoothing if part == "agree" else DEFAULT_SMOOTHING
+    cmd, ws, threads = job(args, strategy, steps, every, cache, run_dir, smoothing)
     status, error, wall = run_job(cmd, threads, args.timeout, None)
     got: dict[str, Any] = {}
     if status == "ok":
@@ -98,7 +102,8 @@ def run_one(args: argparse.Namespace, part: str, strategy: str, steps: int, ever
         except (OSError, ValueError, KeyError) as exc:
             status, error = "failed", f"unreadable metrics: {exc}"
     window = window_rate("trainer", run_dir / "metrics.json", warmup_steps(steps)) if status == "ok" else None
-    line = {"part": part, "strategy": strategy, **extra, "noise_every": every, "status": status, "error": error,
+    line = {"part": part, "strategy": strategy, **extra, "noise_every": every, "noise_smoothing": smoothing,
+            "status": status, "error": error,
             "window_samples_per_sec": window, "wall_seconds": wall, "world_size": ws,
             "grad_accum": 1 if ws > 1 else args.world_size, "threads_per_rank": threads, "arch": args.arch,
             "batch_size": args.batch_size, "steps": steps, "warmup": warmup_steps(steps), "seed": args.seed, **got,
@@ -130,7 +135,7 @@ def run(args: argparse.Namespace) -> None:
     cache = task_data(task, work, steps * args.batch_size * args.world_size)[1]
     if "agree" in args.parts:
         for strategy in args.strategies:
-            line = run_one(args, "agree", strategy, args.agree_steps, DEFAULT_EVERY, cache,
+            line = run_one(args, "agree", strategy, args.agree_steps, args.agree_every, cache,
                            work / "runs" / f"agree-{strategy}", {})
             _say(line, "agree")
     if "cost" in args.parts:
@@ -159,7 +164,11 @@ def agreement(lines: list[dict[str, Any]]) -> dict[str, Any]:
     by_step = {s: {p["step"]: p.get("b_simple") for p in runs[s].get("curve") or []} for s in runs}
     spreads = [{"step": st, "spread": max(v) / min(v)} for st in steps
                if len(v := [by_step[s][st] for s in DISTRIBUTED if s in runs]) >= 2]
-    return {"finals": finals, "spread": spread, "target": SPREAD, "pass": spread is not None and spread <= SPREAD,
+    norms = {s: {p["step"]: p.get("grad_norm") for p in runs[s].get("curve") or []} for s in DISTRIBUTED if s in runs}
+    apart = [st for st in steps if len(v := [norms[s].get(st) for s in norms]) >= 2 and all(v)
+             and max(v) / min(v) > 1 + DIVERGED]
+    return {"finals": finals, "spread": spread, "diverged_at": apart[0] if apart else None, "target": SPREAD,
+            "pass": spread is not None and spread <= SPREAD,
             "spread_by_step": spreads,
             "runs": {s: {k: ln.get(k) for k in ("status", "error", "noise_scale", "global_batch", "train_loss",
                                                 "world_size", "grad_accum", "wall_seconds", "samples_per_sec")}
@@ -224,8 +233,9 @@ def _agree_md(agree: dict[str, Any], lines: list[dict[str, Any]]) -> list[str]:
     first = agreed[0]
     md = ["## Part 1: do the engines agree?", "",
           f"{first['arch']}, seed {first['seed']}, the same pre-rendered synthetic words, {first['steps']} optimizer "
-          f"steps, `--noise-every {DEFAULT_EVERY}` (its default), micro-batch {first['batch_size']}; the trainer's "
-          "defaults otherwise (`--no-eval --no-save-model`, no checkpoints).", "",
+          f"steps, `--noise-every {first['noise_every']} --noise-smoothing {first.get('noise_smoothing', 0.9)}` "
+          f"(the trainer's defaults: {DEFAULT_EVERY}, {DEFAULT_SMOOTHING}), micro-batch {first['batch_size']}; the "
+          "trainer's defaults otherwise (`--no-eval --no-save-model`, no checkpoints).", "",
           "| strategy | ranks x accumulation | b_small / b_big | final B_simple | \\|G\\|² | tr(Σ) | readings "
           "| final loss | status |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for s, r in agree["runs"].items():
@@ -244,6 +254,11 @@ def _agree_md(agree: dict[str, Any], lines: list[dict[str, Any]]) -> list[str]:
         md += ["", "Spread at each logged step (max / min over the distributed runs): "
                + ", ".join(f"{p['step']}: {p['spread']:.2f}" for p in agree["spread_by_step"])
                + (f"; largest over the second half {max(p['spread'] for p in late):.2f}." if late else ".")]
+    if agree.get("diverged_at"):
+        md += ["", f"The distributed runs' global gradient norms first differ by more than {DIVERGED:.0%} at logged "
+               f"step {agree['diverged_at']}: the engines' float arithmetic differs in its last bits (reduction order, "
+               "optimizer kernels), early training amplifies it, and from there each B_simple estimates a different "
+               "trajectory."]
     return md + ["", "![B_simple against step](b_simple.png)", ""]
 
 
@@ -314,6 +329,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("-b", "--batch-size", type=int, default=8, help="micro-batch per rank")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--agree-steps", type=int, default=200, help="optimizer steps of part 1's runs")
+    p.add_argument("--agree-every", type=int, default=DEFAULT_EVERY, help="part 1's --noise-every")
+    p.add_argument("--agree-smoothing", type=float, default=DEFAULT_SMOOTHING, help="part 1's --noise-smoothing")
     p.add_argument("--cost-steps", type=int, default=100, help="optimizer steps of part 2's runs")
     p.add_argument("--pairs", type=int, default=5, help="part 2's alternating groups per strategy")
     p.add_argument("--cadences", default="10,1", help="part 2's --noise-every values, each against 0")
@@ -341,8 +358,11 @@ def check(args: argparse.Namespace) -> None:
         raise UserError("--cadences: positive --noise-every values, comma-separated (each is compared with 0)")
     if args.world_size < 2 or args.batch_size < 1 or args.pairs < 1:
         raise UserError("--world-size must be at least 2 (two batch sizes), -b and --pairs at least 1")
-    if args.agree_steps < 2 * DEFAULT_EVERY or args.cost_steps < 2 * WINDOW + 5:
-        raise UserError(f"--agree-steps must be at least {2 * DEFAULT_EVERY}, --cost-steps at least {2 * WINDOW + 5}")
+    if args.agree_every < 1 or not 0 <= args.agree_smoothing < 1:
+        raise UserError("--agree-every must be at least 1, --agree-smoothing in [0, 1)")
+    if args.agree_steps < 2 * args.agree_every or args.cost_steps < 2 * WINDOW + 5:
+        raise UserError(f"--agree-steps must be at least {2 * args.agree_every}, "
+                        f"--cost-steps at least {2 * WINDOW + 5}")
     if args.out is not None and (args.out / "results.jsonl").exists():
         raise UserError(f"{args.out} already holds results; give a new --out (results folders are never rewritten)")
 
