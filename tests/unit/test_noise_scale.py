@@ -28,9 +28,9 @@ from scale_ocr.tasks import create_task
 from scale_ocr.tasks.recognition import Collate, WordBatch
 
 CPU = torch.device("cpu")
-WORDS = 96  # the fixed data set
-MICRO, ACCUM = 8, 4  # b_small = 8 samples, b_big = 32
-STEPS = 120  # optimizer steps measured online
+WORDS = 64  # the fixed data set
+MICRO, ACCUM = 8, 8  # b_small = 8 samples, b_big = 64: eight micro-batch norms a reading
+STEPS = 24  # optimizer steps measured online (seeds 0-2: CRNN 1.03-1.11 of the brute force, ViTSTR 0.97-1.05)
 SMOOTHING = 0.99
 SEED = 0
 MODELS = {
