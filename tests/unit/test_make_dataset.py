@@ -350,8 +350,10 @@ def test_stopped_while_rendering(sig, group, code, line, tmp_path):
                             env=_env(), start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     deadline = time.monotonic() + 120
-    while not list(tmp_path.glob(".out.partial-*/detection")) and time.monotonic() < deadline:
+    # While the workers render: once a page is written (the staging folders exist from the start, before the pool).
+    while not list(tmp_path.glob(".out.partial-*/detection/*/images/*")) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert proc.poll() is None, "make-dataset ended before it was stopped: give it more pages"
     (os.killpg if group else os.kill)(proc.pid, sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code and err.strip().startswith(line) and len(err.strip().splitlines()) == 1, err

@@ -117,7 +117,7 @@ def test_every_value_shown_is_escaped(tmp_path, capsys):
     run = write_run(tmp_path / "run", config, metrics)
     (run / "wandb" / f"offline-run-{evil}").mkdir(parents=True)
     code, lines, _ = _summary(capsys, str(run))
-    assert code == 0 and len(lines) == 10 and all(ln.isprintable() for ln in lines), lines
+    assert code == 0 and len(lines) == 11 and all(ln.isprintable() for ln in lines), lines
     assert not any(ln.startswith("scale-ocr:") for ln in lines[1:]) and "\\x1b[2J" in lines[2]
 
 
