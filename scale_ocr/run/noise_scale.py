@@ -131,7 +131,7 @@ class NoiseMeter:
 
     @property
     def measures(self) -> bool:
-        """Whether this run has two batch sizes to compare (several ranks, or several micro-batches a step)."""
+        """Whether this run measures at all (``every`` as resolved: off by default where there is one batch size)."""
         return self.every > 0
 
     def due(self, step: int) -> bool:
