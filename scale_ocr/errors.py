@@ -235,12 +235,13 @@ def _say(line: str, every_rank: bool = False) -> None:
 
 
 EXIT_TERMINATED = 143  # 128 + SIGTERM, for a command that is not a training (training's SIGTERM checkpoints: 75)
-_INTERRUPTED = {"hint": ""}  # what a Ctrl-C leaves, said by the command that knows (see :func:`on_interrupt`)
+_INTERRUPTED: dict[str, str | Callable[[], str]] = {"hint": ""}  # what a Ctrl-C leaves (see :func:`on_interrupt`)
 
 
-def on_interrupt(hint: str) -> None:
+def on_interrupt(hint: str | Callable[[], str]) -> None:
     """What the one line after Ctrl-C (or a command's SIGTERM) adds: what is kept and how to continue. A command
-    sets it as it starts (training: its checkpoints); none set, the line says only that it was interrupted."""
+    sets it as it starts (training: its checkpoints); none set, the line says only that it was interrupted. A
+    callable is asked when the interrupt is reported, for a command whose answer depends on how far it got."""
     _INTERRUPTED["hint"] = hint
 
 
@@ -288,6 +289,7 @@ def interrupt_inside(exc: BaseException) -> KeyboardInterrupt | None:
 
 def _interrupted(exc: KeyboardInterrupt) -> int:
     hint = _INTERRUPTED["hint"]
+    hint = hint() if callable(hint) else hint
     if isinstance(exc, Terminated):
         _say(f"scale-ocr: stopped: SIGTERM received{'; ' + hint if hint else ''}")
         return EXIT_TERMINATED

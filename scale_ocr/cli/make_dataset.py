@@ -102,8 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     def progress(items, total):
         return tqdm(items, total=total, desc="pages", unit="page", file=sys.stderr, disable=None)
 
-    on_interrupt(f"nothing was written: {shown(str(out))} is written whole at the end, and the partial folder was "
-                 "removed")
+    def left() -> str:  # asked when the interrupt is reported: it may land after OUT is renamed into place
+        if (out / "summary.json").is_file():  # OUT had to be empty or missing, so this is the run's own
+            return f"{shown(str(out))} was already written whole (its summary.json says what it holds)"
+        return f"nothing was written: {shown(str(out))} is written whole at the end, and the partial folder was removed"
+
+    on_interrupt(left)
     with stop_on_sigterm():
         summary = make_dataset(pdfs, out, opts, progress)
     _print_summary(summary, out)

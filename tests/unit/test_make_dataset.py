@@ -337,21 +337,18 @@ def _session_processes(sid: int) -> list[int]:
 
 
 @pytest.mark.parametrize(("sig", "group", "code", "line"), [
-    # A known bug, open: on a loaded 2-core host (twice in a row on 2026-12-06, never before) the group's Ctrl-C during
-    # rendering is lost and make-dataset finishes, exit 0. Kept as a non-strict xfail so the case still runs and
-    # reports XPASS/XFAIL until fixed (closing note of that day: the window around page_pool._workers_start_deaf).
-    pytest.param(signal.SIGINT, True, 130, "scale-ocr: interrupted (Ctrl-C); nothing was written",
-                 marks=pytest.mark.xfail(reason="known bug: Ctrl-C to the group is sometimes lost (exit 0)",
-                                         strict=False)),
+    (signal.SIGINT, True, 130, "scale-ocr: interrupted (Ctrl-C); nothing was written"),
     (signal.SIGTERM, False, 143, "scale-ocr: stopped: SIGTERM received; nothing was written")])
 def test_stopped_while_rendering(sig, group, code, line, tmp_path):
     """M20, M21: Ctrl-C (to the process group, as a terminal sends it) or SIGTERM (to the command alone) while two
-    workers render: one line and its code, no worker traceback, no worker or staging folder left behind."""
+    workers render: one line and its code, no worker traceback, no worker or staging folder left behind. At 600 dpi
+    the 40 pages take seconds to render after the first is written: the signal lands while they do, even on a loaded
+    host (at 300 dpi the first write came within a second of the last, and a late signal found the dataset done)."""
     write_pdf(tmp_path / "big.pdf", [Layout([(20, 20 + 14 * k, 10, f"line{k} of page{p}") for k in range(18)])
                                      for p in range(40)], DPI)
     write_pdf(tmp_path / "b.pdf", A_PAGES[:1], DPI)
     proc = subprocess.Popen([sys.executable, "-m", "scale_ocr.cli.main", "make-dataset", str(tmp_path / "big.pdf"),
-                             str(tmp_path / "b.pdf"), str(tmp_path / "out"), "--dpi", "300", "--jobs", "2"],
+                             str(tmp_path / "b.pdf"), str(tmp_path / "out"), "--dpi", "600", "--jobs", "2"],
                             env=_env(), start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     deadline = time.monotonic() + 120
@@ -365,6 +362,24 @@ def test_stopped_while_rendering(sig, group, code, line, tmp_path):
     time.sleep(0.5)  # the resource tracker sees its pipe close
     assert not _session_processes(proc.pid)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.pdf", "big.pdf"]
+
+
+def test_an_interrupt_after_the_dataset_is_whole_says_so_and_keeps_it(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C that lands once OUT is renamed into place (while the summary prints, or the workers exit) keeps OUT
+    and says it was written, not "nothing was written"."""
+    from scale_ocr.data import make_dataset as module
+
+    def publish_then_interrupted(stage, out):
+        real_publish(stage, out)
+        raise KeyboardInterrupt
+
+    real_publish = module.publish
+    monkeypatch.setattr(module, "publish", publish_then_interrupted)
+    write_pdf(tmp_path / "a.pdf", A_PAGES[:1], DPI)
+    assert _run(tmp_path / "a.pdf", tmp_path / "out", "--dpi", DPI, "--val-fraction", 0, "--jobs", 1) == 130
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("scale-ocr: interrupted (Ctrl-C); ") and "was already written whole" in err, err
+    assert (tmp_path / "out" / "summary.json").is_file()
 
 
 def test_a_worker_that_dies_is_one_line():
