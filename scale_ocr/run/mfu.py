@@ -4,11 +4,15 @@
 :data:`GPU_PEAKS` (datasheet dense figures; fp32 counts against TF32 where torch allows it) or, for CPUs and GPUs not
 in the table, from square ``torch.mm`` products measured on one thread by that thread's CPU time (so other jobs on
 a shared host do not lower it), times the run's threads, cached in ``$XDG_CACHE_HOME/scale_ocr/peak_flops.json``.
+The count is cached beside it (``flop_counts.json``), keyed by the model and the code that counted it: counting
+runs the model's forward and backward under torch's FLOP counter, a few seconds of every start on a small CPU.
 Each rank counts as one device. How to read it: docs/mfu.md.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import platform
@@ -53,6 +57,8 @@ GPU_PEAKS: tuple[tuple[str, str, tuple[float, float | None, float | None]], ...]
 )
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CACHE_NAME = "peak_flops.json"
+COUNTS_NAME = "flop_counts.json"
+COUNTS_KEPT = 64  # counts the cache holds (the newest): one per model, size and version a user trains
 
 
 def cache_path(name: str) -> Path:
@@ -61,10 +67,10 @@ def cache_path(name: str) -> Path:
     return Path(root) / "scale_ocr" / name
 
 
-def read_cache(path: Path) -> dict[str, Any]:
+def read_cache(path: Path, what: str = "the peak-FLOPs cache") -> dict[str, Any]:
     """A JSON cache; an unreadable or damaged file is an empty cache (measured again), never an error."""
     try:
-        data = read_user_json(path, what="the peak-FLOPs cache")
+        data = read_user_json(path, what=what)
     except (OSError, UserError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -229,16 +235,68 @@ class Utilization:
         return f"scale-ocr: MFU against {self.devices} x {_flops_text(self.peak.flops)} ({self.peak.source}); {counted}"
 
 
-def _count(task, precision: str) -> FlopCount:
-    """The run's count, or none with one warning line: a model torch cannot run to count (an operator with no meta
-    kernel and a forward that fails on the CPU) trains as it would, without MFU."""
+@functools.cache
+def _code_version() -> str:
+    """A digest of scale_ocr's own source and of the libraries its models are built from: a count is reused only by
+    the code that made it (a changed forward counts again)."""
+    from importlib import metadata
+
+    digest = hashlib.sha256()
+    for name in ("torch", "torchvision", "python-doctr"):
+        try:
+            digest.update(f"{name}={metadata.version(name)};".encode())
+        except metadata.PackageNotFoundError:
+            pass
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _count_key(task, precision: str) -> str | None:
+    """What the count of ``task``'s model depends on, as one digest; None for a task that cannot say."""
     try:
-        return flops_per_sample(task.create_model, task.dummy_inputs, precision)
+        facts = [type(task).__qualname__, task.identity(), repr(task.model_kwargs()),
+                 repr(task.cfg.size_overrides()), precision, _code_version()]
+    except (AttributeError, OSError, TypeError):
+        return None
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def _cached_count(path: Path, key: str) -> FlopCount | None:
+    entry = read_cache(path, "the FLOP-count cache").get(key)
+    if not isinstance(entry, dict):
+        return None
+    forward, backward, how = entry.get("forward"), entry.get("backward"), entry.get("how")
+    numbers = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (forward, backward))
+    return FlopCount(forward, backward, how) if numbers and forward and how in ("meta", "cpu") else None
+
+
+def _keep_count(path: Path, key: str, count: FlopCount) -> None:
+    counts = read_cache(path, "the FLOP-count cache")
+    counts.pop(key, None)
+    counts[key] = {"forward": count.forward, "backward": count.backward, "how": count.how, "at": time.time()}
+    write_cache(path, dict(list(counts.items())[-COUNTS_KEPT:]))  # newest last
+
+
+def _count(task, precision: str) -> FlopCount:
+    """The run's count (from the cache when this model and code were counted before), or none with one warning
+    line: a model torch cannot run to count (an operator with no meta kernel and a forward that fails on the CPU)
+    trains as it would, without MFU."""
+    key, path = _count_key(task, precision), cache_path(COUNTS_NAME)
+    cached = _cached_count(path, key) if key is not None else None
+    if cached is not None:
+        return cached
+    try:
+        count = flops_per_sample(task.create_model, task.dummy_inputs, precision)
     except Exception as exc:  # noqa: BLE001 - counting is a measurement; it never stops the run it measures
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
         say(f"scale-ocr: warning: could not count {task.arch}'s FLOPs ({reason}); the run trains without MFU "
               "(mfu null in metrics.json)", err=True)
         return FlopCount(0, 0, "not counted")
+    if key is not None and count.forward > 0:
+        _keep_count(path, key, count)
+    return count
 
 
 def _flops_text(value: float, unit: str = "FLOP/s") -> str:

@@ -93,3 +93,26 @@ def test_a_model_that_cannot_be_counted_trains_without_mfu(monkeypatch, capsys):
                    "in metrics.json)")
     assert use.mfu(100.0) is None and use.summary(100.0)["mfu"] is None and use.describe(100.0) == "mfu=n/a"
     assert use.line().endswith("FLOPs not counted")
+
+
+def test_a_count_is_cached_for_its_model_and_code_and_counted_again_when_they_change(tmp_path, monkeypatch):
+    """The FLOP count (seconds of every start on a small CPU) is kept per model, size and code version: the same
+    model counts once, another width or another version of the code counts again, a damaged cache is recounted."""
+    from scale_ocr.config import ModelConfig
+    from scale_ocr.tasks import create_task
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    counted = []
+    real = mfu.flops_per_sample
+    monkeypatch.setattr(mfu, "flops_per_sample", lambda *a, **k: counted.append(1) or real(*a, **k))
+    task = create_task(ModelConfig(arch="crnn_mobilenet_v3_small"))
+    first = mfu._count(task, "fp32")
+    assert mfu._count(task, "fp32") == first and len(counted) == 1 and first.forward > 0
+    wider = mfu._count(create_task(ModelConfig(arch="crnn_mobilenet_v3_small", input_size=(32, 256))), "fp32")
+    assert len(counted) == 2 and wider.forward > first.forward
+    monkeypatch.setattr(mfu, "_code_version", lambda: "another version")
+    assert mfu._count(task, "fp32") == first and len(counted) == 3
+    path = tmp_path / "scale_ocr" / mfu.COUNTS_NAME
+    path.write_text("{not json")
+    assert mfu._count(task, "fp32") == first and len(counted) == 4
+    assert len(json.loads(path.read_text())) == 1  # rewritten whole

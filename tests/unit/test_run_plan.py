@@ -27,6 +27,7 @@ def test_each_derived_value_is_computed_once(tmp_path, monkeypatch, capsys):
     """One training run calls each function that derives a value exactly once (the global batch, the rate plan,
     the steps, the warm-up, the FLOP count and the device peak), and every place that reports them agrees."""
     calls: Counter[str] = Counter()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # counted here, not read from an earlier run's
 
     def spy(module, name):
         real = getattr(module, name)
