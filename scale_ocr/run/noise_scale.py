@@ -108,7 +108,9 @@ class NoiseMeter:
 
     On a measured step each micro-batch's local gradient is read, as the backward produces it, by hooks the
     strategy places (:meth:`~scale_ocr.strategies.base.Strategy.tap_gradients`): one extra read of the gradients
-    and one all-reduce of two numbers. The hooks stay in place and do nothing on other steps.
+    and one all-reduce of two numbers. The hooks are placed for that step's backwards and removed after them, so
+    the steps in between run exactly as with the measurement off (which is what makes its cost measurable within
+    one run: benchmarks/noise_scale.py).
     """
 
     def __init__(self, strategy, every: int | None, smoothing: float, micro_batch: int, global_batch: int,
@@ -127,7 +129,7 @@ class NoiseMeter:
         self._norms: list[torch.Tensor] = []  # this micro-batch's gradient norms so far, a tensor at a time
         self._micro: list[torch.Tensor] = []
         self._gradient_scale = 1.0
-        self.handles = strategy.tap_gradients(self._on_grad) if self.measures else []
+        self.handles: list = []
 
     @property
     def measures(self) -> bool:
@@ -143,8 +145,10 @@ class NoiseMeter:
             self._norms.append(torch.linalg.vector_norm(grad.detach(), dtype=torch.float32).to(self.device))
 
     def begin(self) -> None:
-        """Read the gradients of this step's micro-batches."""
+        """Read the gradients of this step's micro-batches: the strategy's hooks are placed now."""
+        self.remove()  # a step that raised before its end_backward left them
         self.active, self._micro = True, []
+        self.handles = self.strategy.tap_gradients(self._on_grad)
 
     def end_micro(self) -> None:
         """One micro-batch's backward is done: keep its squared norm."""
@@ -159,6 +163,7 @@ class NoiseMeter:
         if self.active:
             self.active = False
             self._gradient_scale = self.strategy.gradient_scale()
+            self.remove()
 
     def record(self, grad_norm: float | torch.Tensor, good: bool) -> None:
         """After a measured step: the ranks' micro-batch norms against the step's global norm (a collective, on
@@ -191,6 +196,7 @@ class NoiseMeter:
                 "every": self.every, "readings": self.scale.count}
 
     def remove(self) -> None:
+        """Take the strategy's hooks out (after a measured step's last backward)."""
         for handle in self.handles:
             handle.remove()
         self.handles = []

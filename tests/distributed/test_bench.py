@@ -272,40 +272,47 @@ def test_overhead_alternates_the_order_every_pair(tmp_path, monkeypatch):
     assert row["ratios"] == [pytest.approx(101 / 102), pytest.approx(104 / 103), pytest.approx(105 / 106)]
 
 
-def test_noise_scale_alternates_cadences_and_reports_agreement_and_cost(tmp_path, monkeypatch):
-    """benchmarks.noise_scale with stub jobs: part 1 one run per strategy, part 2 off/on in an order reversed every
-    other pair; the report's spread is max / min of the distributed finals and each cost ratio is off / on samples/s
-    of one pair (fast; no job launched)."""
+def test_noise_scale_reports_agreement_and_the_cost_of_a_reading_within_one_run(tmp_path, monkeypatch):
+    """benchmarks.noise_scale with stub jobs: part 1 one run per strategy at the same global batch, part 2 one run per
+    strategy at --noise-every 2 with every step logged; the report's spread is max / min of the distributed finals,
+    and a reading's cost each measured step's time over its two neighbours' mean (fast; no job launched)."""
     from benchmarks import noise_scale
 
     ran = []
     finals = {"ddp": 40.0, "fsdp": 44.0, "zero2": 41.0, "zero3": 42.0, "single": 30.0}
 
     def fake_job(cmd, threads, timeout, limit):
-        ran.append((cmd[cmd.index("--strategy") + 1], int(cmd[cmd.index("--noise-every") + 1])))
+        flags = ("--strategy", "--noise-every", "--log-every", "--grad-accum")
+        ran.append([cmd[cmd.index(flag) + 1] for flag in flags])
         return "ok", None, 1.0
 
     def fake_read(run_dir):
         strategy = ran[-1][0]
-        return {"curve": [{"step": 10, "b_simple": finals[strategy]}], "global_batch": 16, "train_loss": 1.0,
-                "noise_scale": {"b_simple": finals[strategy], "b_small": 8, "b_big": 16, "readings": 2}}
+        # steps 1-20: unmeasured 100 ms with a drift of 1 ms a step, measured (even) 4% over their neighbours
+        times = [[k, (0.1 + 0.001 * k) * (1.04 if k % 2 == 0 else 1)] for k in range(1, 21)]
+        return {"curve": [{"step": 10, "b_simple": finals[strategy]}], "global_batch": 64, "train_loss": 1.0,
+                "noise_scale": {"b_simple": finals[strategy], "b_small": 16, "b_big": 64, "readings": 2},
+                "step_times": times}
 
     monkeypatch.setattr(noise_scale, "run_job", fake_job)
     monkeypatch.setattr(noise_scale, "read_run", fake_read)
     monkeypatch.setattr(noise_scale, "task_data", lambda task, work, n: ["--data-cache", "x"])
-    monkeypatch.setattr(noise_scale, "window_rate", lambda side, m, w: 100.0 - len(ran) if ran[-1][1] else 100.0)
+    monkeypatch.setattr(noise_scale, "window_rate", lambda side, m, w: 100.0)
     out = tmp_path / "noise"
-    args = noise_scale.parse(["--strategies", "ddp,fsdp,zero2,zero3,single", "--pairs", "2", "--cadences", "10",
-                              "--out", str(out)])
+    args = noise_scale.parse(["--strategies", "ddp,fsdp,zero2,zero3,single", "--cost-steps", "25", "--out", str(out)])
     try:
         noise_scale.run(args)
     finally:
         shutil.rmtree(work_dir(out), ignore_errors=True)
-    assert ran[:5] == [(s, 10) for s in ("ddp", "fsdp", "zero2", "zero3", "single")]
-    assert ran[5:7] == [("ddp", 0), ("ddp", 10)] and ran[15:17] == [("ddp", 10), ("ddp", 0)]
+    # ranks x accumulation: 2 x 2 distributed, 1 x 4 single: one global batch
+    assert ran[:5] == [[s, "10", "10", "4" if s == "single" else "2"] for s in ("ddp", "fsdp", "zero2", "zero3",
+                                                                            "single")]
+    assert [r[1:3] for r in ran[5:]] == [["2", "1"]] * 5
     report = noise_scale.write_report(out).read_text()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["agreement"]["spread"] == pytest.approx(44 / 40) and summary["agreement"]["pass"]
     ddp = next(r for r in summary["cost"] if r["strategy"] == "ddp")
-    assert ddp["ratios"] == [pytest.approx(100 / 93), pytest.approx(100 / 84)]  # off / on samples/s = on / off time
+    assert ddp["median"] == pytest.approx(1.04) and ddp["default_cost"] == pytest.approx(0.004)
+    assert ddp["steps"] == len([k for k in range(2, 20, 2) if k > noise_scale.warmup_steps(25)])
     assert "1.100 (max / min; target <= 1.2): PASS" in report and (out / "b_simple.png").is_file()
+    assert "| +4.0% | +0.40% | yes |" in report
