@@ -60,6 +60,7 @@ DISTRIBUTED = ("ddp", "fsdp", "zero2", "zero3")
 SPREAD = 1.2  # max / min of the distributed strategies' final B_simple (issue 54, acceptance 1)
 COST = 0.03  # the default cadence's share of step time (issue 54, acceptance 1)
 COST_EVERY = 2  # part 2's cadence: measured and unmeasured steps alternate
+COST_SKIP = 10  # part 2's first steps, left out of its ratios (allocations, the loader filling up)
 DEFAULT_EVERY = 10  # the trainer's --noise-every
 DEFAULT_SMOOTHING = 0.9  # and its --noise-smoothing
 DIVERGED = 0.05  # the runs' training has parted once their gradient norms at a logged step differ by more
@@ -186,10 +187,11 @@ def agreement(lines: list[dict[str, Any]]) -> dict[str, Any]:
 
 def paired_ratios(times: list[list[float]], warmup: int) -> list[float]:
     """Each measured step's time (an even step, at ``--noise-every 2``) over the mean of its two unmeasured
-    neighbours', after the warm-up: the host's drift cancels in each ratio."""
+    neighbours', after the warm-up and :data:`COST_SKIP` steps: the host's drift cancels in each ratio."""
     at = {int(step): t for step, t in times}
+    first = max(warmup, COST_SKIP)
     return [at[k] / ((at[k - 1] + at[k + 1]) / 2) for k in sorted(at)
-            if k % COST_EVERY == 0 and k > warmup and k - 1 in at and k + 1 in at and at[k - 1] + at[k + 1] > 0]
+            if k % COST_EVERY == 0 and k > first and k - 1 in at and k + 1 in at and at[k - 1] + at[k + 1] > 0]
 
 
 def cost(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -286,10 +288,11 @@ def _cost_md(rows: list[dict[str, Any]], lines: list[dict[str, Any]]) -> list[st
     first = costed[0]
     md = ["## Part 2: what does the measurement cost?", "",
           f"Runs of {first['steps']} steps at `--noise-every {COST_EVERY} --log-every 1` (every step timed; the first "
-          f"{first['warmup']} left out), micro-batch {first['batch_size']}, {first['world_size']} ranks x "
-          f"{first['grad_accum']}. Each measured step is set against the mean of its two unmeasured neighbours in "
-          "the same run; per reading = median ratio - 1, the cost of one measured step as a share of a step; at the "
-          f"default cadence ({DEFAULT_EVERY}) that is paid once every {DEFAULT_EVERY} steps. "
+          f"{max(first['warmup'], COST_SKIP)} left out), micro-batch {first['batch_size']}, "
+          f"{first['world_size']} ranks x {first['grad_accum']}. Each measured step is set against the mean of its "
+          "two unmeasured neighbours in the same run; per reading = median ratio - 1, the cost of one measured step "
+          f"as a share of a step; at the default cadence ({DEFAULT_EVERY}) that is paid once every {DEFAULT_EVERY} "
+          "steps. "
           f"Target: <= {COST:.0%} of step time at the default cadence.", "",
           "| strategy | threads/rank | step time, unmeasured | measured / unmeasured: median (quartiles) | steps "
           "| per reading | default cadence | meets target |", "|---|---|---:|---|---:|---:|---:|---|"]
@@ -341,7 +344,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--agree-steps", type=int, default=200, help="optimizer steps of part 1's runs")
     p.add_argument("--agree-every", type=int, default=DEFAULT_EVERY, help="part 1's --noise-every")
     p.add_argument("--agree-smoothing", type=float, default=DEFAULT_SMOOTHING, help="part 1's --noise-smoothing")
-    p.add_argument("--cost-steps", type=int, default=200, help="optimizer steps of part 2's runs")
+    p.add_argument("--cost-steps", type=int, default=120, help="optimizer steps of part 2's runs")
     p.add_argument("--cost-runs", type=int, default=1, help="part 2's runs per strategy")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run")
     p.add_argument("--wandb-mode", default="disabled", choices=["offline", "disabled"], help="the trainer's")

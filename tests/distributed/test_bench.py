@@ -288,8 +288,8 @@ def test_noise_scale_reports_agreement_and_the_cost_of_a_reading_within_one_run(
 
     def fake_read(run_dir):
         strategy = ran[-1][0]
-        # steps 1-20: unmeasured 100 ms with a drift of 1 ms a step, measured (even) 4% over their neighbours
-        times = [[k, (0.1 + 0.001 * k) * (1.04 if k % 2 == 0 else 1)] for k in range(1, 21)]
+        # steps 1-30: unmeasured 100 ms with a drift of 1 ms a step, measured (even) 4% over their neighbours
+        times = [[k, (0.1 + 0.001 * k) * (1.04 if k % 2 == 0 else 1)] for k in range(1, 31)]
         return {"curve": [{"step": 10, "b_simple": finals[strategy]}], "global_batch": 64, "train_loss": 1.0,
                 "noise_scale": {"b_simple": finals[strategy], "b_small": 16, "b_big": 64, "readings": 2},
                 "step_times": times}
@@ -313,6 +313,6 @@ def test_noise_scale_reports_agreement_and_the_cost_of_a_reading_within_one_run(
     assert summary["agreement"]["spread"] == pytest.approx(44 / 40) and summary["agreement"]["pass"]
     ddp = next(r for r in summary["cost"] if r["strategy"] == "ddp")
     assert ddp["median"] == pytest.approx(1.04) and ddp["default_cost"] == pytest.approx(0.004)
-    assert ddp["steps"] == len([k for k in range(2, 20, 2) if k > noise_scale.warmup_steps(25)])
+    assert ddp["steps"] == len(range(12, 30, 2))  # after the first 10, each with both neighbours
     assert "1.100 (max / min; target <= 1.2): PASS" in report and (out / "b_simple.png").is_file()
     assert "| +4.0% | +0.40% | yes |" in report
