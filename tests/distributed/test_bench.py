@@ -14,6 +14,7 @@ from conftest import fixture_dir, run_cmd
 from benchmarks.harness import Config, classify, work_dir
 from benchmarks.report import build_report
 from benchmarks.scaling import PRESETS, Suite, plan
+from scale_ocr.errors import UserError
 
 
 def _bench(out: Path, *args: str, timeout: int = 600):
@@ -316,3 +317,38 @@ def test_noise_scale_reports_agreement_and_the_cost_of_a_reading_within_one_run(
     assert ddp["steps"] == len(range(12, 30, 2))  # after the first 10, each with both neighbours
     assert "1.100 (max / min; target <= 1.2): PASS" in report and (out / "b_simple.png").is_file()
     assert "| +4.0% | +0.40% | yes |" in report
+
+
+def test_critical_batch_fits_the_knee_of_steps_to_target(tmp_path):
+    """benchmarks.critical_batch on a record whose curves reach 50% at S(B) = 200 + 32,000/B steps (B_crit 160) finds
+    that knee, takes each batch's fewest steps over its rules, counts a batch that stopped short as a lower bound,
+    and sets a run's online B_simple beside the knee (fast: no job launched)."""
+    from benchmarks import critical_batch
+
+    record, run = tmp_path / "record", tmp_path / "run"
+    record.mkdir()
+    run.mkdir()
+    lines = []
+    for batch, rule, slower in ((32, "none", 1.0), (32, "sqrt", 1.5), (64, "none", 1.0), (128, "none", 1.0),
+                                (512, "none", None)):
+        steps = 200 + 32000 / batch
+        # exact match rising linearly to 100% at 2 x the steps to 50% (never, for the batch that stopped short)
+        curve = [{"step": k, "value": min(1.0, k / (2 * steps * slower)) if slower else 0.0}
+                 for k in range(16, 4096 + 1, 16)]
+        lines.append({"kind": "recognition", "model": "m", "set": "synthetic", "global_batch": batch, "rule": rule,
+                      "status": "ok", "steps": 4096, "curve": curve})
+    (record / "results.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in lines))
+    (run / "metrics.json").write_text(json.dumps({"noise_scale": {"b_simple": 100.0, "readings": 20}}))
+    out = tmp_path / "knee"
+    assert critical_batch.main([str(record), "--noise", f"m/synthetic={run}", "--out", str(out)]) == 0
+    rows = {r["target"]: r for r in json.loads((out / "summary.json").read_text())["rows"]}
+    half = rows[0.5]
+    assert half["fit"]["b_crit"] == pytest.approx(160, rel=0.02) and half["points"]["32"]["rule"] == "none"
+    assert half["points"]["512"] == {"steps": 4096.0, "reached": False, "rule": "none"}
+    assert half["fit"]["short_of_target_but_predicted_there"] == [512]  # 262 predicted, 4,096 trained: inconsistent
+    assert half["ratio"] == pytest.approx(1.6, rel=0.02) and half["agree"]
+    report = (out / "report.md").read_text()
+    assert "| m | synthetic words | 50% | 32: 1200 (none), 64: 700 (none), 128: 450 (none), 512: 4096+ |" in report
+    assert (out / "knee_m_synthetic.png").stat().st_size > 5000
+    with pytest.raises(UserError, match="already holds results"):  # a results folder is never rewritten
+        critical_batch.main([str(record), "--out", str(out)])
