@@ -14,8 +14,8 @@ steps to the target are the first crossing of its validation curve, linear betwe
 samples), and the fewest over the record's rate rules (the paper assumes a rate tuned at every batch). S = S_min +
 E_min/B is fitted by least squares in 1/B over the batches that reach the target (two at least); a batch that stops
 short is drawn as a lower bound (its last step), and the report says whether the fit respects it. ``--noise
-GROUP=RUN`` sets a run's online B_simple (its metrics.json) beside that group's knee: issue 54 asks for the two within
-2x of each other.
+GROUP=RUN`` sets a run's online B_simple beside that group's knee, per target the smoothed value the run had logged
+when its validation first reached that target (its metrics.jsonl): issue 54 asks for the two within 2x.
 """
 
 from __future__ import annotations
@@ -104,14 +104,30 @@ def run(args: argparse.Namespace) -> None:
     for group, run_dir in args.noise:
         model, _, data = group.partition("/")
         noise = json.loads((run_dir / "metrics.json").read_text()).get("noise_scale") or {}
-        append_line(args.out / "results.jsonl", {"kind": "noise", "model": model, "set": data, "run": str(run_dir),
-                                                 **{k: noise.get(k) for k in ("b_simple", "b_small", "b_big",
-                                                                              "readings", "every")}})
+        records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+        for target in TARGETS:
+            step, b_simple = at_target(records, target)
+            append_line(args.out / "results.jsonl", {
+                "kind": "noise", "model": model, "set": data, "run": str(run_dir), "target": target,
+                "b_simple": b_simple, "at_step": step, "final_b_simple": noise.get("b_simple"),
+                **{k: noise.get(k) for k in ("b_small", "b_big", "readings", "every")}})
+
+
+def at_target(records: list[dict[str, Any]], target: float, metric: str = "val/exact_match") -> tuple[int | None,
+                                                                                                      float | None]:
+    """The step at which a run's validation first reached ``target`` and its smoothed B_simple then (the last one
+    logged at or before that step): B_crit grows as the loss falls, so each target's knee is set against the noise
+    scale the run measured where it got there. (None, None) if it never did."""
+    reached = next((r["step"] for r in records if r.get(metric) is not None and r[metric] >= target), None)
+    if reached is None:
+        return None, None
+    logged = [r["noise/b_simple"] for r in records if r.get("noise/b_simple") and r["step"] <= reached]
+    return reached, (logged[-1] if logged else None)
 
 
 def analyse(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per group and target: the points, the fit, and the online B_simple with its ratio to the knee."""
-    noise = {(ln["model"], ln["set"]): ln for ln in lines if ln["kind"] == "noise"}
+    noise = {(ln["model"], ln["set"], ln.get("target")): ln for ln in lines if ln["kind"] == "noise"}
     groups: dict[tuple[str, str, float], dict[int, dict]] = {}
     for ln in lines:
         if ln["kind"] == "steps":
@@ -119,7 +135,7 @@ def analyse(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for (model, data, target), points in groups.items():
         found = fit(points)
-        online = (noise.get((model, data)) or {}).get("b_simple")
+        online = (noise.get((model, data, target)) or {}).get("b_simple")
         knee = found["b_crit"] if found else None
         ratio = max(knee / online, online / knee) if knee and online else None
         rows.append({"model": model, "set": data, "target": target, "fit": found, "b_simple": online,
@@ -151,9 +167,12 @@ def plot(rows: list[dict[str, Any]], out_dir: Path) -> list[str]:
                 ax.plot(*zip(*short, strict=True), "^", color=line.get_color(), alpha=0.5)
             grid = np.geomspace(min(b for b, _ in pts), max(b for b, _ in pts), 50)
             ax.plot(grid, r["fit"]["s_min"] + r["fit"]["e_min"] / grid, "-", color=line.get_color(), alpha=0.6)
-        online = next((r["b_simple"] for r in mine if r["b_simple"]), None)
-        if online:
-            ax.axvline(online, color="k", ls="--", label=f"online B_simple {online:.0f}")
+        for r in mine:  # the online B_simple where the run reached each target: a marker on that target's fit
+            if r["b_simple"]:
+                f = r["fit"]
+                ax.plot([r["b_simple"]], [f["s_min"] + f["e_min"] / r["b_simple"]], "kx", ms=9)
+        if any(r["b_simple"] for r in mine):
+            ax.plot([], [], "kx", label="online B_simple where a run reached it")
         ax.set(xscale="log", yscale="log", xlabel="global batch", ylabel="optimizer steps to the target",
                title=f"{model}, {SETS.get(data, data)}\nsteps to each exact match (triangles: stopped short)")
         ax.legend(fontsize=8)
@@ -177,7 +196,7 @@ def write_report(out_dir: Path) -> Path:
           "is a lower bound; `respects the bounds` says whether the fit predicts none of those reached it. "
           f"Online B_simple from a run's metrics.json where given; the target is the two within {AGREE:.0f}x.", "",
           "| model | set | target | steps to it per batch (rule) | S_min | E_min | B_crit | respects the bounds "
-          "| online B_simple | knee / B_simple |", "|---|---|---:|---|---:|---:|---:|---|---:|---|"]
+          "| online B_simple there | knee / B_simple |", "|---|---|---:|---|---:|---:|---:|---|---:|---|"]
     for r in rows:
         pts = ", ".join(f"{b}: {p['steps']:.0f} ({p['rule']})" if p["reached"] else f"{b}: {p['steps']:.0f}+"
                         for b, p in r["points"].items())

@@ -338,7 +338,11 @@ def test_critical_batch_fits_the_knee_of_steps_to_target(tmp_path):
         lines.append({"kind": "recognition", "model": "m", "set": "synthetic", "global_batch": batch, "rule": rule,
                       "status": "ok", "steps": 4096, "curve": curve})
     (record / "results.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in lines))
-    (run / "metrics.json").write_text(json.dumps({"noise_scale": {"b_simple": 100.0, "readings": 20}}))
+    (run / "metrics.json").write_text(json.dumps({"noise_scale": {"b_simple": 300.0, "readings": 20}}))
+    # the run's B_simple grows as it trains; it reaches 50% at step 20 (B_simple 100 then), never 90%
+    logged = [{"step": 10, "noise/b_simple": 60.0}, {"step": 20, "noise/b_simple": 100.0, "val/exact_match": 0.55},
+              {"step": 30, "noise/b_simple": 300.0, "val/exact_match": 0.6}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logged))
     out = tmp_path / "knee"
     assert critical_batch.main([str(record), "--noise", f"m/synthetic={run}", "--out", str(out)]) == 0
     rows = {r["target"]: r for r in json.loads((out / "summary.json").read_text())["rows"]}
@@ -346,7 +350,8 @@ def test_critical_batch_fits_the_knee_of_steps_to_target(tmp_path):
     assert half["fit"]["b_crit"] == pytest.approx(160, rel=0.02) and half["points"]["32"]["rule"] == "none"
     assert half["points"]["512"] == {"steps": 4096.0, "reached": False, "rule": "none"}
     assert half["fit"]["short_of_target_but_predicted_there"] == [512]  # 262 predicted, 4,096 trained: inconsistent
-    assert half["ratio"] == pytest.approx(1.6, rel=0.02) and half["agree"]
+    assert half["b_simple"] == 100.0 and half["ratio"] == pytest.approx(1.6, rel=0.02) and half["agree"]
+    assert rows[0.9]["b_simple"] is None and rows[0.9]["ratio"] is None
     report = (out / "report.md").read_text()
     assert "| m | synthetic words | 50% | 32: 1200 (none), 64: 700 (none), 128: 450 (none), 512: 4096+ |" in report
     assert (out / "knee_m_synthetic.png").stat().st_size > 5000
