@@ -46,6 +46,7 @@ READS_ELSEWHERE = {
     ("scale_ocr/distributed/round_store.py", "warn_if_joins_would_hang"): "the kernel's /proc/PPID/cmdline",
     ("scale_ocr/memory/meter.py", "resident_bytes"): "the kernel's /proc/self/statm",
     ("scale_ocr/run/mfu.py", "_cpu_model"): "the kernel's /proc/cpuinfo",
+    ("scale_ocr/run/mfu.py", "_code_version"): "scale_ocr's own installed source files (the FLOP-count cache's key)",
     ("scale_ocr/planning/host_probe.py", "_spawn"): "its own child's output, in a temp folder it made",
     ("scale_ocr/planning/host_probe.py", "engine_cost"): "its own child's metrics, in a temp folder it made",
     ("scale_ocr/cli/verify.py", "_launch"): "its own children's logs, created exclusively (x) in a temp folder it made",
