@@ -34,7 +34,7 @@ COUNT_LIMIT = 1 << 63
 # A plotted value beyond this is no loss or metric (matplotlib's log axis overflows near 1e308); a step beyond
 # STEP_LIMIT has no exact float. Such points are left out of the plot.
 VALUE_LIMIT, STEP_LIMIT = 1e30, 1 << 53
-NOISE_FIELDS = ("b_simple", "grad_sq", "trace", "b_small", "b_big", "smoothing", "every", "readings")
+NOISE_FIELDS = ("b_simple", "grad_sq", "trace", "b_small", "b_big", "smoothing", "every", "readings", "clipped")
 _JSON_TYPES = ((bool, "true or false"), (str, "a string"), (int, "a number"), (float, "a number"), (list, "an array"),
                (dict, "an object"))
 
@@ -363,7 +363,8 @@ def _noise_line(run: Run) -> str:
         return (f"  noise scale  no estimate ({n['readings']:.0f} readings: the averaged gradient was not above its "
                 "noise)")
     how = (f"micro-batch {n.get('b_small') or 0:.0f} against global {n.get('b_big') or 0:.0f}, "
-           f"{n['readings']:.0f} readings every {n.get('every') or 0:.0f} steps, smoothing {n.get('smoothing') or 0:g}")
+           f"{n['readings']:.0f} readings every {n.get('every') or 0:.0f} steps, smoothing {n.get('smoothing') or 0:g}"
+           + (f", {n['clipped']:.0f} spiky bounded" if n.get("clipped") else ""))
     return (f"  noise scale  B_simple {n['b_simple']:.0f} at the end ({how}): past a global batch of about that, a "
             f"larger one buys little per sample (this run's: {run.global_batch})")
 

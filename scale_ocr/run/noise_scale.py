@@ -13,11 +13,19 @@ reports the global gradient's norm after (``StepStats.grad_norm``). A run on one
 has one batch size only, and measures nothing. Each estimate alone is noisy (it may even be negative), so |G|² and
 tr(Σ) are averaged separately, as the paper does, with a bias-corrected exponential moving average, and their ratio
 is B_simple.
+
+A gradient spike (a step whose global gradient is many times the usual) gives one |G|² reading tens of times the
+others; averaged in whole it would hold B_simple down for the rest of the run, and two engines whose runs differ in
+their last bits spike at different steps. So a reading counts at most :data:`CLIP` times the median size of the
+:data:`RECENT` readings before it, once there are :data:`SETTLED` of them (readings within that, nearly all of them,
+count as they are).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +35,9 @@ from scale_ocr.distributed.process_group import all_reduce_sum
 from scale_ocr.errors import UserError
 
 DEFAULT_EVERY = 10  # steps between readings when --noise-every is left out (its cost: docs/scaling-pays.md)
+CLIP = 5.0  # a reading counts at most this many times the median size of the recent ones
+RECENT = 8  # readings whose median size bounds the next
+SETTLED = 4  # readings before any is bounded (early training moves |G|² tenfold in a few readings)
 
 
 @dataclass(frozen=True)
@@ -56,9 +67,22 @@ class NoiseScale:
         self.grad_sq = self.trace = 0.0  # the raw averages; read through the properties
         self.count = 0
         self.small = self.big = 0
+        self.recent: tuple[deque, deque] = (deque(maxlen=RECENT), deque(maxlen=RECENT))  # sizes of raw readings
+        self.clipped = 0  # readings that counted less than they read
+
+    def _bounded(self, value: float, recent: deque) -> float:
+        """``value`` within CLIP times the median size of ``recent`` (once SETTLED), which then takes its size."""
+        bounded = value
+        if len(recent) >= SETTLED:
+            bound = CLIP * statistics.median(recent)
+            bounded = max(-bound, min(value, bound))
+        recent.append(abs(value))
+        return bounded
 
     def add(self, pair: Pair) -> None:
-        grad_sq, trace = pair.terms()
+        raw = pair.terms()
+        grad_sq, trace = (self._bounded(v, recent) for v, recent in zip(raw, self.recent, strict=True))
+        self.clipped += (grad_sq, trace) != raw
         beta = self.smoothing
         self.grad_sq = beta * self.grad_sq + (1 - beta) * grad_sq
         self.trace = beta * self.trace + (1 - beta) * trace
@@ -82,24 +106,31 @@ class NoiseScale:
         if not self.count:
             return {}
         found = {"noise/grad_sq": self._debiased(self.grad_sq), "noise/trace": self._debiased(self.trace),
-                 "noise/b_small": self.small, "noise/b_big": self.big, "noise/smoothing": self.smoothing}
+                 "noise/b_small": self.small, "noise/b_big": self.big, "noise/smoothing": self.smoothing,
+                 "noise/clipped": self.clipped}
         return ({"noise/b_simple": self.b_simple} if self.b_simple is not None else {}) | found
 
     def state_dict(self) -> dict[str, Any]:
         return {"grad_sq": self.grad_sq, "trace": self.trace, "count": self.count, "small": self.small,
-                "big": self.big, "smoothing": self.smoothing}
+                "big": self.big, "smoothing": self.smoothing, "clipped": self.clipped,
+                "recent": [list(r) for r in self.recent]}
 
     def load_state_dict(self, state: dict[str, Any]) -> bool:
         """Continue the averages a checkpoint kept, when they were made with this smoothing; False (and a fresh
         start) when they were not, or are not numbers of the kinds this writes."""
         numbers = [state.get(k) for k in ("grad_sq", "trace")]
-        counts = [state.get(k) for k in ("count", "small", "big")]
-        if (state.get("smoothing") != self.smoothing
+        counts = [state.get(k, 0) for k in ("count", "small", "big", "clipped")]
+        recent = state.get("recent", [[], []])  # a checkpoint from before bounded readings: none kept
+        sizes = [v for r in recent for v in r] if isinstance(recent, list) and len(recent) == 2 and all(
+            isinstance(r, list) and len(r) <= RECENT for r in recent) else None
+        if (state.get("smoothing") != self.smoothing or sizes is None
                 or not all(isinstance(v, float) and math.isfinite(v) for v in numbers)
+                or not all(isinstance(v, float) and math.isfinite(v) and v >= 0 for v in sizes)
                 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts)):
             return False
         self.grad_sq, self.trace = numbers
-        self.count, self.small, self.big = counts
+        self.count, self.small, self.big, self.clipped = counts
+        self.recent = tuple(deque(r, maxlen=RECENT) for r in recent)  # type: ignore[assignment]
         return True
 
 

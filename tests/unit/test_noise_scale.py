@@ -14,6 +14,8 @@ samples' (checked first).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch.func import functional_call, grad
@@ -22,7 +24,7 @@ from scale_ocr.config import ModelConfig, OptimConfig, StrategyConfig, TrainConf
 from scale_ocr.data.synthetic import SyntheticWords
 from scale_ocr.distributed.process_group import DistInfo
 from scale_ocr.optim import OptimizerSpec
-from scale_ocr.run.noise_scale import NoiseMeter
+from scale_ocr.run.noise_scale import NoiseMeter, NoiseScale, Pair
 from scale_ocr.strategies.single import SingleDevice
 from scale_ocr.tasks import create_task
 from scale_ocr.tasks.recognition import Collate, WordBatch
@@ -132,3 +134,28 @@ def test_a_run_of_one_batch_size_measures_nothing_unless_asked_and_then_refuses(
     assert NoiseMeter(None, 0, 0.9, 8, 8, CPU).summary() is None
     with pytest.raises(UserError, match="--noise-every 5: .* two batch sizes.*--grad-accum 2 or more"):
         NoiseMeter(None, 5, 0.9, 8, 8, CPU)
+
+
+def _reading(grad_sq: float, trace: float) -> Pair:
+    """The pair (b 1, B 2) whose unbiased terms are ``grad_sq`` and ``trace``."""
+    return Pair(small_sq=grad_sq + trace, big_sq=grad_sq + trace / 2, small=1, big=2)
+
+
+def test_a_gradient_spike_moves_the_estimate_without_holding_it():
+    """One reading 50x the others (a loss spike) counts 5x the recent median size; readings like the others count
+    whole; the bound's memory survives a checkpoint, and a checkpoint from before it loads."""
+    plain, spiked = NoiseScale(0.9), NoiseScale(0.9)
+    for k in range(21):
+        plain.add(_reading(1.0, 10.0))
+        spiked.add(_reading(50.0 if k == 10 else 1.0, 10.0))
+    assert plain.metrics()["noise/grad_sq"] == pytest.approx(1.0) and plain.clipped == 0
+    excess = 0.4 * 0.9 ** 10 / (1 - 0.9 ** 21)  # the clipped spike's 4 over the others, as the average weighs it
+    assert spiked.clipped == 1 and spiked.metrics()["noise/grad_sq"] == pytest.approx(1 + excess)
+    assert spiked.b_simple == pytest.approx(10 / (1 + excess))  # 8.6; counted whole the spike would leave 3.4
+    again = NoiseScale(0.9)
+    assert again.load_state_dict(json.loads(json.dumps(spiked.state_dict())))
+    for scale in (again, spiked):
+        scale.add(_reading(50.0, 10.0))
+    assert again.metrics() == spiked.metrics() and again.clipped == 2
+    old = {k: v for k, v in plain.state_dict().items() if k not in ("recent", "clipped")}
+    assert NoiseScale(0.9).load_state_dict(old)
