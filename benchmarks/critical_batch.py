@@ -31,6 +31,7 @@ from benchmarks.harness import (
     command_line,
     load,
     parser,
+    refuse_written,
     run_main,
     write_command,
     write_outputs,
@@ -239,8 +240,7 @@ def check(args: argparse.Namespace) -> None:
     for _, run_dir in args.noise:
         if not (run_dir / "metrics.json").is_file():
             raise UserError(f"--noise {run_dir}: no metrics.json there; give a finished run's folder")
-    if args.out is not None and (args.out / "results.jsonl").exists():
-        raise UserError(f"{args.out} already holds results; give a new --out (results folders are never rewritten)")
+    refuse_written(args.out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -332,6 +332,14 @@ def default_out(name: str | None) -> Path:
     return REPO / "benchmarks" / "results" / f"{name or 'custom'}-{host}-{dt.date.today():%Y%m%d}"
 
 
+def refuse_written(out: Path | None) -> None:
+    """For a benchmark that writes a folder once: a ``--out`` that already holds results is refused in one line."""
+    if out is not None and (out / "results.jsonl").exists():
+        from scale_ocr.errors import UserError
+
+        raise UserError(f"{out} already holds results; give a new --out (results folders are never rewritten)")
+
+
 def write_folder(path: Path, n: int, chars: str, seed: int = 0) -> Path:
     """``n`` synthetic words as PNG files in a docTR recognition folder (written once, then reused)."""
     from scale_ocr.data.synthetic import SyntheticWords

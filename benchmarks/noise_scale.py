@@ -44,6 +44,7 @@ from benchmarks.harness import (
     launch,
     load,
     parser,
+    refuse_written,
     run_job,
     run_main,
     task_data,
@@ -70,10 +71,10 @@ PLOT_META = {"Software": None}  # no version stamp in the PNG: the same results 
 # --- running ------------------------------------------------------------------------------------------------------
 
 def job(args: argparse.Namespace, strategy: str, steps: int, every: int, cache: str, run_dir: Path,
-        smoothing: float, log_every: int) -> tuple[list[str], int, int]:
-    """Train.py's command for one run, and its ranks and threads per rank: ``--world-size`` ranks accumulating
-    ``--grad-accum`` micro-batches, or one process accumulating world size x as many (single), so all compare ``-b``
-    with the same global batch."""
+        smoothing: float, log_every: int) -> tuple[list[str], int, int, int]:
+    """Train.py's command for one run, and its ranks, accumulation and threads per rank: ``--world-size`` ranks
+    accumulating ``--grad-accum`` micro-batches, or one process accumulating world size x as many (single), so all
+    compare ``-b`` with the same global batch."""
     ws = 1 if strategy == "single" else args.world_size
     accum = args.grad_accum * (args.world_size if strategy == "single" else 1)
     cores = args.hw["cores"] or 1
@@ -84,7 +85,7 @@ def job(args: argparse.Namespace, strategy: str, steps: int, every: int, cache: 
            "--no-eval", "--no-save-model",
            "--save-every", "0", "--save-minutes", "0", "--resume", "none", "--output-dir", str(run_dir),
            "--wandb-mode", args.wandb_mode, "--run-name", run_dir.name]
-    return launch(strategy, ws, TRAIN, cli), ws, threads
+    return launch(strategy, ws, TRAIN, cli), ws, accum, threads
 
 
 def read_run(run_dir: Path) -> dict[str, Any]:
@@ -104,7 +105,8 @@ def run_one(args: argparse.Namespace, part: str, strategy: str, steps: int, ever
             extra: dict[str, Any]) -> dict[str, Any]:
     """Run one job and append its line to results.jsonl."""
     smoothing = args.agree_smoothing if part == "agree" else DEFAULT_SMOOTHING
-    cmd, ws, threads = job(args, strategy, steps, every, cache, run_dir, smoothing, WINDOW if part == "agree" else 1)
+    cmd, ws, accum, threads = job(args, strategy, steps, every, cache, run_dir, smoothing,
+                                  WINDOW if part == "agree" else 1)
     status, error, wall = run_job(cmd, threads, args.timeout, None)
     got: dict[str, Any] = {}
     if status == "ok":
@@ -116,8 +118,7 @@ def run_one(args: argparse.Namespace, part: str, strategy: str, steps: int, ever
     line = {"part": part, "strategy": strategy, **extra, "noise_every": every, "noise_smoothing": smoothing,
             "status": status, "error": error,
             "window_samples_per_sec": window, "wall_seconds": wall, "world_size": ws,
-            "grad_accum": args.grad_accum * (1 if ws > 1 else args.world_size), "threads_per_rank": threads,
-            "arch": args.arch,
+            "grad_accum": accum, "threads_per_rank": threads, "arch": args.arch,
             "batch_size": args.batch_size, "steps": steps, "warmup": warmup_steps(steps), "seed": args.seed, **got,
             "command": " ".join(cmd).replace(f"{REPO}/", ""), "versions": args.versions, "hardware": args.hw}
     append_line(args.out / "results.jsonl", line)
@@ -370,8 +371,7 @@ def check(args: argparse.Namespace) -> None:
     if args.agree_steps < 2 * args.agree_every or args.cost_steps < 2 * WINDOW + 5:
         raise UserError(f"--agree-steps must be at least {2 * args.agree_every}, "
                         f"--cost-steps at least {2 * WINDOW + 5}")
-    if args.out is not None and (args.out / "results.jsonl").exists():
-        raise UserError(f"{args.out} already holds results; give a new --out (results folders are never rewritten)")
+    refuse_written(args.out)
 
 
 def main(argv: list[str] | None = None) -> int:

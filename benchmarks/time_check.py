@@ -27,6 +27,7 @@ from benchmarks.harness import (
     hardware,
     load,
     parser,
+    refuse_written,
     run_main,
     versions,
     write_command,
@@ -160,8 +161,7 @@ def check(args: argparse.Namespace) -> None:
 
     if args.record is None:
         raise UserError("give the scaling record to check against, e.g. benchmarks/results/quick-vm-20261204")
-    if args.out is not None and (args.out / "results.jsonl").exists():
-        raise UserError(f"{args.out} already holds results; give a new --out (results folders are never rewritten)")
+    refuse_written(args.out)
 
 
 def main(argv: list[str] | None = None) -> int:
