@@ -6,6 +6,7 @@ import gc
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -70,6 +71,11 @@ def pytest_sessionstart(session):
     if free < need:
         pytest.exit(f"only {free:.1f} GiB free in {where}; the tests need about {need:.1f} GiB there: free some "
                     f"space, or point TMPDIR at a disk with room", returncode=2)
+    # A shell starts a background job (`make test &`, `nohup`) with Ctrl-C ignored, every process it starts inherits
+    # that, and Python then leaves it ignored: the tests that send SIGINT to a command (and expect its exit 130)
+    # would find it ignored, the command finishing as if never interrupted. Their commands get Ctrl-C back.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @contextmanager
