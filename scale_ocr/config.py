@@ -120,8 +120,7 @@ class ModelConfig:
     arch: str = opt("crnn_mobilenet_v3_small", "model name from the registry (see `scale-ocr models`)", "arch")
     input_size: tuple[int, int] | None = opt(
         None, "input height x width, e.g. 32x128 (a single number H means Hx4H); default: the task's, 32x128 "
-        "for recognition, 512x512 for detection", metavar="HxW"
-    )
+        "for recognition, 512x512 for detection", metavar="HxW")
     vocab: str | None = opt(None, "vocabulary: a name or the characters; names are scale_ocr's (latin, digits, "
                             "ascii_letters, english, french) and, for doctr: models, docTR's VOCABS; default: latin, "
                             "or a doctr: model's own vocabulary")
@@ -137,14 +136,11 @@ class ModelConfig:
     activation_checkpointing: bool = opt(
         False, "recompute activations in the backward pass instead of keeping them (per transformer block for "
         "ViTs, per backbone stage for CNNs): less memory, about a third more compute, the same losses",
-        action=argparse.BooleanOptionalAction,
-    )
-
+        action=argparse.BooleanOptionalAction)
     channels_last: bool = opt(
         True, "feed convolutional models (CRNNs, DBNets) their images channels-last (NHWC), which the convolution "
         "kernels run faster (measured: the compute report in benchmarks/results/README.md); equal up to rounding",
-        action=argparse.BooleanOptionalAction,
-    )
+        action=argparse.BooleanOptionalAction)
 
     def __post_init__(self) -> None:
         # None means "the task's default", filled in by scale_ocr.run.resolve (a Task also reads it as that).
@@ -184,13 +180,10 @@ class DataConfig:
     train_path: tuple[str, ...] = opt(
         (), "docTR folder(s) with images/ and labels.json (recognition or detection, as the model), or one shard set "
         "(`scale-ocr make-shards`: tar shards streamed, resumable exactly at any world size); synthetic data when "
-        "omitted",
-        aliases=("--train_path",), nargs="+", metavar="DIR",
-    )
+        "omitted", aliases=("--train_path",), nargs="+", metavar="DIR")
     val_path: tuple[str, ...] = opt(
         (), "validation folder(s) in the same format, or one shard set; synthetic data when omitted",
-        aliases=("--val_path",), nargs="+", metavar="DIR",
-    )
+        aliases=("--val_path",), nargs="+", metavar="DIR")
     train_samples: int | None = opt(None, "number of synthetic training samples (ignored with --train-path); default: "
                                     "the task's, 32768 words for recognition, 2048 pages for detection")
     val_samples: int | None = opt(None, "number of synthetic validation samples (ignored with --val-path); default: "
@@ -200,15 +193,12 @@ class DataConfig:
     synthetic_words: str = opt(
         "line", "how synthetic words are cut: line (the font's whole line, as in word-crop datasets) or page (as "
         "page OCR cuts a detector's box from a page: page font sizes, ink, turn and noise); a recognizer for "
-        "page OCR trains on page", choices=WORD_STYLES,
-    )
+        "page OCR trains on page", choices=WORD_STYLES)
     workers: int | None = opt(
-        None, "data-loading worker processes per rank (default: 0 on CPU, a few per GPU)", "-j", "--workers"
-    )
+        None, "data-loading worker processes per rank (default: 0 on CPU, a few per GPU)", "-j", "--workers")
     on_bad_sample: str = opt(
         "error", "what to do with a bad labelled sample: stop with an error, or skip it and report the count",
-        choices=BAD_SAMPLE_POLICIES,
-    )
+        choices=BAD_SAMPLE_POLICIES)
     augment: bool | None = opt(
         None, "train-time augmentations (perspective, rotation, blur, colour jitter, noise, inversion); default: the "
         "task's: off for word recognition (they cost exact match within a 3-epoch budget: the convergence report in "
@@ -325,9 +315,13 @@ class TrainConfig:
                                   "or --grad-accum 2+ (default: every 10 steps where it has them)")
     noise_smoothing: float = opt(0.9, "weight on the past of the noise scale's moving averages, per reading (0.9: "
                                  "about the last 10 readings)")
+    batch_ramp: str = opt("off", "auto: grow the global batch while it pays, doubling the accumulation while twice "
+                          "the batch is within --ramp-limit x the measured B_simple (docs/scaling-pays.md); the run's "
+                          "length is then in samples", choices=("off", "auto"))
+    ramp_limit: float = opt(1.0, "--batch-ramp auto keeps the global batch at or under this many times B_simple")
+    ramp_max_batch: int | None = opt(None, "--batch-ramp auto's largest global batch (default: 8x the starting one)")
     gpu_memory_cap_gb: float | None = opt(None, "cap each rank's GPU memory at this many GiB, as if the device were "
-                                                "that "
-                                          "small (memory experiments: benchmarks.max_model); GPUs only")
+                                          "that small (memory experiments: benchmarks.max_model); GPUs only")
 
     def __post_init__(self) -> None:
         _require_finite(self, "gpu_memory_cap_gb")  # NaN passes the check below
@@ -480,10 +474,11 @@ class RunConfig:
     def __post_init__(self) -> None:
         # Checks across sections that need no registry; defaults that depend on the model's task and registry
         # entry are filled in once, above the registries, by scale_ocr.run.resolve.resolve.
-        if self.strategy.static_graph and self.train.grad_accum > 1:  # torch 2.14: an internal assert in backward
-            raise UserError(f"--static-graph cannot be combined with --grad-accum {self.train.grad_accum}: DDP's "
-                            "static "
-                            "graph does not support skipping the all-reduce between micro-batches; drop one of them")
+        accumulates = f"--grad-accum {self.train.grad_accum}" if self.train.grad_accum > 1 else (
+            "--batch-ramp auto (it grows the batch by accumulation)" if self.train.batch_ramp != "off" else None)
+        if self.strategy.static_graph and accumulates:  # torch 2.14: an internal assert in backward
+            raise UserError(f"--static-graph cannot be combined with {accumulates}: DDP's static graph does not "
+                            "support skipping the all-reduce between micro-batches; drop one of them")
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved configuration as plain JSON-ready data."""

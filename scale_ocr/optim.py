@@ -160,17 +160,17 @@ def plan_lr(cfg: OptimConfig, global_batch: int) -> LRPlan:
     return LRPlan(cfg.peak_lr, cfg.lr_scaling or "none", cfg.lr_reference_batch, global_batch)
 
 
-def lr_factor(sched: str, total_steps: int, warmup_steps: int) -> Callable[[int], float]:
-    """Multiplier of the peak learning rate at optimizer step ``s`` (0-based)."""
+def lr_factor(sched: str, total_steps: int, warmup_steps: int) -> Callable[[float], float]:
+    """Multiplier of the peak learning rate at optimizer step ``s`` (0-based; a fraction where the batch grew)."""
     total = max(1, total_steps)
 
-    def cosine(s: int) -> float:
+    def cosine(s: float) -> float:
         if s < warmup_steps:
             return (s + 1) / (warmup_steps + 1)
         progress = min(1.0, (s - warmup_steps) / max(1, total - warmup_steps))
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
-    def onecycle(s: int) -> float:
+    def onecycle(s: float) -> float:
         # torch's OneCycleLR defaults: 30% rise from lr/25, then anneal to lr/(25*1e4), cosine shaped.
         up = max(1, int(0.3 * total))
         start, end = 1 / 25, 1 / (25 * 1e4)
@@ -179,7 +179,7 @@ def lr_factor(sched: str, total_steps: int, warmup_steps: int) -> Callable[[int]
         progress = min(1.0, (s - up) / max(1, total - up))
         return end + (1 - end) * 0.5 * (1 + math.cos(math.pi * progress))
 
-    def constant(s: int) -> float:
+    def constant(s: float) -> float:
         return min(1.0, (s + 1) / (warmup_steps + 1)) if warmup_steps else 1.0
 
     return {"cosine": cosine, "onecycle": onecycle, "constant": constant}[sched]
@@ -191,40 +191,57 @@ class LRSchedule:
     It writes ``param_groups`` directly instead of using ``torch.optim.lr_scheduler``: DeepSpeed's
     ZeRO optimizers and fairscale's OSS expose torch-compatible ``param_groups`` but are not all
     ``torch.optim.Optimizer`` instances, and this one mechanism serves every strategy.
+
+    The schedule advances in samples: ``factor`` is read at the samples trained so far over ``plan``'s global batch
+    (the run's starting one), which is the step count while the batch stays as it started, and keeps the schedule's
+    shape over the run's samples when ``--batch-ramp`` grows the batch (:meth:`set_plan` then moves the peak rate).
     """
 
-    def __init__(self, optimizer: Any, peak_lr: float, factor: Callable[[int], float], on_resume: str = "keep",
+    def __init__(self, optimizer: Any, peak_lr: float, factor: Callable[[float], float], on_resume: str = "keep",
                  plan: LRPlan | None = None) -> None:
         self.optimizer, self.peak_lr, self.factor = optimizer, peak_lr, factor
         self.on_resume, self.plan = on_resume, plan or LRPlan(peak_lr, "none", None, 0)
         self.line = self.plan.describe() if plan else f"lr {rate(peak_lr)}"
+        self.base_batch = max(1, self.plan.global_batch)  # samples per unit of the schedule's position
         self.step_count = 0
+        self.samples = 0  # trained so far: the schedule's position is samples / base_batch
         self.resume_note = ""  # after load_state_dict: which peak rate a resumed run took, and why
         self._apply()
 
     def _apply(self) -> None:
-        lr = self.peak_lr * self.factor(self.step_count)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = self.lr
 
     @property
     def lr(self) -> float:
-        return self.peak_lr * self.factor(self.step_count)
+        return self.peak_lr * self.factor(self.samples / self.base_batch)
 
-    def step(self) -> None:
+    def step(self, samples: int | None = None) -> None:
+        """One optimizer step of ``samples`` (default: the starting global batch) is done."""
         self.step_count += 1
+        self.samples += self.base_batch if samples is None else samples
+        self._apply()
+
+    def set_plan(self, plan: LRPlan) -> None:
+        """Train at ``plan``'s peak rate from the next step on (the global batch changed; the rule carried it)."""
+        self.plan, self.peak_lr, self.line = plan, plan.peak_lr, plan.describe()
         self._apply()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step_count": self.step_count, "peak_lr": self.peak_lr, "recipe": self._recipe(), "line": self.line}
+        return {"step_count": self.step_count, "samples": self.samples, "peak_lr": self.peak_lr,
+                "recipe": self._recipe(), "line": self.line}
 
     def _recipe(self) -> list[Any]:
         """What the rate was derived from, less the global batch: a resume that changes it changes the rate."""
         return [self.plan.base_lr, self.plan.rule, self.plan.reference_batch]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue at ``state``'s step and at :meth:`resumed_peak`'s rate; ``resume_note`` says which."""
+        """Continue at ``state``'s step (and samples; without them, the step's worth at the starting batch) and at
+        :meth:`resumed_peak`'s rate; ``resume_note`` says which."""
         self.step_count = int(state["step_count"])
+        samples = state.get("samples")
+        self.samples = (samples if isinstance(samples, int) and not isinstance(samples, bool) and samples >= 0
+                        else self.step_count * self.base_batch)
         self.peak_lr, self.resume_note = self.resumed_peak(state)
         self._apply()
 

@@ -6,6 +6,7 @@ tear the process group down.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import sys
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from scale_ocr.memory.host import return_freed_memory
 from scale_ocr.optim import LRPlan, LRSchedule, build_optimizer_spec, lr_factor
 from scale_ocr.planning.auto import resolve_auto
 from scale_ocr.precision import precision_notice
+from scale_ocr.run.batch_ramp import BatchRamp
 from scale_ocr.run.control import StepControl, StopSignal
 from scale_ocr.run.plan import RunParts, build_plan, run_lr, scaled_optim
 from scale_ocr.run.run_dir import claim
@@ -87,6 +89,7 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
           resume_from: Path | None, control: StepControl, watchdog: Watchdog | None, argv: list[str] | None) -> dict:
     """Build the model, the data, the plan and the loop, and train."""
     dist = strategy.dist
+    ramp = BatchRamp(cfg.train, dist.world_size)  # its limits are checked before anything is built
     load = None if resume_from is not None or not cfg.model.init_from else initial_weights(cfg.model)
     model = strategy.build_model(task.model_factory(load), cfg.train.seed)  # same initial weights on every rank
     torch.manual_seed(cfg.train.seed + 1 + dist.rank)  # per-rank augmentation randomness
@@ -106,6 +109,8 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
     meta = checkpoints.load(resume_from, strategy, cfg.train.seed) if resume_from else None
     if meta is not None:  # before config.json is rewritten: an older checkpoint's digest is read from it
         same_data(recorded_data(meta, resume_from), data.identity())
+        if ramp.load_state_dict(meta.get("batch_ramp")):  # the rate at the batch it reached, for the record below
+            schedule.set_plan(dataclasses.replace(lr, global_batch=ramp.global_batch))
     own = meta is not None and resume_from.resolve().is_relative_to(plan.run_dir.resolve())  # trim metrics.jsonl
     lr_record = lr.record(plan.warmup)
     if meta is not None:  # the rate a resumed run trains at (--lr-on-resume), as its resume line will say
@@ -116,7 +121,7 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
     logger = build_logger(cfg.logging, dist.is_main, plan.run_dir, described, resume=meta is not None,
                           keep_records=meta.get("metrics_records") if own else None)
     try:
-        parts = RunParts(strategy, wrapped, schedule, data, task, logger, checkpoints, control, watchdog)
+        parts = RunParts(strategy, wrapped, schedule, data, task, logger, checkpoints, control, watchdog, ramp)
         trainer = Trainer(plan, parts)
         if meta is not None or load is not None:  # what fit() names should the weights it starts from be unfit
             trainer.origin = ((f"the weights of checkpoint {shown(resume_from, 400)}", "resume from an earlier "

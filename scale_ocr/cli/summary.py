@@ -112,6 +112,7 @@ class Run:
     num_val: int | None
     strategy: str
     global_batch: int
+    start_batch: int | None  # where --batch-ramp started (None: the run did not ramp)
     steps: int
     epochs: int
     launcher: str | None
@@ -152,6 +153,7 @@ def load_run(run_dir: Path) -> Run:
         lr_line=config.get("lr_plan.line", "text"), num_val=config.get("dataset.num_val", "count"),
         strategy=metrics.get("strategy", "text", required=True),
         global_batch=metrics.get("global_batch", "count", required=True),
+        start_batch=metrics.get("batch_ramp.start_batch", "count"),
         steps=metrics.get("steps", "count", required=True), epochs=metrics.get("epochs", "count", required=True),
         launcher=metrics.get("launcher", "text"), backend=metrics.get("backend", "text"),
         device=metrics.get("device", "text"), wall_seconds=metrics.get("wall_seconds", "number"),
@@ -254,7 +256,12 @@ def _noise_panel(ax, curves: Curves, run: Run) -> None:
         ax.set_yscale("log")
     else:
         ax.text(0.5, 0.5, "noise scale not measured", ha="center", va="center", transform=ax.transAxes)
-    ax.axhline(run.global_batch, color="grey", linestyle="--", label=f"global batch {run.global_batch}")
+    batch_steps, batches = curves.points("train/global_batch")  # logged where --batch-ramp grew it
+    if batch_steps:
+        ax.step(batch_steps, batches, where="post", color="grey", linestyle="--",
+                label=f"global batch {run.start_batch or batches[0]}-{run.global_batch} (--batch-ramp)")
+    else:
+        ax.axhline(run.global_batch, color="grey", linestyle="--", label=f"global batch {run.global_batch}")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("samples")
     ax.legend()
@@ -341,7 +348,7 @@ def _lines(run: Run, png: Path) -> list[str]:
         f"scale-ocr summary of {run.run_dir}",
         f"  model        {_text(run.arch)} ({_text(run.task)}), {(run.num_params or 0) / 1e6:.2f}M parameters",
         f"  strategy     {_text(run.strategy)}, world size {run.world_size} ({_text(run.launcher)}, "
-        f"{_text(run.backend)}, {_text(run.device)}), global batch {run.global_batch}",
+        f"{_text(run.backend)}, {_text(run.device)}), global batch {_batch(run)}",
         f"  trained      {run.steps} steps, {run.epochs} epochs in {_duration(run.wall_seconds)}"
         f" ({'n/a' if sps is None or not math.isfinite(sps) else f'{sps:.0f}'} samples/s)"
         + (f"; {_text(run.lr_line)}" if run.lr_line else ""),
@@ -353,6 +360,12 @@ def _lines(run: Run, png: Path) -> list[str]:
         f"  curves       {png}",
         *[f"  under {s:<7}{same_job(run, s)}" for s in OTHER_STRATEGIES],
     ]
+
+
+def _batch(run: Run) -> str:
+    if run.start_batch is None or run.start_batch == run.global_batch:
+        return str(run.global_batch)
+    return f"{run.start_batch} grown to {run.global_batch} (--batch-ramp auto)"
 
 
 def _noise_line(run: Run) -> str:
@@ -374,7 +387,7 @@ def summarize(run_dir: Path, plot: Path | None) -> list[str]:
     read and checked before the plot is written."""
     run = load_run(run_dir)
     png = check_output(plot if plot is not None else run_dir / "curves.png", "--plot")
-    keys = ("train/loss", "val/val_loss", f"val/{run.headline}", "noise/b_simple")
+    keys = ("train/loss", "val/val_loss", f"val/{run.headline}", "noise/b_simple", "train/global_batch")
     curves = read_curves(run_dir / "metrics.jsonl", keys)
     plot_curves(curves, run, png)
     return _lines(run, png)

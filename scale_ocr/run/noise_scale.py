@@ -196,17 +196,23 @@ class NoiseMeter:
             self._gradient_scale = self.strategy.gradient_scale()
             self.remove()
 
-    def record(self, grad_norm: float | torch.Tensor, good: bool) -> None:
+    def resize(self, global_batch: int) -> None:
+        """The optimizer step's batch from the next step on (``--batch-ramp`` grew it)."""
+        self.big = global_batch
+
+    def record(self, grad_norm: float | torch.Tensor, good: bool) -> bool:
         """After a measured step: the ranks' micro-batch norms against the step's global norm (a collective, on
-        every rank at the same steps). A bad or skipped step adds nothing (its gradients were not used)."""
+        every rank at the same steps). A bad or skipped step adds nothing (its gradients were not used). Returns
+        whether a reading was added."""
         local = float(torch.stack(self._micro).sum()) if self._micro else 0.0
         total, count = all_reduce_sum([local, len(self._micro)], self.device)
         self._micro = []
         big_sq = float(grad_norm) ** 2
         if not good or not count or not math.isfinite(total) or not math.isfinite(big_sq):
-            return
+            return False
         small_sq = total / count / self._gradient_scale ** 2
         self.scale.add(Pair(small_sq, big_sq, self.small, self.big))
+        return True
 
     def metrics(self) -> dict[str, float]:
         return self.scale.metrics() if self.measures else {}
@@ -216,7 +222,7 @@ class NoiseMeter:
         value = self.scale.b_simple
         if value is None:
             return ""
-        return f"B_simple={value:.0f} (b {self.small}/{self.big})"
+        return f"B_simple={value:.0f} (b {self.scale.small}/{self.scale.big})"  # the last reading's batches
 
     def summary(self) -> dict[str, Any] | None:
         """metrics.json's ``noise_scale``: the last smoothed values and how they were measured."""

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from scale_ocr.data.loader import Data
     from scale_ocr.distributed.process_group import DistInfo
     from scale_ocr.optim import LRSchedule
+    from scale_ocr.run.batch_ramp import BatchRamp
     from scale_ocr.run.control import StepControl
     from scale_ocr.run.watchdog import Watchdog
     from scale_ocr.strategies import Strategy
@@ -70,7 +71,8 @@ class RunPlan:
         run_dir: ``--output-dir``: where models, checkpoints and metrics go.
         lr: the peak rate at this run's global batch, with the rule that carried it there.
         steps_per_epoch: optimizer steps in one pass over this rank's loader.
-        total_steps: optimizer steps in the run.
+        total_steps: optimizer steps in the run (at its starting global batch, which ``--batch-ramp`` may grow).
+        epoch_batches: micro-batches in one pass over this rank's loader.
         warmup: the schedule's warm-up steps.
         utilization: the model's counted FLOPs per sample against the devices' peak (MFU).
     """
@@ -82,10 +84,22 @@ class RunPlan:
     total_steps: int
     warmup: int
     utilization: Utilization
+    epoch_batches: int
 
     @property
     def global_batch(self) -> int:
+        """The run's starting global batch."""
         return self.lr.global_batch
+
+    @property
+    def total_samples(self) -> int:
+        """Samples in the run: its length whatever batch it trains at."""
+        return self.total_steps * self.global_batch
+
+    @property
+    def epochs(self) -> int:
+        """Passes over the data the run begins."""
+        return math.ceil(self.total_steps / self.steps_per_epoch)
 
 
 def build_plan(cfg: RunConfig, run_dir: Path, lr: LRPlan, train_batches: int, task: Task,
@@ -99,7 +113,7 @@ def build_plan(cfg: RunConfig, run_dir: Path, lr: LRPlan, train_batches: int, ta
     total = plan_steps(steps_per_epoch, cfg.train.epochs, cfg.train.max_steps)
     return RunPlan(cfg.train, run_dir, lr, steps_per_epoch, total,
                    default_warmup(cfg.optim, total, lr.factor),
-                   Utilization.for_run(task, cfg.train.precision, dist))
+                   Utilization.for_run(task, cfg.train.precision, dist), train_batches)
 
 
 @dataclass(frozen=True)
@@ -116,6 +130,8 @@ class RunParts:
         checkpoints: saves resumable checkpoints when due; None disables them.
         control: per-step agreement across ranks (preemption, non-finite steps, timed saves).
         watchdog: told about each finished step and printed line (heartbeats, hang detection); None: no watchdog.
+        ramp: the global batch each step takes (``--batch-ramp``, restored before the run's record is written);
+            None: the config's, throughout.
     """
 
     strategy: Strategy
@@ -127,3 +143,4 @@ class RunParts:
     checkpoints: CheckpointManager | None = None
     control: StepControl | None = None
     watchdog: Watchdog | None = None
+    ramp: BatchRamp | None = None

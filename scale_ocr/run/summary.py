@@ -35,7 +35,7 @@ def run_summary(t: Trainer, wall: float) -> dict[str, Any]:
     timed = state.timed_seconds
     share = state.timed_data_seconds / timed if timed > 0 else 0.0
     loss_sum, n, share_sum = all_reduce_sum([local, len(state.epoch_loss), share], device)
-    sps = state.timed_steps * t.plan.global_batch / timed if timed > 0 else float("nan")
+    sps = state.timed_samples / timed if timed > 0 else float("nan")
     data_share = share_sum / t.strategy.world_size if timed > 0 else None
     if data_share is not None and data_share >= DATA_SHARE_NOTE and t.strategy.is_main:
         say(f"scale-ocr: note: the ranks waited for data {data_share:.0%} of the timed training time; "
@@ -43,8 +43,10 @@ def run_summary(t: Trainer, wall: float) -> dict[str, Any]:
     ev = state.last_eval
     return {
         "world_size": t.strategy.world_size,
-        "global_batch": t.plan.global_batch,
+        "global_batch": t.ramp.global_batch,
         "steps": state.step,
+        "samples": state.samples,
+        "batch_ramp": t.ramp.summary(),  # where --batch-ramp started and ended, and each change
         "epochs": state.epoch,
         "train_loss": loss_sum / n if n else None,  # None: nothing trained (resumed at the last step)
         "val_loss": ev.get("val_loss"),

@@ -10,7 +10,6 @@ import contextlib
 import math
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -22,8 +21,10 @@ from scale_ocr.distributed.process_group import all_reduce_max, all_reduce_sum
 from scale_ocr.errors import RunStopped, UserError, memory_for, say
 from scale_ocr.memory.meter import ActivationProbe
 from scale_ocr.precision import autocast_factory, gemm_factory
+from scale_ocr.run.batch_ramp import BatchRamp
 from scale_ocr.run.breakdown import StepClock
 from scale_ocr.run.control import EXIT_PREEMPTED, StepControl, StopSignal, WeightCheck
+from scale_ocr.run.loop_state import RunState, Window
 from scale_ocr.run.noise_scale import NoiseMeter
 from scale_ocr.run.plan import RunParts, RunPlan
 from scale_ocr.run.profiling import StepProfiler
@@ -31,36 +32,6 @@ from scale_ocr.run.summary import peak_memory_bytes, run_summary
 from scale_ocr.tasks.base import EvalResult
 
 EXIT_DIVERGED = 4  # --max-bad-steps consecutive non-finite steps
-
-
-@dataclass
-class RunState:
-    """Counters the loop advances."""
-
-    step: int = 0
-    epoch: int = 0
-    epoch_step: int = 0  # optimizer steps done in the current epoch
-    timed_steps: int = 0
-    timed_seconds: float = 0.0
-    timed_data_seconds: float = 0.0  # of timed_seconds, spent waiting for the loader's next batch
-    epoch_loss: list[torch.Tensor] = field(default_factory=list)
-    bad_steps: int = 0  # consecutive steps with a NaN/inf loss or gradient, skipped on every rank
-    skipped_steps: int = 0  # all such steps in this run
-    best: tuple[float, float] | None = None  # Task.score: (headline metric, -val_loss)
-    last_eval: dict[str, float] = field(default_factory=dict)
-
-
-class Window:
-    """Steps since the last log line. Losses and grad norms stay on the device until logged, so
-    the loop never waits on the GPU between steps."""
-
-    def __init__(self, start: float) -> None:
-        self.start, self.losses, self.stats, self.lr = start, [], None, 0.0
-        self.data_seconds = 0.0  # waiting for the loader
-
-    def add(self, loss: torch.Tensor, stats, lr: float) -> None:
-        self.losses.append(loss)
-        self.stats, self.lr = stats, lr
 
 
 class Trainer:
@@ -77,6 +48,9 @@ class Trainer:
         self.strategy, self.model, self.schedule, self.data = parts.strategy, parts.model, parts.schedule, parts.data
         self.task, self.logger, self.checkpoints = parts.task, parts.logger, parts.checkpoints
         self.watchdog = parts.watchdog
+        self.ramp = parts.ramp or BatchRamp(self.cfg, self.strategy.world_size)
+        if self.ramp.auto and not self.strategy.changes_accumulation:
+            self.strategy.set_accumulation(self.ramp.accum)  # its refusal, before any step
         self.last_saved = -1
         self.first_step = 0  # the step this job began at (fit() sets it: a resumed job's is its checkpoint's)
         self.recorded_norm: float | None = None  # the weight norm a resumed checkpoint's trainer.json records
@@ -87,7 +61,7 @@ class Trainer:
         self.gemm = gemm_factory(self.cfg.precision, self.device)  # the backward's products, as the forward's
         # Steps up to this one are allocator/engine warm-up and are not timed for samples/s.
         self.warmup_steps = min(5, max(0, self.plan.total_steps // 4))
-        self.timing_start: tuple[float, int] | None = None
+        self.timing_start: tuple[float, int, int] | None = None
         # The last --profile-steps steps are profiled, and left out of samples/s (the profiler slows them).
         self.timing_end = self.plan.total_steps - self.cfg.profile_steps
         self.profiler = (StepProfiler(self.plan.run_dir, self.timing_end + 1, self.plan.total_steps, self.device,
@@ -96,6 +70,10 @@ class Trainer:
         self.activations = ActivationProbe()  # bytes saved for backward by the first micro-batch
         self.noise = NoiseMeter(self.strategy, self.cfg.noise_every, self.cfg.noise_smoothing, self.cfg.batch_size,
                                 plan.global_batch, self.device)
+        if self.ramp.auto and not self.noise.measures:
+            raise UserError("--batch-ramp auto grows the batch by the gradient noise scale, which compares gradients "
+                            "at two batch sizes, and one process with --grad-accum 1 has one: run on 2 or more ranks "
+                            "or with --grad-accum 2 or more, or drop --batch-ramp")
         self.state = RunState()
         self.weights = WeightCheck(self.strategy.weight_norm, self.cfg.max_weight_growth)  # measured again in fit()
         # Where the weights fit() starts from came from, and what to do should they be unfit (train.py sets it).
@@ -108,16 +86,30 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
+    @property
+    def total_steps(self) -> int:
+        """The run's optimizer steps: the plan's, or where the batch grew, the steps taken and those its remaining
+        samples take at the batch it has now."""
+        if self.ramp.global_batch == self.plan.global_batch:
+            return self.plan.total_steps
+        left = max(0, self.plan.total_samples - self.state.samples)
+        return self.state.step + -(-left // self.ramp.global_batch)
+
+    def _done(self) -> bool:
+        """Whether the run trained the samples it was asked for (``--epochs`` or ``--max-steps`` worth)."""
+        return self.state.samples >= self.plan.total_samples
+
     def _start_timing(self) -> None:
         if self.warmup_steps <= self.state.step < self.timing_end and self.timing_start is None:
-            self.timing_start = (self._now(), self.state.step)
+            self.timing_start = (self._now(), self.state.step, self.state.samples)
 
     def _stop_timing(self) -> None:
         """Close the timed stretch (before evaluation, which is not training throughput)."""
         if self.timing_start is not None:
-            t0, step0 = self.timing_start
+            t0, step0, samples0 = self.timing_start
             self.state.timed_seconds += self._now() - t0
             self.state.timed_steps += self.state.step - step0
+            self.state.timed_samples += self.state.samples - samples0
             self.timing_start = None
 
     def fit(self) -> dict[str, Any]:
@@ -126,12 +118,13 @@ class Trainer:
         unfit = self.weights.unfit_start(self.recorded_norm)  # every rank: the same weights, the same answer
         if unfit:
             raise UserError(f"{self.origin[0]} {unfit} before any step: a model that cannot train; {self.origin[1]}")
-        bar = tqdm(total=self.plan.total_steps, desc="train", disable=not self.interactive, dynamic_ncols=True,
+        bar = tqdm(total=self.total_steps, desc="train", disable=not self.interactive, dynamic_ncols=True,
                    mininterval=1.0)
         bar.update(self.state.step)
-        epochs = math.ceil(self.plan.total_steps / self.plan.steps_per_epoch)
         self.first_step = self.state.step  # where this job began (a resumed one: the checkpoint's step)
-        while self.state.epoch < epochs and self.state.step < self.plan.total_steps:
+        if self.ramp.auto and self.strategy.is_main:
+            say(self.ramp.plan_line(self.plan.total_samples))
+        while self.state.epoch < self.plan.epochs and not self._done():
             self.train_epoch(bar)
             self._stop_timing()
             self.end_epoch()
@@ -144,10 +137,11 @@ class Trainer:
         """Everything besides model and optimizer that a resumed run needs to continue exactly."""
         return {
             "step": self.state.step, "epoch": self.state.epoch, "epoch_step": self.state.epoch_step,
-            "samples_in_epoch": self.state.epoch_step * self.plan.global_batch, "global_batch": self.plan.global_batch,
+            "samples_in_epoch": self.state.epoch_micro * self.ramp.per_accum, "global_batch": self.ramp.global_batch,
+            "samples": self.state.samples, "batch_ramp": self.ramp.state_dict(),
             # Where the data stands, in samples and free of world size: the order's rest (shards) or its count.
             "data_position": self.data.position.state(
-                self.state.epoch, max(0, self.state.epoch_step - self.segment_start) * self.cfg.grad_accum),
+                self.state.epoch, max(0, self.state.epoch_micro - self.segment_start)),
             "steps_per_epoch": self.plan.steps_per_epoch,
             "schedule": self.schedule.state_dict(), "best": list(self.state.best) if self.state.best else None,
             "metrics_records": self.logger.records(),  # lines of metrics.jsonl this state accounts for
@@ -167,11 +161,18 @@ class Trainer:
         """
         epoch, samples = meta["epoch"], meta["samples_in_epoch"]
         plan = self.plan
-        same = meta.get("global_batch") == plan.global_batch and meta.get("steps_per_epoch",
-                                                                     plan.steps_per_epoch) == plan.steps_per_epoch
-        step = meta["step"] if same else epoch * plan.steps_per_epoch + samples // plan.global_batch
-        self.state.step, self.state.epoch = step, epoch
-        self.schedule.load_state_dict({**meta["schedule"], "step_count": step})
+        trained = meta.get("samples")
+        if self.ramp.resumed and isinstance(trained, int) and not isinstance(trained, bool) and trained >= 0:
+            step, same = meta["step"], True  # a ramp's steps are counted as they were taken, its length in samples
+        else:
+            same = meta.get("global_batch") == plan.global_batch and meta.get(
+                "steps_per_epoch", plan.steps_per_epoch) == plan.steps_per_epoch
+            step = meta["step"] if same else epoch * plan.steps_per_epoch + samples // plan.global_batch
+            trained = step * plan.global_batch
+        self.state.step, self.state.epoch, self.state.samples = step, epoch, trained
+        if self.ramp.accum != self.ramp.start_accum:
+            self.ramp.apply(self.strategy, self.noise, self.schedule, self.plan.lr)
+        self.schedule.load_state_dict({**meta["schedule"], "step_count": step, "samples": trained})
         self.state.best = tuple(meta["best"]) if meta.get("best") else None
         self.recorded_norm = (meta.get("weights") or {}).get("norm") if isinstance(meta.get("weights"), dict) else None
         self.data.position.restore(epoch, samples, meta.get("data_position"))  # old checkpoints: samples only
@@ -181,7 +182,9 @@ class Trainer:
         if not same:
             where += (f" (epoch {epoch + 1}, {samples} samples into it; step {step} at this run's global batch of "
                       f"{self.plan.global_batch} instead of {meta.get('global_batch')})")
-        if step >= self.plan.total_steps:
+        if self.ramp.resume_note:
+            where += f", {self.ramp.resume_note}"
+        if self._done():
             raise UserError(f"nothing to train: the checkpoint {where} already reaches this run's last step "
                             f"({self.plan.total_steps}: --epochs {self.cfg.epochs}, --max-steps {self.cfg.max_steps}); "
                             "raise --epochs or --max-steps to train on, or pass --resume none to start afresh")
@@ -194,18 +197,10 @@ class Trainer:
         self.control.saved()
 
     def train_epoch(self, bar: tqdm) -> None:
-        # A resumed run continues the epoch's sample order where the checkpoint left it.
-        self.data.position.set_epoch(self.state.epoch)
-        steps = len(self.data.train_loader) // self.cfg.grad_accum
-        self.state.epoch_step = self.segment_start = max(0, self.plan.steps_per_epoch - steps)
-        self.model.train()
-        batches = iter(self.data.train_loader)
-        self.state.epoch_loss = []
+        batches = self._begin_epoch()
         self._start_timing()
         window = Window(self._now())
-        for _ in range(steps):
-            if self.state.step >= self.plan.total_steps:
-                break
+        while self._epoch_has_step() and not self._done():
             if self.profiler is not None:
                 if self.state.step == self.timing_end:
                     self._stop_timing()
@@ -217,25 +212,31 @@ class Trainer:
                 self.state.timed_data_seconds += waited
             stats = self.strategy.step()
             self.clock.lap("optimizer")
-            agreed = self.control.agree(bool(torch.isfinite(loss)), self._norm_finite(stats), weights=self.weights)
-            if self.noise.due(self.state.step + 1):  # a collective, on every rank at the same steps
-                self.noise.record(stats.grad_norm, not (agreed.nonfinite or agreed.bad_weights or stats.skipped))
-            lr = self.schedule.lr  # the rate this step used
-            self.schedule.step()
-            self.state.step += 1
-            self.state.epoch_step += 1
+            agreed = self.control.agree(bool(torch.isfinite(loss)), stats.norm_ok, weights=self.weights)
+            measured = self.noise.due(self.state.step + 1)  # a collective, on every rank at the same steps
+            read = measured and self.noise.record(stats.grad_norm,
+                                                  not (agreed.nonfinite or agreed.bad_weights or stats.skipped))
+            lr, batch = self.schedule.lr, self.ramp.global_batch  # the rate and batch this step used
+            self._advance(batch)
             if agreed.nonfinite or agreed.bad_weights:
                 self._bad_step(stats, agreed.nonfinite)
             else:
                 self.state.bad_steps = 0
-                window.add(loss, stats, lr)
+                window.add(loss, stats, lr, batch)
                 self.state.epoch_loss.append(loss)
             if self.watchdog is not None:
-                self.watchdog.progress(self.state.step, self.plan.total_steps)
+                self.watchdog.progress(self.state.step, self.total_steps)
+            bar.total = self.total_steps
             bar.update(1)
-            if self.state.step % self.cfg.log_every == 0 or self.state.step == self.plan.total_steps:
+            # The batch the next steps take (a larger one may end the epoch): a collective at the measured steps.
+            change = self.ramp.after_reading(self.noise, read, self.state, self.device) if measured else None
+            if change is not None:
+                self.ramp.apply(self.strategy, self.noise, self.schedule, self.plan.lr)
+            if self.state.step % self.cfg.log_every == 0 or self._last_step():
                 self.log_window(window, bar)  # before a save, so the checkpoint accounts for this record
                 window = Window(self._now())
+            if change is not None and self.strategy.is_main:
+                say(self.ramp.describe(change, self.schedule.line))  # after the line of the step it follows
             self.clock.end_step()  # saves and validation below are not step time
             if self.profiler is not None:
                 self.profiler.after_step(self.state.step)
@@ -243,29 +244,50 @@ class Trainer:
                 self._checkpoint(window)
                 self._preempted()
             if (self.cfg.eval and self.cfg.eval_every and self.state.step % self.cfg.eval_every == 0
-                    and self.state.epoch_step < self.plan.steps_per_epoch and self.state.step < self.plan.total_steps):
-                self._stop_timing()  # validation is not step time; end_epoch validates the epoch's last step
-                t0 = self._now()
-                self.validate()
-                window.start += self._now() - t0
+                    and self._epoch_has_step() and not self._done()):  # end_epoch validates the epoch's last step
+                self._stop_timing()  # validation is not step time
+                window.start += self._timed(self.validate)
             # After the step's validation, so a checkpoint holds its record and best (a resumed run does not
             # validate that step again: its curve would lose the point).
             if agreed.save or (self.checkpoints is not None and self.checkpoints.due(self.state.step)):
                 self._checkpoint(window)
             self._start_timing()
 
+    def _begin_epoch(self):
+        """The epoch's batches: its sample order, or for a resumed run its rest, where the checkpoint left it."""
+        self.data.position.set_epoch(self.state.epoch)
+        left = len(self.data.train_loader)  # micro-batches of this epoch each rank takes from here
+        self.state.epoch_micro = self.segment_start = max(0, self.plan.epoch_batches - left)
+        self.state.epoch_step = max(0, self.plan.steps_per_epoch - left // self.ramp.accum)
+        self.model.train()
+        self.state.epoch_loss = []
+        return iter(self.data.train_loader)
+
+    def _advance(self, batch: int) -> None:
+        """Count the step just taken: ``batch`` samples, the ramp's accumulation of micro-batches on each rank."""
+        self.schedule.step(batch)
+        self.state.step += 1
+        self.state.epoch_step += 1
+        self.state.epoch_micro += self.ramp.accum
+        self.state.samples += batch
+
+    def _timed(self, fn) -> float:
+        t0 = self._now()
+        fn()
+        return self._now() - t0
+
+    def _last_step(self) -> bool:
+        """Whether the step just taken is the run's last."""
+        return self._done() or (self.state.epoch + 1 >= self.plan.epochs and not self._epoch_has_step())
+
+    def _epoch_has_step(self) -> bool:
+        """Whether the epoch holds another whole optimizer step for each rank (a rest smaller than one is left)."""
+        return self.plan.epoch_batches - self.state.epoch_micro >= self.ramp.accum
+
     def _checkpoint(self, window: Window) -> None:
         """A checkpoint of this step, unless in a non-finite streak (the last good checkpoint stays the newest)."""
         if self.checkpoints is not None and self.state.bad_steps == 0:
-            t0 = self._now()
-            self.save_checkpoint()
-            window.start += self._now() - t0  # checkpoint I/O is not step time
-
-    @staticmethod
-    def _norm_finite(stats) -> bool:
-        # Under fp16 loss scaling an infinite norm is an overflow the scaler handles (it lowers the
-        # scale and skips the step); only unscaled NaN/inf gradients are a bad step.
-        return stats.loss_scale is not None or math.isfinite(float(stats.grad_norm))
+            window.start += self._timed(self.save_checkpoint)  # checkpoint I/O is not step time
 
     def _bad_step(self, stats, nonfinite: bool) -> None:
         """A NaN/inf loss or gradient (the engine skipped the update on every rank), or updated weights that are
@@ -305,7 +327,7 @@ class Trainer:
     def _preempted(self) -> None:
         name = self.control.stop.received or "a preemption signal on another rank"
         where = self.checkpoints.latest_name() if self.checkpoints is not None else None
-        raise RunStopped(f"{name} received: stopped after step {self.state.step} of {self.plan.total_steps}"
+        raise RunStopped(f"{name} received: stopped after step {self.state.step} of {self.total_steps}"
                          + (f", checkpoint {where} written" if where else "")
                          + "; run the same command again (`--resume auto` is the default) to continue",
                          EXIT_PREEMPTED, prefix="stopped")
@@ -316,12 +338,13 @@ class Trainer:
         total, waited = torch.zeros((), device=self.device), 0.0
         if self.noise.due(self.state.step + 1):
             self.noise.begin()
-        for micro in range(self.cfg.grad_accum):
+        accum = self.ramp.accum
+        for micro in range(accum):
             t0 = time.perf_counter()
             batch = next(batches).to(self.device)
             waited += time.perf_counter() - t0
             self.clock.lap("data")
-            sync = micro == self.cfg.grad_accum - 1
+            sync = micro == accum - 1
             with self.strategy.no_sync() if not sync else contextlib.nullcontext():
                 with self.autocast(), self.activations.watch(self.model):
                     out = self.model(*batch.inputs)
@@ -332,7 +355,7 @@ class Trainer:
             self.clock.lap("compute", then="optimizer" if sync else "data")
             total += loss.detach().float()
         self.noise.end_backward()
-        return total / self.cfg.grad_accum, waited
+        return total / accum, waited
 
     def log_window(self, window: Window, bar: tqdm) -> None:
         elapsed = self._now() - window.start
@@ -349,21 +372,22 @@ class Trainer:
             "train/loss": loss_sum / max(n, 1),
             "train/lr": window.lr,
             "train/grad_norm": float(stats.grad_norm),
-            "train/samples_per_sec": n_steps * self.plan.global_batch / max(elapsed, 1e-9),
+            "train/samples_per_sec": window.samples / max(elapsed, 1e-9),
             "train/step_time": elapsed / max(n_steps, 1),
             "train/data_share": share_sum / self.strategy.world_size,  # of step time, waiting for the loader
             "train/epoch": self.state.epoch,
             "memory/peak_bytes_max": all_reduce_max(mem, self.device),
             "memory/peak_bytes_mean": mem_sum / self.strategy.world_size,
-            **self.plan.utilization.metrics(n_steps * self.plan.global_batch / max(elapsed, 1e-9)),
+            **self.plan.utilization.metrics(window.samples / max(elapsed, 1e-9)),
             **self.noise.metrics(),  # B_simple and its parts, as smoothed up to this step
+            **({"train/global_batch": window.batch} if self.ramp.auto else {}),  # the batch the ramp reached
         }
         if stats.loss_scale is not None:
             metrics["train/loss_scale"] = stats.loss_scale
         self.logger.log(metrics, self.state.step)
         bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", sps=f"{metrics['train/samples_per_sec']:.0f}")
         if self.strategy.is_main and not self.interactive:
-            say(f"step {self.state.step}/{self.plan.total_steps} loss={metrics['train/loss']:.4f} "
+            say(f"step {self.state.step}/{self.total_steps} loss={metrics['train/loss']:.4f} "
                 f"lr={metrics['train/lr']:.2e} grad_norm={metrics['train/grad_norm']:.3f} "
                 f"samples/s={metrics['train/samples_per_sec']:.1f} "
                 f"{self.plan.utilization.describe(metrics['train/samples_per_sec'])} {self.noise.describe()}".rstrip())
@@ -375,7 +399,8 @@ class Trainer:
         self.strategy.sync_buffers()  # every rank evaluates the model rank 0 holds
         result = self.task.evaluate(self.model, self.data.val_loader, self.device, self.autocast)
         self.state.last_eval = result.metrics
-        self.logger.log({f"val/{k}": v for k, v in result.metrics.items()} | {"epoch": self.state.epoch},
+        self.logger.log({f"val/{k}": v for k, v in result.metrics.items()} | {"epoch": self.state.epoch,
+                                                                              "samples": self.state.samples},
                         self.state.step)
         self.logger.log_examples(result.examples, self.state.step)
         return result
@@ -387,7 +412,7 @@ class Trainer:
         The checkpoint comes first: each rank writes it from what it holds, with no gathering, so it fits wherever
         training fits, and if the model files cannot be written after it, nothing trained is lost.
         """
-        last = self.state.step >= self.plan.total_steps
+        last = self._done() or self.state.epoch + 1 >= self.plan.epochs
         # A run that runs out of steps inside a streak shorter than --max-bad-steps did not train what was asked when
         # no step of this job was good, or when its weights are unfit to write: it ends as the streak would have.
         if last and self.state.bad_steps and (self.state.bad_steps >= self.state.step - self.first_step

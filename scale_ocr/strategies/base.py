@@ -5,6 +5,7 @@ The loop asks a strategy for capabilities, never for its name (docs/strategies.m
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from abc import ABC, abstractmethod
@@ -122,6 +123,12 @@ class StepStats:
     skipped: bool = False
     loss_scale: float | None = None
 
+    @property
+    def norm_ok(self) -> bool:
+        """Whether the step's gradient norm is fine: under fp16 loss scaling an infinite norm is an overflow the
+        scaler handles (it lowers the scale and skips the step); only unscaled NaN/inf gradients are a bad step."""
+        return self.loss_scale is not None or math.isfinite(float(self.grad_norm))
+
 
 class Strategy(ABC):
     """Base of every strategy; ``run_dir`` is where an engine may keep scratch files (NVMe offload's swap files),
@@ -137,6 +144,8 @@ class Strategy(ABC):
     tunes_reducer: bool = False
     #: ``--ds-config`` (a DeepSpeed JSON) configures it.
     reads_ds_config: bool = False
+    #: :meth:`set_accumulation` can change the micro-batches per optimizer step mid-run (``--batch-ramp``).
+    changes_accumulation: bool = False
 
     @classmethod
     def takes_shard_size(cls, cfg: StrategyConfig, **preset: Any) -> bool:
@@ -218,6 +227,12 @@ class Strategy(ABC):
         for the forward hooks those.
         """
         return hook_tensors(self.model.parameters(), on_grad)
+
+    def set_accumulation(self, micro_batches: int) -> None:
+        """Accumulate ``micro_batches`` micro-batches per optimizer step from the next step on (the global batch grows
+        with it), where :attr:`changes_accumulation` says the engine can; called between steps on every rank."""
+        raise UserError(f"--strategy {self.cfg.strategy} cannot change its gradient accumulation during a run, which "
+                        "--batch-ramp needs: drop --batch-ramp, or pick a strategy that can (docs/strategies.md)")
 
     def gradient_scale(self) -> float:
         """What this engine's backward multiplies a micro-batch's mean-loss gradient by: ``1 / grad_accum`` (the

@@ -66,6 +66,11 @@ class StepperMixin:
     """``backward`` and ``step`` for strategies whose ``setup`` sets ``self.stepper`` (a :class:`TorchStepper`), and
     ``no_sync`` as their wrapper's own (DDP, ShardedDataParallel); strategies without one override ``no_sync``."""
 
+    changes_accumulation = True  # the stepper divides each backward by its count, read at every backward
+
+    def set_accumulation(self, micro_batches: int) -> None:
+        self.stepper.grad_accum = micro_batches
+
     def no_sync(self):
         return self.model.no_sync()
 

@@ -38,6 +38,7 @@ class DeepSpeed(Strategy):
 
     shards_state = True
     reads_ds_config = True
+    changes_accumulation = True
 
     @classmethod
     def takes_shard_size(cls, cfg, **preset) -> bool:
@@ -71,6 +72,7 @@ class DeepSpeed(Strategy):
         self._own_swap = [own_swap] if self.cfg.nvme_path is None and own_swap in self.nvme_paths else []
         self._swap_ready = False
         self._shm_unlinked = False
+        self._loop_boundary = False  # set_accumulation: the loop, not the engine's counter, marks each step's end
 
     def _prepare_swap(self) -> None:
         """Before the engine first swaps (zero.Init or initialize): the op loads and this rank's folders are empty."""
@@ -231,7 +233,23 @@ class DeepSpeed(Strategy):
     def no_sync(self):
         # The engine decides itself which micro-steps reduce (ZeRO-2/3 reduce into partitions on
         # every micro-step to free memory); its own no_sync() refuses gradient partitioning.
-        return contextlib.nullcontext()
+        return self._accumulating() if self._loop_boundary else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _accumulating(self):
+        """A micro-step that is not the step's last, told to the engine (after :meth:`set_accumulation`)."""
+        self.engine.set_gradient_accumulation_boundary(False)
+        try:
+            yield
+        finally:
+            self.engine.set_gradient_accumulation_boundary(True)
+
+    def set_accumulation(self, micro_batches: int) -> None:
+        # The engine finds its boundary by counting micro-steps since it started, modulo the accumulation: after a
+        # change that count no longer starts at a step's first micro-batch, so from then on the loop says which
+        # micro-step is a step's last (no_sync, around every other one).
+        internals.set_accumulation(self.engine, micro_batches)
+        self._loop_boundary = True
 
     def backward(self, loss) -> None:
         self.engine.backward(loss)

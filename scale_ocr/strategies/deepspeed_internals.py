@@ -67,6 +67,8 @@ PRIVATE_ATTRIBUTES: tuple[Private, ...] = (
     Private(FRAGMENT, "lp_fragment_address", "hp_fragment"),
     Private(FRAGMENT, "get_hp_fragment", "hp_fragment"),
     Private(ENGINE, "skipped_steps", "skipped_steps"),
+    Private(ZERO12, "gradient_accumulation_steps", "set_accumulation"),
+    Private(ZERO3, "gradient_accumulation_steps", "set_accumulation"),
     Private(ZERO3, "cur_scale", "loss_scale"),
     Private(ZERO12, "cur_scale", "loss_scale"),
     Private(ZERO3, "averaged_gradients", "grad_partitions"),
@@ -194,6 +196,17 @@ def loss_scale(zero_opt: Any) -> float:
 def skipped_steps(engine: Any) -> int:
     """How many optimizer steps the engine skipped (fp16 overflow) so far."""
     return engine.skipped_steps
+
+
+@_relies_on
+def set_accumulation(engine: Any, micro_batches: int) -> None:
+    """Accumulate ``micro_batches`` per step from the next one: the engine's own setter (public: it rewrites its
+    config's train_batch_size and gradient_accumulation_steps, which its backward divides by and its boundary counts
+    to), and the ZeRO optimizer's copy, which ZeRO-1/2 read with CPU offload to decide whether to accumulate its
+    host gradients."""
+    engine.set_train_batch_size(engine.train_micro_batch_size_per_gpu() * engine.dp_world_size * micro_batches)
+    if hasattr(engine.optimizer, "gradient_accumulation_steps"):
+        engine.optimizer.gradient_accumulation_steps = micro_batches
 
 
 # --- DeepSpeed: the tensors a rank holds, for scale_ocr.memory's meter ----------------------------------------

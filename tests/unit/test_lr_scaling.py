@@ -16,7 +16,9 @@ from scale_ocr.cli.args import parse_config
 from scale_ocr.config import DEFAULT_LR_SCALING, OptimConfig, TrainConfig
 from scale_ocr.errors import UserError
 from scale_ocr.optim import LRPlan, LRSchedule, default_warmup, lr_factor, plan_lr, rate, scale_factor
-from scale_ocr.run.trainer import RunState, Trainer
+from scale_ocr.run.batch_ramp import BatchRamp
+from scale_ocr.run.loop_state import RunState
+from scale_ocr.run.trainer import Trainer
 from scale_ocr.strategies.deepspeed import refuse_flattened
 from scale_ocr.train import main
 
@@ -82,7 +84,7 @@ def _restore(schedule: LRSchedule, saved: dict, global_batch: int) -> str:
     """Trainer.restore on a trainer reduced to what it reads: 10 steps per epoch, resumed at another global batch."""
     plan = SimpleNamespace(global_batch=global_batch, steps_per_epoch=10, total_steps=100)
     fake = SimpleNamespace(state=RunState(), schedule=schedule, plan=plan, cfg=TrainConfig(), data=SimpleNamespace(
-        position=SimpleNamespace(restore=lambda *a: None)))
+        position=SimpleNamespace(restore=lambda *a: None)), ramp=BatchRamp(TrainConfig(), 1), _done=lambda: False)
     meta = {"step": 4, "epoch": 0, "samples_in_epoch": 256, "global_batch": 64, "steps_per_epoch": 20,
             "schedule": saved, "best": None}
     return Trainer.restore(fake, meta)

@@ -56,7 +56,7 @@ def test_each_derived_value_is_computed_once(tmp_path, monkeypatch, capsys):
 
 def test_the_plan_is_frozen_and_the_trainer_takes_it_and_its_parts():
     made = plan.RunPlan(train=None, run_dir=Path("run"), lr=None, steps_per_epoch=2, total_steps=4, warmup=0,
-                        utilization=None)
+                        utilization=None, epoch_batches=4)
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.total_steps = 5  # type: ignore[misc]
     assert list(inspect.signature(Trainer.__init__).parameters) == ["self", "plan", "parts"]

@@ -1,0 +1,172 @@
+"""A global batch that grows while it pays (``--batch-ramp auto``; docs/scaling-pays.md).
+
+A step on B samples is worth about B steps on one while B is well under the gradient noise scale B_simple, and
+little more past it (McCandlish et al. 2018, arXiv 1812.06162); B_simple grows as the loss falls, and warming the
+batch up with it trained OLMo-1B in 43% fewer steps (Merrill et al. 2025, arXiv 2505.23971). So the ramp reads the
+run's own B_simple (:mod:`scale_ocr.run.noise_scale`) and doubles the gradient accumulation, and with it the global
+batch, whenever twice the batch stays within ``--ramp-limit`` times B_simple and ``--ramp-max-batch``.
+
+- It only grows: B_simple grows through training, and a batch that shrank back would give back the steps the larger
+  one saved. A change waits for :data:`SETTLED` readings at the batch it made, so one reading never moves it twice.
+- Every rank takes the same decision: the proposals are reduced (max) at the readings' steps, which every rank
+  measures alike, so a last-bit difference between ranks cannot split them.
+- Its state is the global batch it reached, free of world size: a run resumed on more ranks keeps that batch with less
+  accumulation (the nearest at or under it that this world can make), on fewer with more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from scale_ocr.config import TrainConfig
+from scale_ocr.distributed.process_group import all_reduce_max
+from scale_ocr.errors import UserError
+from scale_ocr.optim import LRPlan
+from scale_ocr.run.noise_scale import SETTLED
+
+DEFAULT_MAX_GROWTH = 8  # --ramp-max-batch left out: the ramp stops at this many times the starting global batch
+
+
+@dataclass(frozen=True)
+class Change:
+    """One growth of the global batch: after optimizer step ``step``, ``samples`` into the run, from ``before`` to
+    ``after`` samples, on a B_simple of ``b_simple``."""
+
+    step: int
+    samples: int
+    before: int
+    after: int
+    b_simple: float
+
+
+class BatchRamp:
+    """The accumulation, and so the global batch, each optimizer step takes: ``--grad-accum`` throughout, or grown
+    by ``--batch-ramp auto`` (:meth:`propose`, :meth:`grow`)."""
+
+    def __init__(self, train: TrainConfig, world_size: int) -> None:
+        """A ramp's settings that cannot work are refused here (:class:`~scale_ocr.errors.UserError`), before the
+        run builds anything."""
+        self.per_accum = train.batch_size * world_size  # samples one more accumulated micro-batch adds to a step
+        self.start_accum = self.accum = train.grad_accum
+        self.auto = train.batch_ramp == "auto"
+        self.limit = train.ramp_limit
+        self.max_batch = train.ramp_max_batch or DEFAULT_MAX_GROWTH * self.start_batch
+        self._check(train)
+        self.readings = 0  # noise-scale readings since the last change (or the start)
+        self.changes: list[Change] = []
+        self.resumed = False  # load_state_dict continued a checkpoint's ramp
+        self.resume_note = ""  # ... and the words the resume line adds
+
+    def _check(self, train: TrainConfig) -> None:
+        if not train.ramp_limit > 0 or train.ramp_limit == float("inf"):  # NaN too
+            raise UserError(f"--ramp-limit {train.ramp_limit:g}: give a positive multiple of B_simple, e.g. 1")
+        if not self.auto:
+            given = [f for f, on in (("--ramp-limit", train.ramp_limit != 1.0),
+                                     ("--ramp-max-batch", train.ramp_max_batch is not None)) if on]
+            if given:
+                flags = " and ".join(given)
+                raise UserError(f"{flags} {'is a setting' if len(given) == 1 else 'are settings'} of --batch-ramp "
+                                f"auto, which is off: add --batch-ramp auto, or drop {flags}")
+            return
+        if train.noise_every == 0:
+            raise UserError("--batch-ramp auto grows the batch by the measured noise scale, which --noise-every 0 "
+                            "turns off: leave --noise-every out (every 10 steps) or give a number of steps")
+        if train.profile_steps:
+            raise UserError(f"--profile-steps {train.profile_steps} profiles a run's last steps, which --batch-ramp "
+                            "auto does not know in advance: profile a run of a fixed batch, or drop one of them")
+        if self.max_batch < 2 * self.start_batch:
+            ranks = self.per_accum // train.batch_size
+            raise UserError(f"--ramp-max-batch {self.max_batch}: under twice this run's starting global batch "
+                            f"({self.start_batch}: {ranks} ranks x --batch-size {train.batch_size} x --grad-accum "
+                            f"{train.grad_accum}), the ramp could never grow; give {2 * self.start_batch} or more, "
+                            "or drop --batch-ramp")
+
+    @property
+    def start_batch(self) -> int:
+        return self.per_accum * self.start_accum
+
+    @property
+    def global_batch(self) -> int:
+        return self.per_accum * self.accum
+
+    def propose(self, b_simple: float | None, read: bool, device: torch.device) -> int:
+        """The accumulation the next steps take, after a measured step that added a reading (``read``) or not; a
+        collective on every rank at every measured step (the ranks take the largest proposal)."""
+        accum = self.accum
+        if read:
+            self.readings += 1
+        if self.auto and self.readings >= SETTLED and b_simple is not None:
+            room = min(self.limit * b_simple, self.max_batch)
+            accum = max(self.accum, min(2 * self.accum, int(room // self.per_accum)))
+        return int(all_reduce_max(float(accum), device))
+
+    def grow(self, accum: int, step: int, samples: int, b_simple: float | None) -> Change | None:
+        """Take ``accum`` (from :meth:`propose`) from the next step on; the change, or None when it is no growth."""
+        if accum <= self.accum:
+            return None
+        change = Change(step, samples, self.global_batch, self.per_accum * accum, float(b_simple or 0.0))
+        self.accum, self.readings = accum, 0
+        self.changes.append(change)
+        return change
+
+    def after_reading(self, noise, read: bool, state, device: torch.device) -> Change | None:
+        """After a measured step (``read``: it added a reading to ``noise``, a NoiseMeter), the growth the ramp takes
+        at the run's ``state`` (a RunState), if any; a collective at every measured step of a ramping run."""
+        if not self.auto:
+            return None
+        b_simple = noise.scale.b_simple
+        return self.grow(self.propose(b_simple, read, device), state.step, state.samples, b_simple)
+
+    def apply(self, strategy, noise, schedule, lr: LRPlan) -> None:
+        """Have the engine, the noise meter and the schedule take this global batch from the next step on, the rate
+        carried to it by ``lr``'s rule."""
+        strategy.set_accumulation(self.accum)
+        noise.resize(self.global_batch)
+        schedule.set_plan(dataclasses.replace(lr, global_batch=self.global_batch))
+
+    def describe(self, change: Change, lr_line: str) -> str:
+        """The one line a change is said in."""
+        return (f"scale-ocr: batch ramp: global batch {change.before} -> {change.after} after step {change.step} "
+                f"({change.samples} samples in; B_simple {change.b_simple:.0f} x --ramp-limit {self.limit:g} "
+                f"allows {self.limit * change.b_simple:.0f}, --ramp-max-batch {self.max_batch}): --grad-accum "
+                f"{self.accum}, {lr_line}")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"global_batch": self.global_batch, "readings": self.readings,
+                "changes": [asdict(c) for c in self.changes]}
+
+    def load_state_dict(self, state: Any) -> bool:
+        """Continue a checkpoint's ramp at this world size: False (and the ramp as this run starts it) when this run
+        does not ramp, or the checkpoint holds no ramp state of the kind this writes."""
+        if not self.auto or not isinstance(state, dict):
+            return False
+        batch, readings, changes = state.get("global_batch"), state.get("readings", 0), state.get("changes", [])
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (batch, readings)):
+            return False
+        try:
+            self.changes = [Change(**c) for c in changes]
+        except TypeError:  # a list not of this shape: the history is left out, the batch it reached kept
+            self.changes = []
+        self.accum = max(self.start_accum, min(batch, self.max_batch) // self.per_accum)
+        self.readings, self.resumed = readings, True
+        self.resume_note = (f"batch ramp at global batch {batch}" if self.global_batch == batch else
+                            f"batch ramp at global batch {self.global_batch} (--grad-accum {self.accum}: the nearest "
+                            f"this world size makes at or under the checkpoint's {batch})")
+        return True
+
+    def plan_line(self, total_samples: int) -> str:
+        """The line a ramping run starts with."""
+        return (f"scale-ocr: batch ramp: global batch {self.global_batch}, doubled while twice it stays within "
+                f"--ramp-limit {self.limit:g} x B_simple, up to --ramp-max-batch {self.max_batch}; the run is "
+                f"{total_samples} samples long, at whatever batch")
+
+    def summary(self) -> dict[str, Any] | None:
+        """metrics.json's ``batch_ramp``: where it started and ended, its limits and each change."""
+        if not self.auto:
+            return None
+        return {"start_batch": self.start_batch, "final_batch": self.global_batch, "limit": self.limit,
+                "max_batch": self.max_batch, "changes": [asdict(c) for c in self.changes]}

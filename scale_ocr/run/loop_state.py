@@ -1,0 +1,43 @@
+"""What the training loop counts: the run's counters (:class:`RunState`) and the steps since the last log line
+(:class:`Window`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class RunState:
+    """Counters the loop advances."""
+
+    step: int = 0
+    epoch: int = 0
+    epoch_step: int = 0  # optimizer steps done in the current epoch
+    epoch_micro: int = 0  # micro-batches each rank took of the current epoch
+    samples: int = 0  # trained in the run (all ranks; a resumed run's include its checkpoint's)
+    timed_steps: int = 0
+    timed_samples: int = 0
+    timed_seconds: float = 0.0
+    timed_data_seconds: float = 0.0  # of timed_seconds, spent waiting for the loader's next batch
+    epoch_loss: list[torch.Tensor] = field(default_factory=list)
+    bad_steps: int = 0  # consecutive steps with a NaN/inf loss or gradient, skipped on every rank
+    skipped_steps: int = 0  # all such steps in this run
+    best: tuple[float, float] | None = None  # Task.score: (headline metric, -val_loss)
+    last_eval: dict[str, float] = field(default_factory=dict)
+
+
+class Window:
+    """Steps since the last log line. Losses and grad norms stay on the device until logged, so
+    the loop never waits on the GPU between steps."""
+
+    def __init__(self, start: float) -> None:
+        self.start, self.losses, self.stats, self.lr = start, [], None, 0.0
+        self.data_seconds = 0.0  # waiting for the loader
+        self.samples = self.batch = 0  # trained in the window's good steps; the last one's global batch
+
+    def add(self, loss: torch.Tensor, stats, lr: float, batch: int) -> None:
+        self.losses.append(loss)
+        self.stats, self.lr, self.batch = stats, lr, batch
+        self.samples += batch

@@ -1,0 +1,100 @@
+"""``--batch-ramp auto`` (issue 54): the global batch doubles through accumulation while twice it stays within
+``--ramp-limit`` x B_simple, never past ``--ramp-max-batch``; its state is free of world size; and the schedule runs
+in samples, so a grown batch keeps the schedule's shape over the run. The ramp trained for real, through a
+resume at another world size and engine: tests/distributed/test_ramp_training.py."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from scale_ocr.config import TrainConfig
+from scale_ocr.errors import UserError
+from scale_ocr.optim import LRPlan, LRSchedule, lr_factor
+from scale_ocr.run.batch_ramp import BatchRamp
+from scale_ocr.run.noise_scale import SETTLED
+
+CPU = torch.device("cpu")
+
+
+def ramp(world: int = 2, **train) -> BatchRamp:
+    return BatchRamp(TrainConfig(**{"batch_size": 4, "batch_ramp": "auto", **train}), world)
+
+
+def readings(r: BatchRamp, b_simple: float, n: int, step: int = 0) -> list[int]:
+    """The global batch after each of ``n`` readings of ``b_simple``."""
+    batches = []
+    for k in range(n):
+        r.grow(r.propose(b_simple, True, CPU), step + k, 0, b_simple)
+        batches.append(r.global_batch)
+    return batches
+
+
+def test_the_batch_doubles_while_twice_it_fits_under_the_limit_and_stops_at_the_cap():
+    r = ramp(ramp_max_batch=64)  # 2 ranks x 4: 8 samples an accumulation step
+    assert (r.start_batch, r.global_batch) == (8, 8)
+    # SETTLED readings before the first change, and again after each; 20 x 1.0 has room for 16, not 32
+    assert readings(r, 20.0, SETTLED + SETTLED) == [8] * (SETTLED - 1) + [16] * (SETTLED + 1)
+    assert readings(r, 1000.0, 2 * SETTLED) == [32] * SETTLED + [64] * SETTLED  # its readings had settled
+    assert [(c.before, c.after) for c in r.changes] == [(8, 16), (16, 32), (32, 64)]  # and never past 64
+    # --ramp-limit scales the room, and a batch that no longer fits is kept, not shrunk
+    half = ramp(ramp_limit=0.5)
+    assert readings(half, 40.0, SETTLED)[-1] == 16 and readings(half, 1.0, 2 * SETTLED)[-1] == 16
+    # an unmeasured step counts no reading, and a run that does not ramp never moves
+    idle = ramp()
+    for _ in range(2 * SETTLED):
+        idle.grow(idle.propose(1000.0, False, CPU), 0, 0, 1000.0)
+    fixed = BatchRamp(TrainConfig(batch_size=4, grad_accum=2), 2)
+    assert idle.global_batch == 8 and readings(fixed, 1e9, 2 * SETTLED)[-1] == 16 and not fixed.changes
+
+
+def test_the_ramp_resumes_at_another_world_size_at_the_nearest_batch_it_can_make():
+    r = ramp()
+    readings(r, 1e9, 2 * SETTLED)
+    state = json.loads(json.dumps(r.state_dict()))
+    assert state["global_batch"] == 32 and len(state["changes"]) == 2
+    wider = ramp(world=4)  # 16 an accumulation step: 32 is 2 of them
+    assert wider.load_state_dict(state) and (wider.accum, wider.global_batch) == (2, 32)
+    assert wider.resume_note == "batch ramp at global batch 32" and wider.changes == r.changes
+    odd = ramp(world=3)  # 12 a step: 24 is the nearest at or under 32
+    assert odd.load_state_dict(state) and odd.global_batch == 24 and "nearest" in odd.resume_note
+    assert not BatchRamp(TrainConfig(batch_size=4), 2).load_state_dict(state)  # a fixed run keeps its flags
+    assert not ramp().load_state_dict({"global_batch": "32"}) and not ramp().load_state_dict(None)
+
+
+@pytest.mark.parametrize("flags, message", [
+    ({"batch_ramp": "off", "ramp_limit": 2.0}, "--ramp-limit is a setting of --batch-ramp auto, which is off"),
+    ({"batch_ramp": "off", "ramp_max_batch": 64}, "--ramp-max-batch is a setting of --batch-ramp auto"),
+    ({"ramp_limit": 0.0}, "--ramp-limit 0: give a positive multiple"),
+    ({"ramp_limit": math.nan}, "--ramp-limit nan: give a positive multiple"),
+    ({"noise_every": 0}, "--noise-every 0 turns off"),
+    ({"profile_steps": 2}, "--profile-steps 2 profiles a run's last steps"),
+    ({"ramp_max_batch": 12}, "--ramp-max-batch 12: under twice this run's starting global batch"),
+])
+def test_a_ramp_that_cannot_work_is_refused_in_one_line(flags, message):
+    with pytest.raises(UserError, match=message):
+        ramp(**flags)
+
+
+def test_the_schedule_runs_in_samples_so_a_grown_batch_keeps_its_shape():
+    """Over 10 steps' worth of samples at the starting batch 8, a run that doubled after 4 steps reaches the same
+    rate at the same samples; its state holds the samples, and one without them resumes at its steps' worth."""
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    plan = LRPlan(1.0, "linear", 8, 8)
+    fixed = LRSchedule(optimizer, 1.0, lr_factor("cosine", 10, 0), plan=plan)
+    grown = LRSchedule(optimizer, 1.0, lr_factor("cosine", 10, 0), plan=plan)
+    for _ in range(6):
+        fixed.step()
+    for samples in (8, 8, 8, 8, 16):
+        grown.step(samples)
+    grown.set_plan(LRPlan(1.0, "linear", 8, 16))  # the rule carries the rate to the new batch
+    assert grown.lr == pytest.approx(2 * fixed.lr) and grown.samples == fixed.samples == 48
+    again = LRSchedule(optimizer, 1.0, lr_factor("cosine", 10, 0), plan=plan)
+    again.load_state_dict(json.loads(json.dumps(fixed.state_dict())))
+    assert again.lr == fixed.lr
+    old = {k: v for k, v in fixed.state_dict().items() if k != "samples"}  # a checkpoint from before samples
+    again.load_state_dict(old)
+    assert again.samples == 48 and again.lr == fixed.lr
