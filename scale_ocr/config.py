@@ -279,6 +279,7 @@ class OptimConfig:
                             "at, e.g. 64")
 
 
+RAMP_LIMIT = 0.5  # B_simple's share --batch-ramp auto grows to: 1.5x the fewest samples (docs/scaling-pays.md)
 SEED_MAX = 2**32 - 1  # numpy's and Python's usual seed range; the loader's seed * 1000 + rank stays within 64 bits
 
 
@@ -318,7 +319,7 @@ class TrainConfig:
     batch_ramp: str = opt("off", "auto: grow the global batch while it pays, doubling the accumulation while twice "
                           "the batch is within --ramp-limit x the measured B_simple (docs/scaling-pays.md); the run's "
                           "length is then in samples", choices=("off", "auto"))
-    ramp_limit: float = opt(1.0, "--batch-ramp auto keeps the global batch at or under this many times B_simple")
+    ramp_limit: float = opt(RAMP_LIMIT, "--batch-ramp auto keeps the global batch at or under this many times B_simple")
     ramp_max_batch: int | None = opt(None, "--batch-ramp auto's largest global batch (default: 8x the starting one)")
     gpu_memory_cap_gb: float | None = opt(None, "cap each rank's GPU memory at this many GiB, as if the device were "
                                           "that small (memory experiments: benchmarks.max_model); GPUs only")

@@ -73,6 +73,13 @@ def _compute_worker(rank: int, world: int, init: str, out: str, model_cfg, batch
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
     if rank == 0:
         Path(out).write_text(f"{seconds.item()}")
+    _leave(dist)
+
+
+def _leave(dist) -> None:
+    """Leave the probe's group together: a rank that tears gloo down while its peer is still in a collective or
+    its own teardown can make the peer's gloo abort (seen once in CI: SIGABRT, and the whole estimate failed)."""
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -115,7 +122,7 @@ def _all_reduce_worker(rank: int, world: int, init: str, out: str) -> None:
     rows += [f"{_busy_call_seconds(world, slice_s)}" for slice_s in SLICES]
     if rank == 0:
         Path(out).write_text(" ".join(rows))
-    dist.destroy_process_group()
+    _leave(dist)
 
 
 SLICES = (0.3e-3, 3e-3)  # seconds of compute between calls: an engine's bookkeeping, and a layer's forward or backward

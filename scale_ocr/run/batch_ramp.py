@@ -6,6 +6,12 @@ batch up with it trained OLMo-1B in 43% fewer steps (Merrill et al. 2025, arXiv 
 run's own B_simple (:mod:`scale_ocr.run.noise_scale`) and doubles the gradient accumulation, and with it the global
 batch, whenever twice the batch stays within ``--ramp-limit`` times B_simple and ``--ramp-max-batch``.
 
+Why half of B_simple by default. In McCandlish et al.'s model a target takes S = S_min (1 + B_noise/B) steps and
+E = E_min (1 + B/B_noise) samples, with B_simple their estimate of B_noise. At B = B_noise a run takes twice the
+fewest steps and twice the fewest samples; at B = B_noise/2 three times the steps and 1.5 times the samples. OCR sets
+are small and runs are bounded in samples (epochs), so the default keeps the samples' price at 1.5x, and
+``--ramp-limit 1`` buys fewer steps for 2x.
+
 - It only grows: B_simple grows through training, and a batch that shrank back would give back the steps the larger
   one saved. A change waits for :data:`SETTLED` readings at the batch it made, so one reading never moves it twice.
 - Every rank takes the same decision: the proposals are reduced (max) at the readings' steps, which every rank
@@ -22,7 +28,7 @@ from typing import Any
 
 import torch
 
-from scale_ocr.config import TrainConfig
+from scale_ocr.config import RAMP_LIMIT, TrainConfig
 from scale_ocr.distributed.process_group import all_reduce_max
 from scale_ocr.errors import UserError
 from scale_ocr.optim import LRPlan
@@ -63,9 +69,10 @@ class BatchRamp:
 
     def _check(self, train: TrainConfig) -> None:
         if not train.ramp_limit > 0 or train.ramp_limit == float("inf"):  # NaN too
-            raise UserError(f"--ramp-limit {train.ramp_limit:g}: give a positive multiple of B_simple, e.g. 1")
+            raise UserError(f"--ramp-limit {train.ramp_limit:g}: give a positive multiple of B_simple, e.g. "
+                            f"{RAMP_LIMIT}")
         if not self.auto:
-            given = [f for f, on in (("--ramp-limit", train.ramp_limit != 1.0),
+            given = [f for f, on in (("--ramp-limit", train.ramp_limit != RAMP_LIMIT),
                                      ("--ramp-max-batch", train.ramp_max_batch is not None)) if on]
             if given:
                 flags = " and ".join(given)

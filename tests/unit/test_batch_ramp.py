@@ -34,14 +34,14 @@ def readings(r: BatchRamp, b_simple: float, n: int, step: int = 0) -> list[int]:
 
 
 def test_the_batch_doubles_while_twice_it_fits_under_the_limit_and_stops_at_the_cap():
-    r = ramp(ramp_max_batch=64)  # 2 ranks x 4: 8 samples an accumulation step
+    r = ramp(ramp_max_batch=64, ramp_limit=1.0)  # 2 ranks x 4: 8 samples an accumulation step
     assert (r.start_batch, r.global_batch) == (8, 8)
     # SETTLED readings before the first change, and again after each; 20 x 1.0 has room for 16, not 32
     assert readings(r, 20.0, SETTLED + SETTLED) == [8] * (SETTLED - 1) + [16] * (SETTLED + 1)
     assert readings(r, 1000.0, 2 * SETTLED) == [32] * SETTLED + [64] * SETTLED  # its readings had settled
     assert [(c.before, c.after) for c in r.changes] == [(8, 16), (16, 32), (32, 64)]  # and never past 64
-    # --ramp-limit scales the room, and a batch that no longer fits is kept, not shrunk
-    half = ramp(ramp_limit=0.5)
+    # by default half of B_simple is the room, and a batch that no longer fits is kept, not shrunk
+    half = ramp()
     assert readings(half, 40.0, SETTLED)[-1] == 16 and readings(half, 1.0, 2 * SETTLED)[-1] == 16
     # an unmeasured step counts no reading, and a run that does not ramp never moves
     idle = ramp()
@@ -66,7 +66,7 @@ def test_the_ramp_resumes_at_another_world_size_at_the_nearest_batch_it_can_make
 
 
 @pytest.mark.parametrize("flags, message", [
-    ({"batch_ramp": "off", "ramp_limit": 2.0}, "--ramp-limit is a setting of --batch-ramp auto, which is off"),
+    ({"batch_ramp": "off", "ramp_limit": 1.0}, "--ramp-limit is a setting of --batch-ramp auto, which is off"),
     ({"batch_ramp": "off", "ramp_max_batch": 64}, "--ramp-max-batch is a setting of --batch-ramp auto"),
     ({"ramp_limit": 0.0}, "--ramp-limit 0: give a positive multiple"),
     ({"ramp_limit": math.nan}, "--ramp-limit nan: give a positive multiple"),
