@@ -188,24 +188,27 @@ def plot(rows: list[dict[str, Any]], record: Path, out_dir: Path) -> list[str]:
 
     names = []
     for set_name in dict.fromkeys(r["set"] for r in rows if r["status"] == "ok"):
-        fig, (acc, batch) = plt.subplots(1, 2, figsize=(11, 4))
+        fig, (acc, sizes) = plt.subplots(1, 2, figsize=(11, 4))
+        fixed: dict[int, dict[str, Any]] = {}  # per batch up to 128: rule none, or the one rule it was trained under
         for r in load(record, "benchmarks.scale_accuracy"):
-            if r.get("status") == "ok" and r["model"] == MODEL and r["set"] == set_name and r["rule"] == "none" \
-                    and r["global_batch"] <= 128:
-                acc.plot([p["step"] for p in r["curve"]], [p["value"] for p in r["curve"]], linestyle="--",
-                         label=f"fixed {r['global_batch']}")
+            if r.get("status") == "ok" and r["model"] == MODEL and r["set"] == set_name and r["global_batch"] <= 128 \
+                    and (r["rule"] == "none" or r["global_batch"] not in fixed):
+                fixed[r["global_batch"]] = r
+        for batch, r in sorted(fixed.items()):
+            acc.plot([p["step"] for p in r["curve"]], [p["value"] for p in r["curve"]], linestyle="--",
+                     label=f"fixed {batch} ({r['rule']})")
         for r in rows:
             if r["status"] == "ok" and r["set"] == set_name:
                 acc.plot([p["step"] for p in r["curve"]], [p["value"] for p in r["curve"]],
                          label=f"ramp ({r['strategy']})")
-                batch.step([s for s, _ in r["batches"]], [b for _, b in r["batches"]], where="post",
+                sizes.step([s for s, _ in r["batches"]], [b for _, b in r["batches"]], where="post",
                            label=f"global batch ({r['strategy']})")
-                batch.plot([s for s, _ in r["b_simple"]], [v for _, v in r["b_simple"]], alpha=0.6,
+                sizes.plot([s for s, _ in r["b_simple"]], [v for _, v in r["b_simple"]], alpha=0.6,
                            label=f"B_simple ({r['strategy']})")
         acc.axhline(TARGETS[set_name], color="grey", linewidth=0.8)
         acc.set(xlabel="optimizer step", ylabel="exact match", title=f"{SETS[set_name]}: accuracy by step")
-        batch.set(xlabel="optimizer step", ylabel="samples", yscale="log", title="the ramp's batch and B_simple")
-        for ax in (acc, batch):
+        sizes.set(xlabel="optimizer step", ylabel="samples", yscale="log", title="the ramp's batch and B_simple")
+        for ax in (acc, sizes):
             ax.legend(fontsize=8)
             ax.grid(alpha=0.3)
         fig.tight_layout()

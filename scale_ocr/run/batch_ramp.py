@@ -13,7 +13,9 @@ are small and runs are bounded in samples (epochs), so the default keeps the sam
 ``--ramp-limit 1`` buys fewer steps for 2x.
 
 - It only grows: B_simple grows through training, and a batch that shrank back would give back the steps the larger
-  one saved. A change waits for :data:`SETTLED` readings at the batch it made, so one reading never moves it twice.
+  one saved. A change needs the room at each of the last :data:`SETTLED` readings at the current batch (their lowest
+  B_simple decides), so neither one reading nor a passing spike moves it: early in training B_simple can jump
+  twofold for a few readings and fall back.
 - Every rank takes the same decision: the proposals are reduced (max) at the readings' steps, which every rank
   measures alike, so a last-bit difference between ranks cannot split them.
 - Its state is the global batch it reached, free of world size: a run resumed on more ranks keeps that batch with less
@@ -23,6 +25,7 @@ are small and runs are bounded in samples (epochs), so the default keeps the sam
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -62,7 +65,7 @@ class BatchRamp:
         self.limit = train.ramp_limit
         self.max_batch = train.ramp_max_batch or DEFAULT_MAX_GROWTH * self.start_batch
         self._check(train)
-        self.readings = 0  # noise-scale readings since the last change (or the start)
+        self.recent: deque[float] = deque(maxlen=SETTLED)  # B_simple at the readings since the last change
         self.changes: list[Change] = []
         self.resumed = False  # load_state_dict continued a checkpoint's ramp
         self.resume_note = ""  # ... and the words the resume line adds
@@ -104,10 +107,10 @@ class BatchRamp:
         """The accumulation the next steps take, after a measured step that added a reading (``read``) or not; a
         collective on every rank at every measured step (the ranks take the largest proposal)."""
         accum = self.accum
-        if read:
-            self.readings += 1
-        if self.auto and self.readings >= SETTLED and b_simple is not None:
-            room = min(self.limit * b_simple, self.max_batch)
+        if read and b_simple is not None:
+            self.recent.append(b_simple)
+        if self.auto and len(self.recent) == SETTLED:
+            room = min(self.limit * min(self.recent), self.max_batch)
             accum = max(self.accum, min(2 * self.accum, int(room // self.per_accum)))
         return int(all_reduce_max(float(accum), device))
 
@@ -115,8 +118,10 @@ class BatchRamp:
         """Take ``accum`` (from :meth:`propose`) from the next step on; the change, or None when it is no growth."""
         if accum <= self.accum:
             return None
-        change = Change(step, samples, self.global_batch, self.per_accum * accum, float(b_simple or 0.0))
-        self.accum, self.readings = accum, 0
+        change = Change(step, samples, self.global_batch, self.per_accum * accum,
+                        float(min(self.recent) if self.recent else b_simple or 0.0))
+        self.accum = accum
+        self.recent.clear()
         self.changes.append(change)
         return change
 
@@ -138,12 +143,13 @@ class BatchRamp:
     def describe(self, change: Change, lr_line: str) -> str:
         """The one line a change is said in."""
         return (f"scale-ocr: batch ramp: global batch {change.before} -> {change.after} after step {change.step} "
-                f"({change.samples} samples in; B_simple {change.b_simple:.0f} x --ramp-limit {self.limit:g} "
+                f"({change.samples} samples in; B_simple at least {change.b_simple:.0f} over the last {SETTLED} "
+                f"readings, x --ramp-limit {self.limit:g} "
                 f"allows {self.limit * change.b_simple:.0f}, --ramp-max-batch {self.max_batch}): --grad-accum "
                 f"{self.accum}, {lr_line}")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"global_batch": self.global_batch, "readings": self.readings,
+        return {"global_batch": self.global_batch, "recent": list(self.recent),
                 "changes": [asdict(c) for c in self.changes]}
 
     def load_state_dict(self, state: Any) -> bool:
@@ -151,15 +157,16 @@ class BatchRamp:
         does not ramp, or the checkpoint holds no ramp state of the kind this writes."""
         if not self.auto or not isinstance(state, dict):
             return False
-        batch, readings, changes = state.get("global_batch"), state.get("readings", 0), state.get("changes", [])
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (batch, readings)):
+        batch, recent, changes = state.get("global_batch"), state.get("recent", []), state.get("changes", [])
+        if not (isinstance(batch, int) and not isinstance(batch, bool) and batch >= 0 and isinstance(recent, list)
+                and all(isinstance(v, float) and v > 0 for v in recent)):
             return False
         try:
             self.changes = [Change(**c) for c in changes]
         except TypeError:  # a list not of this shape: the history is left out, the batch it reached kept
             self.changes = []
         self.accum = max(self.start_accum, min(batch, self.max_batch) // self.per_accum)
-        self.readings, self.resumed = readings, True
+        self.recent, self.resumed = deque(recent[-SETTLED:], maxlen=SETTLED), True
         self.resume_note = (f"batch ramp at global batch {batch}" if self.global_batch == batch else
                             f"batch ramp at global batch {self.global_batch} (--grad-accum {self.accum}: the nearest "
                             f"this world size makes at or under the checkpoint's {batch})")

@@ -38,7 +38,8 @@ def test_the_batch_doubles_while_twice_it_fits_under_the_limit_and_stops_at_the_
     assert (r.start_batch, r.global_batch) == (8, 8)
     # SETTLED readings before the first change, and again after each; 20 x 1.0 has room for 16, not 32
     assert readings(r, 20.0, SETTLED + SETTLED) == [8] * (SETTLED - 1) + [16] * (SETTLED + 1)
-    assert readings(r, 1000.0, 2 * SETTLED) == [32] * SETTLED + [64] * SETTLED  # its readings had settled
+    # the lowest of the last SETTLED readings decides: a higher B_simple must hold that long (a spike does not)
+    assert readings(r, 1000.0, 2 * SETTLED) == [16] * (SETTLED - 1) + [32] * SETTLED + [64]
     assert [(c.before, c.after) for c in r.changes] == [(8, 16), (16, 32), (32, 64)]  # and never past 64
     # by default half of B_simple is the room, and a batch that no longer fits is kept, not shrunk
     half = ramp()
@@ -98,3 +99,32 @@ def test_the_schedule_runs_in_samples_so_a_grown_batch_keeps_its_shape():
     old = {k: v for k, v in fixed.state_dict().items() if k != "samples"}  # a checkpoint from before samples
     again.load_state_dict(old)
     assert again.samples == 48 and again.lr == fixed.lr
+
+
+def test_the_benchmark_holds_the_ramp_against_the_best_fixed_batch_within_its_samples(tmp_path):
+    """benchmarks.batch_ramp's verdicts on a made-up record: the best fixed batch is the fewest steps to the target
+    among the batches reaching it on at most 1.2x batch 32's samples (a faster one past that does not count); the
+    ramp's steps and samples are its first validation at or above the target; zero2 within 2 points of ddp."""
+    from benchmarks import batch_ramp as bench
+
+    def curve(batch, values, every=64):  # validations every `every` steps
+        return [{"step": every * (i + 1), "value": v} for i, v in enumerate(values)]
+
+    record = tmp_path / "record"
+    record.mkdir()
+    fixed = [(32, "none", curve(32, [0.5, 0.85, 0.95])),  # 90% at step 192: 6144 samples
+             (64, "none", curve(64, [0.7, 0.92])),  # at step 128: 8192 samples, past 1.2 x 6144
+             (128, "none", curve(128, [0.91])),  # at 64 steps but 8192 samples: too many
+             (64, "sqrt", curve(64, [0.6, 0.8, 0.95], every=32))]  # at step 96: 6144 samples: the best
+    (record / "results.jsonl").write_text("".join(json.dumps(
+        {"status": "ok", "model": bench.MODEL, "set": "synthetic", "global_batch": b, "rule": rule, "curve": c}) + "\n"
+        for b, rule, c in fixed))
+    ramp_curve = [{"step": 40, "samples": 2000, "value": 0.8}, {"step": 80, "samples": 6000, "value": 0.93}]
+    rows = [{"status": "ok", "set": "synthetic", "strategy": s, "curve": ramp_curve, "final": final,
+             "batch_ramp": {"changes": [{"after": 64, "step": 40}]}} for s, final in (("ddp", 0.95), ("zero2", 0.92))]
+    ddp, zero2 = bench.verdicts(rows, record)
+    assert (ddp["best_batch"], ddp["best"]["steps"], ddp["best"]["rule"]) == (64, 96, "sqrt")
+    assert ddp["ramp"] == {"steps": 80, "samples": 6000} and ddp["beats_best"] and ddp["path"] == [(64, 40)]
+    assert ddp["within_ddp"] is None and zero2["within_ddp"] is False  # 3 points apart
+    slow = [{**rows[0], "curve": [{"step": 100, "samples": 6000, "value": 0.93}]}]
+    assert not bench.verdicts(slow, record)[0]["beats_best"]  # 100 steps against 96
