@@ -41,6 +41,7 @@ from benchmarks.harness import (
     write_command,
     write_outputs,
 )
+from scale_ocr.config import RAMP_LIMIT
 
 MODEL = "crnn_mobilenet_v3_small"
 TARGETS = {"synthetic": 0.9, "real": 0.8}  # issue 54, acceptance 4
@@ -80,7 +81,7 @@ def job_command(args: argparse.Namespace, row: dict[str, Any], strategy: str, wo
     data, _ = job_data(sizes, job, work)
     cmd = command(args, job, data, row["train_size"], run_dir)
     cmd[cmd.index("--strategy") + 1] = strategy
-    ramp = ["--batch-ramp", "auto", "--ramp-limit", str(args.ramp_limit)]
+    ramp = ["--batch-ramp", "auto"] + (["--ramp-limit", str(args.ramp_limit)] if args.ramp_limit else [])
     if args.ramp_max_batch:
         ramp += ["--ramp-max-batch", str(args.ramp_max_batch)]
     return [*cmd, *ramp]
@@ -121,7 +122,7 @@ def run(args: argparse.Namespace) -> None:
             got = read_run(run_dir) if status == "ok" else {}
             line = {"set": set_name, "strategy": strategy, "record": _shown(args.record), "status": status,
                     "error": error, "wall_seconds": wall,
-                    "start_batch": START, "eval_every": args.eval_every, "ramp_limit": args.ramp_limit,
+                    "start_batch": START, "eval_every": args.eval_every, "ramp_limit": args.ramp_limit or RAMP_LIMIT,
                     "budget_samples": row["samples"], **got,
                     "command": " ".join(cmd).replace(f"{REPO}/", ""), "versions": versions(), "hardware": hw}
             append_line(results, line)
@@ -264,7 +265,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sets", nargs="+", choices=tuple(TARGETS), default=list(TARGETS))
     p.add_argument("--strategies", nargs="+", default=["ddp", "zero2"])
     p.add_argument("--eval-every", type=int, default=64, help="optimizer steps between validations")
-    p.add_argument("--ramp-limit", type=float, default=1.0)
+    p.add_argument("--ramp-limit", type=float, default=None, help="default: the trainer's")
     p.add_argument("--ramp-max-batch", type=int, default=None)
     p.add_argument("--real-crops", type=Path, default=None)
     p.add_argument("--workers", type=int, default=0)

@@ -316,9 +316,9 @@ class TrainConfig:
                                   "or --grad-accum 2+ (default: every 10 steps where it has them)")
     noise_smoothing: float = opt(0.9, "weight on the past of the noise scale's moving averages, per reading (0.9: "
                                  "about the last 10 readings)")
-    batch_ramp: str = opt("off", "auto: grow the global batch while it pays, doubling the accumulation while twice "
-                          "the batch is within --ramp-limit x the measured B_simple (docs/scaling-pays.md); the run's "
-                          "length is then in samples", choices=("off", "auto"))
+    batch_ramp: str = opt("off", "auto: grow the global batch while it pays: the accumulation grows (at most doubling) "
+                          "within --ramp-limit x the measured B_simple (docs/scaling-pays.md); the run's length is "
+                          "then in samples", choices=("off", "auto"))
     ramp_limit: float = opt(RAMP_LIMIT, "--batch-ramp auto keeps the global batch at or under this many times B_simple")
     ramp_max_batch: int | None = opt(None, "--batch-ramp auto's largest global batch (default: 8x the starting one)")
     gpu_memory_cap_gb: float | None = opt(None, "cap each rank's GPU memory at this many GiB, as if the device were "

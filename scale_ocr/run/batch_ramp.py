@@ -3,8 +3,8 @@
 A step on B samples is worth about B steps on one while B is well under the gradient noise scale B_simple, and
 little more past it (McCandlish et al. 2018, arXiv 1812.06162); B_simple grows as the loss falls, and warming the
 batch up with it trained OLMo-1B in 43% fewer steps (Merrill et al. 2025, arXiv 2505.23971). So the ramp reads the
-run's own B_simple (:mod:`scale_ocr.run.noise_scale`) and doubles the gradient accumulation, and with it the global
-batch, whenever twice the batch stays within ``--ramp-limit`` times B_simple and ``--ramp-max-batch``.
+run's own B_simple (:mod:`scale_ocr.run.noise_scale`) and grows the gradient accumulation (at most doubling it),
+and with it the global batch, to the largest batch within ``--ramp-limit`` times B_simple and ``--ramp-max-batch``.
 
 Why half of B_simple by default. In McCandlish et al.'s model a target takes S = S_min (1 + B_noise/B) steps and
 E = E_min (1 + B/B_noise) samples, with B_simple their estimate of B_noise. At B = B_noise a run takes twice the
@@ -174,7 +174,7 @@ class BatchRamp:
 
     def plan_line(self, total_samples: int) -> str:
         """The line a ramping run starts with."""
-        return (f"scale-ocr: batch ramp: global batch {self.global_batch}, doubled while twice it stays within "
+        return (f"scale-ocr: batch ramp: global batch {self.global_batch}, grown (at most doubling) within "
                 f"--ramp-limit {self.limit:g} x B_simple, up to --ramp-max-batch {self.max_batch}; the run is "
                 f"{total_samples} samples long, at whatever batch")
 

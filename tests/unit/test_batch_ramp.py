@@ -1,5 +1,5 @@
-"""``--batch-ramp auto`` (issue 54): the global batch doubles through accumulation while twice it stays within
-``--ramp-limit`` x B_simple, never past ``--ramp-max-batch``; its state is free of world size; and the schedule runs
+"""``--batch-ramp auto`` (issue 54): the global batch grows through accumulation (at most doubling) within
+``--ramp-limit`` x B_simple and never past ``--ramp-max-batch``; its state is free of world size; and the schedule runs
 in samples, so a grown batch keeps the schedule's shape over the run. The ramp trained for real, through a
 resume at another world size and engine: tests/distributed/test_ramp_training.py."""
 
