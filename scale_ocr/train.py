@@ -6,7 +6,6 @@ tear the process group down.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import sys
 from collections.abc import Callable
@@ -110,7 +109,7 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
     if meta is not None:  # before config.json is rewritten: an older checkpoint's digest is read from it
         same_data(recorded_data(meta, resume_from), data.identity())
         if ramp.load_state_dict(meta.get("batch_ramp")):  # the rate at the batch it reached, for the record below
-            schedule.set_plan(dataclasses.replace(lr, global_batch=ramp.global_batch))
+            schedule.set_plan(ramp.rate(lr))
     own = meta is not None and resume_from.resolve().is_relative_to(plan.run_dir.resolve())  # trim metrics.jsonl
     lr_record = lr.record(plan.warmup)
     if meta is not None:  # the rate a resumed run trains at (--lr-on-resume), as its resume line will say

@@ -85,6 +85,10 @@ class BatchRamp:
         if train.noise_every == 0:
             raise UserError("--batch-ramp auto grows the batch by the measured noise scale, which --noise-every 0 "
                             "turns off: leave --noise-every out (every 10 steps) or give a number of steps")
+        if self.start_batch <= train.batch_size:  # the noise meter needs a step larger than a micro-batch
+            raise UserError("--batch-ramp auto grows the batch by the gradient noise scale, which compares gradients "
+                            "at two batch sizes, and one process with --grad-accum 1 has one: run on 2 or more ranks "
+                            "or with --grad-accum 2 or more, or drop --batch-ramp")
         if train.profile_steps:
             raise UserError(f"--profile-steps {train.profile_steps} profiles a run's last steps, which --batch-ramp "
                             "auto does not know in advance: profile a run of a fixed batch, or drop one of them")
@@ -114,12 +118,13 @@ class BatchRamp:
             accum = max(self.accum, min(2 * self.accum, int(room // self.per_accum)))
         return int(all_reduce_max(float(accum), device))
 
-    def grow(self, accum: int, step: int, samples: int, b_simple: float | None) -> Change | None:
-        """Take ``accum`` (from :meth:`propose`) from the next step on; the change, or None when it is no growth."""
+    def grow(self, accum: int, step: int, samples: int) -> Change | None:
+        """Take ``accum`` (from :meth:`propose`) from the next step on; the change (with the lowest recent B_simple,
+        which allowed it), or None when it is no growth."""
         if accum <= self.accum:
             return None
         change = Change(step, samples, self.global_batch, self.per_accum * accum,
-                        float(min(self.recent) if self.recent else b_simple or 0.0))
+                        float(min(self.recent, default=0.0)))
         self.accum = accum
         self.recent.clear()
         self.changes.append(change)
@@ -130,15 +135,18 @@ class BatchRamp:
         at the run's ``state`` (a RunState), if any; a collective at every measured step of a ramping run."""
         if not self.auto:
             return None
-        b_simple = noise.scale.b_simple
-        return self.grow(self.propose(b_simple, read, device), state.step, state.samples, b_simple)
+        return self.grow(self.propose(noise.scale.b_simple, read, device), state.step, state.samples)
 
     def apply(self, strategy, noise, schedule, lr: LRPlan) -> None:
         """Have the engine, the noise meter and the schedule take this global batch from the next step on, the rate
         carried to it by ``lr``'s rule."""
         strategy.set_accumulation(self.accum)
         noise.resize(self.global_batch)
-        schedule.set_plan(dataclasses.replace(lr, global_batch=self.global_batch))
+        schedule.set_plan(self.rate(lr))
+
+    def rate(self, lr: LRPlan) -> LRPlan:
+        """``lr``'s rate carried by its rule to this global batch."""
+        return dataclasses.replace(lr, global_batch=self.global_batch)
 
     def describe(self, change: Change, lr_line: str) -> str:
         """The one line a change is said in."""

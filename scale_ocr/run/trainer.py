@@ -70,10 +70,6 @@ class Trainer:
         self.activations = ActivationProbe()  # bytes saved for backward by the first micro-batch
         self.noise = NoiseMeter(self.strategy, self.cfg.noise_every, self.cfg.noise_smoothing, self.cfg.batch_size,
                                 plan.global_batch, self.device)
-        if self.ramp.auto and not self.noise.measures:
-            raise UserError("--batch-ramp auto grows the batch by the gradient noise scale, which compares gradients "
-                            "at two batch sizes, and one process with --grad-accum 1 has one: run on 2 or more ranks "
-                            "or with --grad-accum 2 or more, or drop --batch-ramp")
         self.state = RunState()
         self.weights = WeightCheck(self.strategy.weight_norm, self.cfg.max_weight_growth)  # measured again in fit()
         # Where the weights fit() starts from came from, and what to do should they be unfit (train.py sets it).

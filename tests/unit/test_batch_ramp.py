@@ -28,7 +28,7 @@ def readings(r: BatchRamp, b_simple: float, n: int, step: int = 0) -> list[int]:
     """The global batch after each of ``n`` readings of ``b_simple``."""
     batches = []
     for k in range(n):
-        r.grow(r.propose(b_simple, True, CPU), step + k, 0, b_simple)
+        r.grow(r.propose(b_simple, True, CPU), step + k, 0)
         batches.append(r.global_batch)
     return batches
 
@@ -47,7 +47,7 @@ def test_the_batch_doubles_while_twice_it_fits_under_the_limit_and_stops_at_the_
     # an unmeasured step counts no reading, and a run that does not ramp never moves
     idle = ramp()
     for _ in range(2 * SETTLED):
-        idle.grow(idle.propose(1000.0, False, CPU), 0, 0, 1000.0)
+        idle.grow(idle.propose(1000.0, False, CPU), 0, 0)
     fixed = BatchRamp(TrainConfig(batch_size=4, grad_accum=2), 2)
     assert idle.global_batch == 8 and readings(fixed, 1e9, 2 * SETTLED)[-1] == 16 and not fixed.changes
 
@@ -74,6 +74,7 @@ def test_the_ramp_resumes_at_another_world_size_at_the_nearest_batch_it_can_make
     ({"noise_every": 0}, "--noise-every 0 turns off"),
     ({"profile_steps": 2}, "--profile-steps 2 profiles a run's last steps"),
     ({"ramp_max_batch": 12}, "--ramp-max-batch 12: under twice this run's starting global batch"),
+    ({"world": 1}, "one process with --grad-accum 1 has one: run on 2 or more ranks"),
 ])
 def test_a_ramp_that_cannot_work_is_refused_in_one_line(flags, message):
     with pytest.raises(UserError, match=message):
