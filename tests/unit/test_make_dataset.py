@@ -387,3 +387,25 @@ def test_a_worker_that_dies_is_one_line():
     with pytest.raises(RunStopped, match="a worker process reading pages died") as info:
         list(parallel_map(os._exit, [1, 1], 2))  # each worker exits at once, as one killed does
     assert info.value.exit_code == EXIT_FAULT
+
+
+def test_stopping_the_workers_leaves_no_process_and_no_thread_behind():
+    """Closed while its workers are busy, parallel_map ends them at once and leaves no helper thread: the
+    interpreter waits for its threads at exit, and concurrent.futures' result thread, stopped mid-message, made a
+    SIGTERM'd make-dataset hang after its line (2 of 30 stops)."""
+    import multiprocessing
+    import threading
+
+    before = set(threading.enumerate())
+    pages = parallel_map(time.sleep, [0, 30, 30, 30], 2)
+    started = time.monotonic()
+    assert next(pages) is None
+    pages.close()
+    assert time.monotonic() - started < 20  # spawning two workers, not the 30 s pages
+    assert not multiprocessing.active_children() and set(threading.enumerate()) == before
+
+
+def test_an_error_in_a_worker_is_raised_in_the_parent():
+    """fn's exception in a worker reaches the caller as itself, as a call in the parent would raise it."""
+    with pytest.raises(ValueError, match="invalid literal"):
+        list(parallel_map(int, ["1", "x", "3"], 2))
