@@ -119,11 +119,14 @@ def at_target(records: list[dict[str, Any]], target: float, metric: str = "val/e
     """The step at which a run's validation first reached ``target`` and its smoothed B_simple then (the last one
     logged at or before that step): B_crit grows as the loss falls, so each target's knee is set against the noise
     scale the run measured where it got there. (None, None) if it never did."""
-    reached = next((r["step"] for r in records if r.get(metric) is not None and r[metric] >= target), None)
+    from scale_ocr.planning.to_target import first_reach, value_at
+
+    scores = [(r["step"], r[metric]) for r in records if r.get(metric) is not None]
+    reached = first_reach([s for s, _ in scores], [v for _, v in scores], target)
     if reached is None:
         return None, None
-    logged = [r["noise/b_simple"] for r in records if r.get("noise/b_simple") and r["step"] <= reached]
-    return reached, (logged[-1] if logged else None)
+    noise = [(r["step"], r["noise/b_simple"]) for r in records if r.get("noise/b_simple")]
+    return reached, value_at([s for s, _ in noise], [v for _, v in noise], reached)
 
 
 def analyse(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:

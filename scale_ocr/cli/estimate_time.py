@@ -19,6 +19,13 @@ def add_time_args(p: argparse.ArgumentParser) -> None:
                    "device: counted FLOPs at the device's peak x --mfu, bytes moved over the links, Adam's step")
     g.add_argument("--scaling", action="store_true", help="predicted step time and scaling efficiency of each "
                    "strategy from 1 to 1,024 devices on the stated cluster (implies --time)")
+    add_cluster_args(g)
+    g.add_argument("--flops-per-sample", type=float, default=None,
+                   help="with --params: a training sample's FLOPs, forward and backward (--model counts them)")
+
+
+def add_cluster_args(g) -> None:
+    """The cluster the time model predicts for: a device kind, its links and MFU, or this host measured."""
     g.add_argument("--device", default="host", help="h100, a100, h200, v100, l4, mi300x, or host: this machine's "
                    "CPU, measured (the model's own FLOP/s at a rank's threads, memory bandwidth; a few seconds)")
     g.add_argument("--mfu", type=float, default=None, help="model FLOPs utilisation assumed on a GPU (default 0.4); "
@@ -30,15 +37,13 @@ def add_time_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-engine-probe", action="store_true", help="with --device host, skip the short one-rank "
                    "training run of each strategy that measures its own step (hooks, casts, copies: what FLOPs miss; "
                    "5-20 s each) and predict from the model's FLOPs alone")
-    g.add_argument("--flops-per-sample", type=float, default=None,
-                   help="with --params: a training sample's FLOPs, forward and backward (--model counts them)")
 
 
 def wants_time(args: argparse.Namespace) -> bool:
     return bool(args.time or args.scaling)
 
 
-def _workload(args: argparse.Namespace, task, size) -> Any:
+def workload(args: argparse.Namespace, task, size) -> Any:
     from scale_ocr.planning.time_model import Workload
 
     units = modules = persistent = persistent_numel = 0
@@ -83,7 +88,7 @@ def _granularity(task) -> tuple[int, int, int, int]:
     return len(units) + 1, max(1, gathers), len(small), sum(small)
 
 
-def _cluster(args: argparse.Namespace, task, work, names: list[str]) -> tuple[Any, float, str, dict[str, Any]]:
+def cluster_for(args: argparse.Namespace, task, work, names: list[str]) -> tuple[Any, float, str, dict[str, Any]]:
     """The cluster, the MFU that applies, a line on where the figures come from, and (on this host) each engine's
     measured one-rank step."""
     from scale_ocr.planning import time_model as tm
@@ -143,8 +148,8 @@ def time_document(args: argparse.Namespace, task, size, names: list[str]) -> dic
     from scale_ocr.planning.estimate import build_strategy
     from scale_ocr.planning.time_model import predict_step
 
-    work = _workload(args, task, size)
-    cluster, mfu, source, engines = _cluster(args, task, work, names)
+    work = workload(args, task, size)
+    cluster, mfu, source, engines = cluster_for(args, task, work, names)
 
     def layout(name: str, world: int):
         strategy, ranks = build_strategy(name, world, args.precision, args.ds_config, min(args.per_node, world))

@@ -34,6 +34,8 @@ commands:
                time, accuracy, its files, its W&B offline run) and a PNG of its loss and accuracy curves
   estimate-memory  (--model ARCH | --params N) --world-size N: per-rank memory of every strategy; --time adds
                its step time (--device, --link, --mfu), --scaling its predicted curve from 1 to 1,024 devices
+  plan         RUN_DIR --target T [--devices 1,2,4 --device h100]: per strategy and device count, whether it fits,
+               the batch and rate to train at, and the steps and time to the target (anchored on the run)
   make-shards  FOLDER... OUT [--samples-per-shard N --seed S]: docTR folders as one shard set (tar shards and
                shards.json) that --train-path/--val-path stream from, resumable exactly at any world size
   bench        scaling benchmark (same as `python -m benchmarks.scaling`)
@@ -331,7 +333,7 @@ COMMANDS = {"train": _lazy("scale_ocr.train"), "ray-train": _lazy("scale_ocr.cli
             "verify": _lazy("scale_ocr.cli.verify"), "export": _export, "predict": _predict,
             "evaluate-pages": _evaluate_pages, "make-shards": _lazy("scale_ocr.cli.make_shards"),
             "make-dataset": _lazy("scale_ocr.cli.make_dataset"),
-            "estimate-memory": _lazy("scale_ocr.cli.estimate_memory"),
+            "estimate-memory": _lazy("scale_ocr.cli.estimate_memory"), "plan": _lazy("scale_ocr.cli.plan"),
             "bench": _benchmark("scaling", "bench"), "max-model": _benchmark("max_model", "max-model"),
             "models": _models, "strategies": _strategies, "summary": _lazy("scale_ocr.cli.summary")}
 

@@ -18,12 +18,14 @@ from scale_ocr.memory.model import StateLayout
 
 @dataclass(frozen=True)
 class Device:
-    """One accelerator's peaks: dense FLOP/s by precision, memory bandwidth in bytes/s, and where they come from."""
+    """One accelerator's peaks: dense FLOP/s by precision, memory bandwidth in bytes/s, where they come from, and its
+    memory in bytes (None: the host's, which ``scale-ocr plan`` reads from this machine)."""
 
     name: str
     flops: dict[str, float]
     memory_bandwidth: float
     source: str
+    memory: float | None = None
 
     def peak(self, precision: str) -> float:
         return self.flops[precision]
@@ -32,12 +34,13 @@ class Device:
 # Dense (no sparsity) peaks from the vendors' datasheets. fp32 is the plain fp32 pipeline: torch leaves TF32 off
 # for matrix products unless a run asks for it, and scale-ocr's fp32 runs do not.
 DEVICES: dict[str, Device] = {d.name: d for d in (
-    Device("v100", {"fp32": 15.7e12, "fp16": 125e12, "bf16": 15.7e12}, 0.9e12, "NVIDIA V100 SXM2 datasheet"),
-    Device("a100", {"fp32": 19.5e12, "fp16": 312e12, "bf16": 312e12}, 2.039e12, "NVIDIA A100 80GB SXM datasheet"),
-    Device("h100", {"fp32": 67e12, "fp16": 989e12, "bf16": 989e12}, 3.35e12, "NVIDIA H100 SXM datasheet"),
-    Device("h200", {"fp32": 67e12, "fp16": 989e12, "bf16": 989e12}, 4.8e12, "NVIDIA H200 SXM datasheet"),
-    Device("l4", {"fp32": 30.3e12, "fp16": 121e12, "bf16": 121e12}, 0.3e12, "NVIDIA L4 datasheet"),
-    Device("mi300x", {"fp32": 163.4e12, "fp16": 1307e12, "bf16": 1307e12}, 5.3e12, "AMD Instinct MI300X datasheet"),
+    Device("v100", {"fp32": 15.7e12, "fp16": 125e12, "bf16": 15.7e12}, 0.9e12, "NVIDIA V100 SXM2 datasheet", 32e9),
+    Device("a100", {"fp32": 19.5e12, "fp16": 312e12, "bf16": 312e12}, 2.039e12, "NVIDIA A100 80GB SXM datasheet", 80e9),
+    Device("h100", {"fp32": 67e12, "fp16": 989e12, "bf16": 989e12}, 3.35e12, "NVIDIA H100 SXM datasheet", 80e9),
+    Device("h200", {"fp32": 67e12, "fp16": 989e12, "bf16": 989e12}, 4.8e12, "NVIDIA H200 SXM datasheet", 141e9),
+    Device("l4", {"fp32": 30.3e12, "fp16": 121e12, "bf16": 121e12}, 0.3e12, "NVIDIA L4 datasheet", 24e9),
+    Device("mi300x", {"fp32": 163.4e12, "fp16": 1307e12, "bf16": 1307e12}, 5.3e12, "AMD Instinct MI300X datasheet",
+           192e9),
 )}
 
 
