@@ -81,6 +81,9 @@ def job_command(args: argparse.Namespace, row: dict[str, Any], strategy: str, wo
     data, _ = job_data(sizes, job, work)
     cmd = command(args, job, data, row["train_size"], run_dir)
     cmd[cmd.index("--strategy") + 1] = strategy
+    if args.lr_scaling not in (None, row["rule"]):  # the rate grows with the batch from the record job's rate
+        cmd[cmd.index("--lr-scaling") + 1] = args.lr_scaling
+        cmd += ["--lr-reference-batch", str(START)]
     ramp = ["--batch-ramp", "auto"] + (["--ramp-limit", str(args.ramp_limit)] if args.ramp_limit else [])
     if args.ramp_max_batch:
         ramp += ["--ramp-max-batch", str(args.ramp_max_batch)]
@@ -123,6 +126,7 @@ def run(args: argparse.Namespace) -> None:
             line = {"set": set_name, "strategy": strategy, "record": _shown(args.record), "status": status,
                     "error": error, "wall_seconds": wall,
                     "start_batch": START, "eval_every": args.eval_every, "ramp_limit": args.ramp_limit or RAMP_LIMIT,
+                    "lr_scaling": args.lr_scaling or row["rule"],
                     "budget_samples": row["samples"], **got,
                     "command": " ".join(cmd).replace(f"{REPO}/", ""), "versions": versions(), "hardware": hw}
             append_line(results, line)
@@ -227,7 +231,10 @@ def write_report(out_dir: Path) -> Path:
     md = ["# A batch that grows while it pays: --batch-ramp auto against fixed batches", "",
           f"Command: `{command_line(out_dir)}`; rebuild: `python -m benchmarks.batch_ramp --report {out_dir}`", "",
           f"- The record's {MODEL} job at global batch {START} (rule none, its schedule and samples), trained again "
-          f"with `--batch-ramp auto`, against the record's fixed batches ({rows[0]['record']}). Steps and samples to "
+          f"with `--batch-ramp auto`" + ("" if rows[0].get("lr_scaling", "none") == "none" else
+                                          f" and `--lr-scaling {rows[0]['lr_scaling']} --lr-reference-batch {START}` "
+                                          "(the rate grows with the batch from the job's)")
+          + f", against the record's fixed batches ({rows[0]['record']}). Steps and samples to "
           "a target: "
           "the first validation at or above it.",
           f"- Best fixed batch: the fewest steps to the target among those reaching it on at most {SAMPLES_SLACK}x "
@@ -267,6 +274,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=64, help="optimizer steps between validations")
     p.add_argument("--ramp-limit", type=float, default=None, help="default: the trainer's")
     p.add_argument("--ramp-max-batch", type=int, default=None)
+    p.add_argument("--lr-scaling", choices=("none", "linear", "sqrt"), default=None, help="the rule the rate follows "
+                   "as the batch grows, from the record job's rate at batch 32 (default: the record job's, none)")
     p.add_argument("--real-crops", type=Path, default=None)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)

@@ -91,3 +91,18 @@ def test_what_the_plan_cannot_use_is_one_line(tmp_path, capsys, curves, metrics,
     code, out, err = _plan(capsys, str(run), "--device", "h100", *argv)
     lines = [ln for ln in err.splitlines() if ln.startswith("scale-ocr")]
     assert code == 2 and len(lines) == 1 and words in lines[0] and "Traceback" not in err, err
+
+
+def test_plan_check_holds_each_prediction_against_its_measured_run():
+    """benchmarks.plan_check's verdict per device count: predicted over measured training seconds, within 30%."""
+    from benchmarks.plan_check import verdicts
+
+    runs = [{"kind": "run", "ranks": n, "status": "ok", "steps_to_target": 1536, "seconds_to_target": s, "final": 0.95}
+            for n, s in ((2, 200.0), (1, 300.0))]
+    plan = {"kind": "plan", "status": "ok", "rows": [
+        {"devices": 1, "per_device": 32, "steps": 1536, "step_s": 0.25, "seconds": 384.0},
+        {"devices": 2, "per_device": 16, "steps": 1536, "step_s": 0.125, "seconds": 192.0}]}
+    found = {v["devices"]: v for v in verdicts([*runs, plan])}
+    assert found[1]["ratio"] == pytest.approx(1.28) and found[1]["within"]
+    assert found[2]["ratio"] == pytest.approx(0.96) and found[2]["within"]
+    assert not verdicts([*runs, {**plan, "rows": [{**plan["rows"][0], "seconds": 400.0}]}])[0]["within"]
