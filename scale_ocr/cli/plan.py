@@ -19,7 +19,6 @@ from typing import Any
 
 from scale_ocr.cli.args import _OneLineParser
 from scale_ocr.cli.estimate_time import CURVE, add_cluster_args, cluster_for, row, workload
-from scale_ocr.disk import atomic_file
 from scale_ocr.errors import UserError, report_user_errors, say, shown
 from scale_ocr.planning.to_target import SPREAD, first_reach, seconds_to, steps_band, value_at
 
@@ -284,6 +283,8 @@ def plot_plan(doc: dict[str, Any], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from scale_ocr.cli.summary import write_png
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, rows in doc["strategies"].items():
         ok = [r for r in rows if r.get("fits")]
@@ -301,14 +302,7 @@ def plot_plan(doc: dict[str, Any], out: Path) -> None:
     ax.legend()
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    try:
-        with atomic_file(out, what="the plan's plot", kept="nothing else was written") as f:
-            fig.savefig(f, format="png", dpi=110)
-    except OSError as exc:
-        raise UserError(f"cannot write the plan's plot {shown(str(out))} ({os.strerror(exc.errno or 0)}); pick a "
-                        "folder this user can write with --plot PATH") from None
-    finally:
-        plt.close(fig)
+    write_png(fig, plt, out, "the plan's plot", "nothing else was written")
 
 
 def build_parser() -> argparse.ArgumentParser:

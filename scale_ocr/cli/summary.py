@@ -273,12 +273,18 @@ def plot_curves(curves: Curves, run: Run, out: Path) -> Path:
     title = (f"{printable(run.arch, 60)} - {printable(run.strategy, 60)} x {run.world_size}, global batch "
              f"{run.global_batch}, {run.steps} steps")
     fig, plt = _figure(curves, run, title)
+    return write_png(fig, plt, out, "the curves' plot", "the run's files are untouched")
+
+
+def write_png(fig, plt, out: Path, what: str, kept: str) -> Path:
+    """``fig`` as a PNG written whole at ``out`` (a temp file renamed over it, never through a link), then closed;
+    a folder this user cannot write is one line naming --plot."""
     try:
-        with atomic_file(out, what="the curves' plot", kept="the run's files are untouched") as f:
+        with atomic_file(out, what=what, kept=kept) as f:
             fig.savefig(f, format="png", dpi=110)
     except OSError as exc:
-        raise UserError(f"cannot write the curves' plot {shown(out)} ({os.strerror(exc.errno or 0)}); pick a "
-                        "folder this user can write with --plot PATH") from None
+        raise UserError(f"cannot write {what} {shown(out)} ({os.strerror(exc.errno or 0)}); pick a folder this user "
+                        "can write with --plot PATH") from None
     finally:
         plt.close(fig)
     return out
