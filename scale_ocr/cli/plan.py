@@ -19,6 +19,7 @@ from typing import Any
 
 from scale_ocr.cli.args import _OneLineParser
 from scale_ocr.cli.estimate_time import CURVE, add_cluster_args, cluster_for, row, workload
+from scale_ocr.config import RAMP_LIMIT
 from scale_ocr.errors import UserError, report_user_errors, say, shown
 from scale_ocr.planning.to_target import SPREAD, first_reach, seconds_to, steps_band, value_at
 
@@ -220,7 +221,7 @@ def plan_rows(planner: _Planner, devices: list[int]) -> dict[str, list[dict[str,
                              "skipped": f"needs {need:.3g} GB a device at batch {options[0]}, over "
                                         f"{capacity / 1e9:.3g}"})
                 continue
-            under = [b for b in fitting if n * b <= anchor.b_simple] or fitting[:1]
+            under = [b for b in fitting if n * b <= RAMP_LIMIT * anchor.b_simple] or fitting[:1]
             best = None
             for b in under if args.global_batch is None else fitting:
                 step = planner.step_seconds(name, n, layout, b)
@@ -251,8 +252,9 @@ def format_plan(doc: dict[str, Any]) -> str:
              f"rank(s), {a['strategy']}) reached {a['headline']} {a['target']:g} at step {a['steps']} "
              f"({a['samples']:,} samples, {_duration(a['seconds'])} of training); B_simple there {a['b_simple']:.0f}.",
              f"Steps: S(B) = S_min (1 + B_crit/B), S_min {doc['s_min']:.0f}, B_crit = B_simple; the range takes B_crit "
-             f"from B_simple/{SPREAD:g} to x{SPREAD:g} (the critical-batch record: within 1.6x at 30-80% exact match, "
-             "9x above the knee at 90%).",
+             f"from B_simple/{SPREAD:g} to x{SPREAD:g} (the critical-batch record: within 1.6x of the knee at 30-80% "
+             "on synthetic words; 3-4x above it on a small crop set and 9x at 90%, where more steps than this are "
+             f"likely above the anchor's batch). Recommended: at most {RAMP_LIMIT:g} B_crit.",
              f"Rate: sqrt rule from the anchor: lr x sqrt(B / {a['global_batch']}) (--lr {a['lr']:g} --lr-scaling "
              f"sqrt --lr-reference-batch {a['global_batch']}). Step time: {doc['source']}. Memory: {doc['capacity']}.",
              row("strategy", ["devices", "batch", "per dev", "mem GB", "step ms", "steps", "samples", "time",

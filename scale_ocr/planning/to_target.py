@@ -6,9 +6,10 @@ B_crit = E_min/S_min, and their gradient noise scale B_simple (measured in every
 estimates B_crit. One run at batch B0 that reached the target in S0 steps, with B_simple read where it got there,
 gives S_min = S0 / (1 + B_crit/B0), and so S(B) at every other batch.
 
-How far to trust it: the critical-batch record (benchmarks/results/critical-batch-vm-20261207) found the knee fitted
-from steps-to-target within 1.6x of that B_simple at 30-80% exact match, and 9x below it at 90%. The band this
-module states takes B_crit from B_simple / SPREAD to B_simple x SPREAD; at the anchor's own batch it is exact.
+How far to trust it: the critical-batch record (benchmarks/results/critical-batch-vm-20261207-real) found the knee
+fitted from steps-to-target within 1.6x of that B_simple at 30-80% exact match on synthetic words, 3-4x below it on
+a small set of real-looking crops and 9x below it at 90%. The band this module states takes B_crit from
+B_simple / SPREAD to B_simple x SPREAD; at the anchor's own batch it is exact.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 SPREAD = 2.0  # B_crit taken within this factor of B_simple: the record's agreement at 30-80% (issue 54, acc. 3)
-RECOMMEND_SHARE = 0.5  # recommend global batches up to this share of B_crit (steps are then <= 3x S_min)
 
 
 def first_reach(steps: Sequence[int], values: Sequence[float], target: float) -> int | None:
