@@ -83,7 +83,7 @@ def job_command(args: argparse.Namespace, row: dict[str, Any], strategy: str, wo
     cmd[cmd.index("--strategy") + 1] = strategy
     if args.lr_scaling not in (None, row["rule"]):  # the rate grows with the batch from the record job's rate
         cmd[cmd.index("--lr-scaling") + 1] = args.lr_scaling
-        cmd += ["--lr-reference-batch", str(START)]
+        cmd += ["--lr", f"{row['peak_lr']:g}", "--lr-reference-batch", str(START)]
     ramp = ["--batch-ramp", "auto"] + (["--ramp-limit", str(args.ramp_limit)] if args.ramp_limit else [])
     if args.ramp_max_batch:
         ramp += ["--ramp-max-batch", str(args.ramp_max_batch)]
