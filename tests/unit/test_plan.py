@@ -24,7 +24,8 @@ def test_steps_model_passes_through_its_anchor_and_trades_steps_for_samples():
     assert band.low == pytest.approx(band.high) == pytest.approx(ANCHOR_STEPS)
     for batch in (4, 64, 1024):
         band = steps_band(ANCHOR_BATCH, ANCHOR_STEPS, B_SIMPLE, batch)
-        ends = [StepsModel.anchored(ANCHOR_BATCH, ANCHOR_STEPS, B_SIMPLE * f).steps(batch) for f in (1 / SPREAD, SPREAD)]
+        ends = [StepsModel.anchored(ANCHOR_BATCH, ANCHOR_STEPS, B_SIMPLE * f).steps(batch)
+                for f in (1 / SPREAD, SPREAD)]
         assert band.low == pytest.approx(min(ends)) and band.high == pytest.approx(max(ends))
         assert band.low < band.steps < band.high
 
