@@ -35,7 +35,7 @@ from scale_ocr.config import RAMP_LIMIT, TrainConfig
 from scale_ocr.distributed.process_group import all_reduce_max
 from scale_ocr.errors import UserError
 from scale_ocr.optim import LRPlan
-from scale_ocr.run.noise_scale import SETTLED
+from scale_ocr.run.noise_scale import SETTLED, two_batch_sizes
 
 DEFAULT_MAX_GROWTH = 8  # --ramp-max-batch left out: the ramp stops at this many times the starting global batch
 
@@ -85,7 +85,7 @@ class BatchRamp:
         if train.noise_every == 0:
             raise UserError("--batch-ramp auto grows the batch by the measured noise scale, which --noise-every 0 "
                             "turns off: leave --noise-every out (every 10 steps) or give a number of steps")
-        if self.start_batch <= train.batch_size:  # the noise meter needs a step larger than a micro-batch
+        if not two_batch_sizes(train.batch_size, self.start_batch):
             raise UserError("--batch-ramp auto grows the batch by the gradient noise scale, which compares gradients "
                             "at two batch sizes, and one process with --grad-accum 1 has one: run on 2 or more ranks "
                             "or with --grad-accum 2 or more, or drop --batch-ramp")

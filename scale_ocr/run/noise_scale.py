@@ -134,6 +134,12 @@ class NoiseScale:
         return True
 
 
+def two_batch_sizes(micro_batch: int, global_batch: int) -> bool:
+    """Whether a run has the two batch sizes the noise scale compares: a step larger than a micro-batch (2 or more
+    ranks, or accumulation)."""
+    return global_batch > micro_batch
+
+
 class NoiseMeter:
     """Measures the noise scale every ``every`` optimizer steps under any strategy.
 
@@ -149,12 +155,12 @@ class NoiseMeter:
         """``every`` None: every :data:`DEFAULT_EVERY` steps where the run has two batch sizes, else never; a number
         where it has one is refused (:class:`~scale_ocr.errors.UserError`): it asks for what cannot be measured."""
         self.small, self.big = micro_batch, global_batch
-        if every and global_batch <= micro_batch:
+        if every and not two_batch_sizes(micro_batch, global_batch):
             raise UserError(f"--noise-every {every}: the gradient noise scale compares gradients at two batch sizes, "
                             "and one process with --grad-accum 1 has one; run on 2 or more ranks or with --grad-accum "
                             "2 or more, or leave --noise-every out")
         self.strategy, self.device = strategy, device
-        self.every = (DEFAULT_EVERY if global_batch > micro_batch else 0) if every is None else every
+        self.every = (DEFAULT_EVERY if two_batch_sizes(micro_batch, global_batch) else 0) if every is None else every
         self.scale = NoiseScale(smoothing)
         self.active = False
         self._norms: list[torch.Tensor] = []  # this micro-batch's gradient norms so far, a tensor at a time
