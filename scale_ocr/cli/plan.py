@@ -165,15 +165,16 @@ class _Planner:
         strategy.configure_for(self.model)
         return strategy.state_layout()
 
-    def memory(self, name: str, n: int, layout, per_device: int) -> float:
-        """Peak bytes a device holds: the engine's state, and activations at ``per_device`` (linear in the batch
-        from the measurement at the anchor's)."""
-        from scale_ocr.memory.model import predict, save_peak, step_peak
+    def memory(self, n: int, layout, per_device: list[int]) -> dict[int, float]:
+        """Peak bytes a device holds at each per-device batch: the engine's state, and activations (linear in the
+        batch from the measurement at the anchor's)."""
+        from scale_ocr.memory.model import predict
+        from scale_ocr.planning.estimate import peaks
 
         pred = predict(layout, self.size.params, n)
-        acts = self.acts.under(layout) * per_device / self.anchor.per_device
-        return max(step_peak(pred.resident, pred.grads, acts, layout.grads_freed),
-                   save_peak(pred.resident, pred.grads, self.size.largest_layer, layout.grads_freed))
+        acts = self.acts.under(layout)
+        return {b: max(peaks(pred, layout, self.size.largest_layer, acts * b / self.anchor.per_device))
+                for b in per_device}
 
     def step_seconds(self, name: str, n: int, layout, per_device: int) -> float:
         """The time model's step at ``per_device``; an engine measured here at the anchor's per-device batch has
@@ -214,9 +215,10 @@ def plan_rows(planner: _Planner, devices: list[int]) -> dict[str, list[dict[str,
                 options = [args.global_batch // n]
             else:
                 options = per_device
-            fitting = [b for b in options if planner.memory(name, n, layout, b) <= capacity]
+            memory = planner.memory(n, layout, options)
+            fitting = [b for b in options if memory[b] <= capacity]
             if not fitting:
-                need = planner.memory(name, n, layout, options[0]) / 1e9
+                need = memory[options[0]] / 1e9
                 rows.append({**row_, "fits": False, "memory_gb": need, "capacity_gb": capacity / 1e9,
                              "skipped": f"needs {need:.3g} GB a device at batch {options[0]}, over "
                                         f"{capacity / 1e9:.3g}"})
@@ -231,7 +233,7 @@ def plan_rows(planner: _Planner, devices: list[int]) -> dict[str, list[dict[str,
                     best = (b, step, seconds, band)
             b, step, seconds, band = best  # type: ignore[misc]
             rows.append({**row_, "fits": True, "per_device": b, "global_batch": n * b,
-                         "memory_gb": planner.memory(name, n, layout, b) / 1e9, "capacity_gb": capacity / 1e9,
+                         "memory_gb": memory[b] / 1e9, "capacity_gb": capacity / 1e9,
                          "step_s": step, "steps": band.steps, "steps_low": band.low, "steps_high": band.high,
                          "samples": band.steps * n * b, "seconds": seconds.steps, "seconds_low": seconds.low,
                          "seconds_high": seconds.high, "past_knee": n * b > anchor.b_simple,

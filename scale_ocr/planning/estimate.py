@@ -104,6 +104,13 @@ def build_strategy(name: str, world: int, precision: str, ds_config: str | None,
     return entry.cls(cfg, dist, TrainConfig(precision=precision), OptimConfig(), **entry.preset), ranks
 
 
+def peaks(pred, layout, largest_layer: int, activations: float) -> tuple[float, float]:
+    """A device's peak bytes at the optimizer step (``pred``'s state and gradients, and ``activations``) and while
+    a checkpoint is saved, under ``layout``'s engine."""
+    return (step_peak(pred.resident, pred.grads, activations, layout.grads_freed),
+            save_peak(pred.resident, pred.grads, largest_layer, layout.grads_freed))
+
+
 def estimate(size: ModelSize, world: int, precision: str, strategies: list[str], ds_config: str | None = None,
              activations: Activations | None = None, model: nn.Module | None = None,
              ranks_per_node: int | None = None) -> dict[str, Any]:
@@ -128,8 +135,7 @@ def estimate(size: ModelSize, world: int, precision: str, strategies: list[str],
         row["activations"] = activations.under(layout) if activations else None
         row["resident_state"] = pred.resident
         row["grads_freed"] = layout.grads_freed
-        row["step"] = step_peak(row["resident_state"], pred.grads, row["activations"] or 0, layout.grads_freed)
-        row["save"] = save_peak(row["resident_state"], pred.grads, size.largest_layer, layout.grads_freed)
+        row["step"], row["save"] = peaks(pred, layout, size.largest_layer, row["activations"] or 0)
         row["total"] = max(row["step"], row["save"])
         rows[name] = row
     return {"params": size.params, "largest_layer": size.largest_layer, "world_size": world,
