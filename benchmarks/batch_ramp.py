@@ -266,20 +266,32 @@ def _shown(path: Path) -> str:
 DEFAULT_RECORD = "benchmarks/results/scale-accuracy-vm-20261204"
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = parser("batch_ramp", __doc__)
+def add_job_args(p: argparse.ArgumentParser) -> None:
+    """The flags the record's job is rebuilt with (:func:`job_command` reads them); benchmarks.plan_check's too."""
     p.add_argument("--record", type=Path, default=REPO / DEFAULT_RECORD, help="the scale-accuracy record")
-    p.add_argument("--sets", nargs="+", choices=tuple(TARGETS), default=list(TARGETS))
-    p.add_argument("--strategies", nargs="+", default=["ddp", "zero2"])
     p.add_argument("--eval-every", type=int, default=64, help="optimizer steps between validations")
-    p.add_argument("--ramp-limit", type=float, default=None, help="default: the trainer's")
-    p.add_argument("--ramp-max-batch", type=int, default=None)
-    p.add_argument("--lr-scaling", choices=("none", "linear", "sqrt"), default=None, help="the rule the rate follows "
-                   "as the batch grows, from the record job's rate at batch 32 (default: the record job's, none)")
     p.add_argument("--real-crops", type=Path, default=None)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--wandb-mode", default="disabled", choices=("offline", "disabled"))
+
+
+def check_record(args: argparse.Namespace) -> None:
+    from scale_ocr.errors import UserError
+
+    if not (args.record / "results.jsonl").is_file():
+        raise UserError(f"--record {args.record}: no results.jsonl there; give a scale-accuracy record")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = parser("batch_ramp", __doc__)
+    add_job_args(p)
+    p.add_argument("--sets", nargs="+", choices=tuple(TARGETS), default=list(TARGETS))
+    p.add_argument("--strategies", nargs="+", default=["ddp", "zero2"])
+    p.add_argument("--ramp-limit", type=float, default=None, help="default: the trainer's")
+    p.add_argument("--ramp-max-batch", type=int, default=None)
+    p.add_argument("--lr-scaling", choices=("none", "linear", "sqrt"), default=None, help="the rule the rate follows "
+                   "as the batch grows, from the record job's rate at batch 32 (default: the record job's, none)")
     p.add_argument("--timeout", type=int, default=4 * 3600, help="seconds per training job")
     return p.parse_args(argv)
 
@@ -287,8 +299,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def check(args: argparse.Namespace) -> None:
     from scale_ocr.errors import UserError
 
-    if not (args.record / "results.jsonl").is_file():
-        raise UserError(f"--record {args.record}: no results.jsonl there; give a scale-accuracy record")
+    check_record(args)
     if args.eval_every < 1:
         raise UserError(f"--eval-every {args.eval_every}: give a number of steps")
 

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.batch_ramp import DEFAULT_RECORD, MODEL, job_command, record_job
+from benchmarks.batch_ramp import MODEL, add_job_args, check_record, job_command, record_job
 from benchmarks.harness import (
     REPO,
     append_line,
@@ -148,13 +148,8 @@ def write_report(out_dir: Path) -> Path:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = parser("plan_check", __doc__)
-    p.add_argument("--record", type=Path, default=REPO / DEFAULT_RECORD, help="the scale-accuracy record")
+    add_job_args(p)
     p.add_argument("--target", type=float, default=0.9, help="exact match (default 0.9, issue 54's)")
-    p.add_argument("--eval-every", type=int, default=64, help="optimizer steps between validations")
-    p.add_argument("--real-crops", type=Path, default=None)
-    p.add_argument("--workers", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--wandb-mode", default="disabled", choices=("offline", "disabled"))
     p.add_argument("--timeout", type=int, default=2 * 3600, help="seconds per training job")
     return p.parse_args(argv)
 
@@ -162,8 +157,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def check(args: argparse.Namespace) -> None:
     from scale_ocr.errors import UserError
 
-    if not (args.record / "results.jsonl").is_file():
-        raise UserError(f"--record {args.record}: no results.jsonl there; give a scale-accuracy record")
+    check_record(args)
     if not 0 < args.target <= 1:
         raise UserError(f"--target {args.target:g}: give a fraction such as 0.9")
 
