@@ -41,7 +41,7 @@ from benchmarks.harness import (
     write_command,
     write_outputs,
 )
-from scale_ocr.config import RAMP_LIMIT
+from scale_ocr.config import RAMP_LIMIT, RAMP_LR_RULES
 
 MODEL = "crnn_mobilenet_v3_small"
 TARGETS = {"synthetic": 0.9, "real": 0.8}  # issue 54, acceptance 4
@@ -81,12 +81,11 @@ def job_command(args: argparse.Namespace, row: dict[str, Any], strategy: str, wo
     data, _ = job_data(sizes, job, work)
     cmd = command(args, job, data, row["train_size"], run_dir)
     cmd[cmd.index("--strategy") + 1] = strategy
-    if args.lr_scaling not in (None, row["rule"]):  # the rate grows with the batch from the record job's rate
-        cmd[cmd.index("--lr-scaling") + 1] = args.lr_scaling
-        cmd += ["--lr", f"{row['peak_lr']:g}", "--lr-reference-batch", str(START)]
     ramp = ["--batch-ramp", "auto"] + (["--ramp-limit", str(args.ramp_limit)] if args.ramp_limit else [])
     if args.ramp_max_batch:
         ramp += ["--ramp-max-batch", str(args.ramp_max_batch)]
+    if args.ramp_lr:
+        ramp += ["--ramp-lr", args.ramp_lr]
     return [*cmd, *ramp]
 
 
@@ -126,7 +125,7 @@ def run(args: argparse.Namespace) -> None:
             line = {"set": set_name, "strategy": strategy, "record": _shown(args.record), "status": status,
                     "error": error, "wall_seconds": wall,
                     "start_batch": START, "eval_every": args.eval_every, "ramp_limit": args.ramp_limit or RAMP_LIMIT,
-                    "lr_scaling": args.lr_scaling or row["rule"],
+                    "ramp_lr": ((got.get("batch_ramp") or {}).get("lr_rule") or args.ramp_lr),
                     "budget_samples": row["samples"], **got,
                     "command": " ".join(cmd).replace(f"{REPO}/", ""), "versions": versions(), "hardware": hw}
             append_line(results, line)
@@ -231,11 +230,8 @@ def write_report(out_dir: Path) -> Path:
     md = ["# A batch that grows while it pays: --batch-ramp auto against fixed batches", "",
           f"Command: `{command_line(out_dir)}`; rebuild: `python -m benchmarks.batch_ramp --report {out_dir}`", "",
           f"- The record's {MODEL} job at global batch {START} (rule none, its schedule and samples), trained again "
-          f"with `--batch-ramp auto`" + ("" if rows[0].get("lr_scaling", "none") == "none" else
-                                          f" and `--lr-scaling {rows[0]['lr_scaling']} --lr-reference-batch {START}` "
-                                          "(the rate grows with the batch from the job's)")
-          + f", against the record's fixed batches ({rows[0]['record']}). Steps and samples to "
-          "a target: "
+          f"with `--batch-ramp auto` {rate_rule(rows[0])}, against the record's fixed batches "
+          f"({rows[0]['record']}). Steps and samples to a target: "
           "the first validation at or above it.",
           f"- Best fixed batch: the fewest steps to the target among those reaching it on at most {SAMPLES_SLACK}x "
           f"batch {START}'s samples (issue 54, acceptance 4).", "",
@@ -255,6 +251,17 @@ def write_report(out_dir: Path) -> Path:
                   f"{'yes' if v['beats_best'] else 'no'} | {fewer} | {final} | {path} |")
     md += ["", *[f"![{p}]({p})" for p in plot(rows, record, out_dir)]]
     return write_outputs(out_dir, {"record": rows[0]["record"], "verdicts": found}, md)
+
+
+def rate_rule(row: dict[str, Any]) -> str:
+    """How a ramp row's rate followed its batch, in the report's words (rows from before ``--ramp-lr`` say it with
+    ``lr_scaling``: none held the rate, which ``--ramp-lr none`` does now)."""
+    if row.get("ramp_lr"):
+        return f"(`--ramp-lr {row['ramp_lr']}`: the rate grows by it with the batch, from the job's at batch {START})"
+    if row.get("lr_scaling", "none") == "none":
+        return "(the rate held at the job's, as the ramp did before `--ramp-lr`: now `--ramp-lr none`)"
+    return (f"and `--lr-scaling {row['lr_scaling']} --lr-reference-batch {START}` (the rate grows with the batch from "
+            f"the job's; now the default, `--ramp-lr {row['lr_scaling']}`)")
 
 
 def _shown(path: Path) -> str:
@@ -290,8 +297,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--strategies", nargs="+", default=["ddp", "zero2"])
     p.add_argument("--ramp-limit", type=float, default=None, help="default: the trainer's")
     p.add_argument("--ramp-max-batch", type=int, default=None)
-    p.add_argument("--lr-scaling", choices=("none", "linear", "sqrt"), default=None, help="the rule the rate follows "
-                   "as the batch grows, from the record job's rate at batch 32 (default: the record job's, none)")
+    p.add_argument("--ramp-lr", choices=RAMP_LR_RULES, default=None, help="the trainer's --ramp-lr: the rule the rate "
+                   "follows as the batch grows, from the record job's rate at batch 32 (default: the trainer's, sqrt)")
     p.add_argument("--timeout", type=int, default=4 * 3600, help="seconds per training job")
     return p.parse_args(argv)
 

@@ -16,6 +16,11 @@ below B_simple both are mostly noise and a 1% change in either moves the reading
 global batch 16, against a B_simple near 100, about 14%): runs whose weights have parted in their last bits then
 read visibly different values. Part 1 therefore runs at a global batch near the one the estimate is for.
 
+Part 1b, the yardstick (``--parts jitter``): ddp once more, the same seed, data and steps, with twice the intra-op
+threads per rank. Only the summation order inside its kernels changes (a convolution's weight gradient differs in
+its last bits between 1 and 2 threads), so the spread between the two ddp runs is how far one engine's B_simple
+moves under a last-bit difference: what the engines' spread is to be read against.
+
 Part 2, cost, measured within one run: per strategy, ``--cost-runs`` runs at ``--noise-every 2`` with every step
 logged, so measured and unmeasured steps alternate on the same host state. The measurement's hooks exist only for
 a measured step's backwards, so an unmeasured step runs as with the measurement off. Each measured step after the
@@ -64,6 +69,7 @@ COST_EVERY = 2  # part 2's cadence: measured and unmeasured steps alternate
 COST_SKIP = 10  # part 2's first steps, left out of its ratios (allocations, the loader filling up)
 DEFAULT_EVERY = 10  # the trainer's --noise-every
 DEFAULT_SMOOTHING = 0.9  # and its --noise-smoothing
+JITTER_THREADS = 2  # part 1b's intra-op threads per rank, as a multiple of part 1's
 DIVERGED = 0.05  # the runs' training has parted once their gradient norms at a logged step differ by more
 PLOT_META = {"Software": None}  # no version stamp in the PNG: the same results give the same bytes
 
@@ -71,14 +77,14 @@ PLOT_META = {"Software": None}  # no version stamp in the PNG: the same results 
 # --- running ------------------------------------------------------------------------------------------------------
 
 def job(args: argparse.Namespace, strategy: str, steps: int, every: int, cache: str, run_dir: Path,
-        smoothing: float, log_every: int) -> tuple[list[str], int, int, int]:
+        smoothing: float, log_every: int, thread_factor: int = 1) -> tuple[list[str], int, int, int]:
     """Train.py's command for one run, and its ranks, accumulation and threads per rank: ``--world-size`` ranks
     accumulating ``--grad-accum`` micro-batches, or one process accumulating world size x as many (single), so all
     compare ``-b`` with the same global batch."""
     ws = 1 if strategy == "single" else args.world_size
     accum = args.grad_accum * (args.world_size if strategy == "single" else 1)
     cores = args.hw["cores"] or 1
-    threads = cores if ws == 1 else max(1, cores // ws)
+    threads = (cores if ws == 1 else max(1, cores // ws)) * thread_factor
     cli = [args.arch, "--strategy", strategy, "-b", str(args.batch_size), "--grad-accum", str(accum),
            "--max-steps", str(steps), "--epochs", "1000", "--data-cache", cache, "--seed", str(args.seed),
            "--noise-every", str(every), "--noise-smoothing", str(smoothing), "--log-every", str(log_every),
@@ -104,9 +110,9 @@ def read_run(run_dir: Path) -> dict[str, Any]:
 def run_one(args: argparse.Namespace, part: str, strategy: str, steps: int, every: int, cache: str, run_dir: Path,
             extra: dict[str, Any]) -> dict[str, Any]:
     """Run one job and append its line to results.jsonl."""
-    smoothing = args.agree_smoothing if part == "agree" else DEFAULT_SMOOTHING
+    smoothing = DEFAULT_SMOOTHING if part == "cost" else args.agree_smoothing
     cmd, ws, accum, threads = job(args, strategy, steps, every, cache, run_dir, smoothing,
-                                  WINDOW if part == "agree" else 1)
+                                  1 if part == "cost" else WINDOW, JITTER_THREADS if part == "jitter" else 1)
     status, error, wall = run_job(cmd, threads, args.timeout, None)
     got: dict[str, Any] = {}
     if status == "ok":
@@ -144,13 +150,18 @@ def run(args: argparse.Namespace) -> None:
     args.hw, args.versions = hardware(), versions()
     work = work_dir(args.out)
     task = create_task(ModelConfig(arch=args.arch))
-    steps = max(args.agree_steps if "agree" in args.parts else 0, args.cost_steps if "cost" in args.parts else 0)
+    steps = max(args.agree_steps if {"agree", "jitter"} & set(args.parts) else 0,
+                args.cost_steps if "cost" in args.parts else 0)
     cache = task_data(task, work, steps * args.batch_size * args.world_size * args.grad_accum)[1]
     if "agree" in args.parts:
         for strategy in args.strategies:
             line = run_one(args, "agree", strategy, args.agree_steps, args.agree_every, cache,
                            work / "runs" / f"agree-{strategy}", {})
             _say(line, "agree")
+    if "jitter" in args.parts:
+        line = run_one(args, "jitter", DISTRIBUTED[0], args.agree_steps, args.agree_every, cache,
+                       work / "runs" / f"jitter-{DISTRIBUTED[0]}", {})
+        _say(line, "jitter")
     if "cost" in args.parts:
         for rep in range(args.cost_runs):
             for strategy in args.strategies:
@@ -179,11 +190,32 @@ def agreement(lines: list[dict[str, Any]]) -> dict[str, Any]:
     apart = [st for st in steps if len(v := [norms[s].get(st) for s in norms]) >= 2 and all(v)
              and max(v) / min(v) > 1 + DIVERGED]
     return {"finals": finals, "spread": spread, "diverged_at": apart[0] if apart else None, "target": SPREAD,
+            "jitter": jitter(lines, runs),
             "pass": spread is not None and spread <= SPREAD,
             "spread_by_step": spreads,
             "runs": {s: {k: ln.get(k) for k in ("status", "error", "noise_scale", "global_batch", "train_loss",
                                                 "world_size", "grad_accum", "wall_seconds", "samples_per_sec")}
                      for s, ln in runs.items()}}
+
+
+def jitter(lines: list[dict[str, Any]], runs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """Part 1b: the spread between ddp's part-1 run and its run with more threads (a last-bit difference), the final
+    B_simple and the largest over the second half, and the logged step at which their gradient norms first part."""
+    again = [ln for ln in lines if ln["part"] == "jitter" and ln["status"] == "ok"]
+    base = runs.get(DISTRIBUTED[0])
+    if not again or not base or base["status"] != "ok":
+        return None
+    pair = [{p["step"]: p for p in ln.get("curve") or []} for ln in (base, again[-1])]
+    finals = [(ln.get("noise_scale") or {}).get("b_simple") for ln in (base, again[-1])]
+    steps = sorted(set(pair[0]) & set(pair[1]))
+    ratio = {st: max(v) / min(v) for st in steps
+             if all(v := [pair[i][st].get("b_simple") or 0 for i in (0, 1)])}
+    apart = [st for st in steps if all(v := [pair[i][st].get("grad_norm") or 0 for i in (0, 1)])
+             and max(v) / min(v) > 1 + DIVERGED]
+    late = [r for st, r in ratio.items() if st > base["steps"] // 2]
+    return {"strategy": DISTRIBUTED[0], "threads": [base["threads_per_rank"], again[-1]["threads_per_rank"]],
+            "finals": finals, "spread": max(finals) / min(finals) if all(finals) else None,
+            "late_max": max(late) if late else None, "diverged_at": apart[0] if apart else None}
 
 
 def paired_ratios(times: list[list[float]], warmup: int) -> list[float]:
@@ -224,14 +256,18 @@ def plot(lines: list[dict[str, Any]], out_dir: Path) -> str | None:
     import matplotlib.pyplot as plt
 
     runs = {ln["strategy"]: ln for ln in lines if ln["part"] == "agree" and ln.get("curve")}
+    runs |= {f"{ln['strategy']}, {ln['threads_per_rank']} threads": ln for ln in lines
+             if ln["part"] == "jitter" and ln.get("curve")}
     if not runs:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
     for strategy, ln in runs.items():
         points = [p for p in ln["curve"] if p.get("b_simple")]
         label = f"{strategy} ({ln['world_size']} rank{'s' if ln['world_size'] > 1 else ''} x {ln['grad_accum']})"
-        ax.plot([p["step"] for p in points], [p["b_simple"] for p in points], marker=".", label=label,
-                ls="--" if strategy not in DISTRIBUTED else "-")
+        ax.plot([p["step"] for p in points], [p["b_simple"] for p in points], marker=".",
+                label=label if ln["part"] == "agree" else strategy,
+                ls="--" if strategy not in DISTRIBUTED else "-",
+                **({"color": "black"} if ln["part"] == "jitter" else {}))
     first = next(iter(runs.values()))
     ax.set(title=f"B_simple, {first['arch']}, micro-batch {first['batch_size']}, global {first['global_batch']}",
            xlabel="optimizer step", ylabel="B_simple (smoothed)")
@@ -275,6 +311,18 @@ def _agree_md(agree: dict[str, Any], lines: list[dict[str, Any]]) -> list[str]:
                f"step {agree['diverged_at']}: the engines' float arithmetic differs in its last bits (reduction order, "
                "optimizer kernels), early training amplifies it, and from there each B_simple estimates a different "
                "trajectory."]
+    jit = agree.get("jitter")
+    if jit and jit["spread"]:
+        md += ["", f"**The yardstick** (`--parts jitter`): {jit['strategy']} again, the same seed, data and steps, "
+               f"with {jit['threads'][1]} intra-op threads per rank instead of {jit['threads'][0]} (only the summation "
+               f"order inside its kernels differs): final B_simple {jit['finals'][0]:.1f} and {jit['finals'][1]:.1f}, "
+               "spread "
+               f"**{jit['spread']:.3f}**" + (f" (largest over the second half {jit['late_max']:.2f})"
+                                            if jit["late_max"] else "")
+               + (f"; their gradient norms first differ by more than {DIVERGED:.0%} at logged step "
+                  f"{jit['diverged_at']}" if jit["diverged_at"] else "; their gradient norms never differ by more "
+                  f"than {DIVERGED:.0%}")
+               + ". The engines' spread is to be read against this: one engine under a last-bit change."]
     return md + ["", "![B_simple against step](b_simple.png)", ""]
 
 
@@ -336,7 +384,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = parser("noise_scale", __doc__)
     p.add_argument("--arch", default="crnn_mobilenet_v3_small")
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated, from " + ",".join(STRATEGIES))
-    p.add_argument("--parts", default="agree,cost", help="agree (part 1), cost (part 2), or both")
+    p.add_argument("--parts", default="agree,jitter,cost", help="comma-separated: agree (part 1), jitter (part 1b: "
+                   "ddp again with more threads, the yardstick), cost (part 2)")
     p.add_argument("--world-size", type=int, default=2, help="ranks of the distributed runs; single accumulates "
                                                              "as many micro-batches")
     p.add_argument("-b", "--batch-size", type=int, default=16, help="micro-batch per rank")
@@ -361,8 +410,8 @@ def check(args: argparse.Namespace) -> None:
     unknown = sorted(set(args.strategies) - set(STRATEGIES))
     if unknown:
         raise UserError(f"--strategies: unknown {', '.join(unknown)}; choose from {', '.join(STRATEGIES)}")
-    if not args.parts or set(args.parts) - {"agree", "cost"}:
-        raise UserError("--parts: agree, cost, or agree,cost")
+    if not args.parts or set(args.parts) - {"agree", "jitter", "cost"}:
+        raise UserError(f"--parts {','.join(args.parts)}: give some of agree, jitter and cost, comma-separated")
     if args.world_size < 2 or min(args.batch_size, args.grad_accum, args.cost_runs) < 1:
         raise UserError("--world-size must be at least 2 (two batch sizes), -b, --grad-accum and --cost-runs at "
                         "least 1")

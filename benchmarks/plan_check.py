@@ -46,7 +46,7 @@ LAYOUTS = {2: 16, 1: 32}  # ranks: per-rank batch, global batch 32
 
 def _command(args: argparse.Namespace, row: dict[str, Any], ranks: int, work: Path, run_dir: Path) -> list[str]:
     """The record job's command (batch_ramp's, without the ramp) on ``ranks`` ranks at the same global batch."""
-    ramp_args = argparse.Namespace(**{**vars(args), "ramp_limit": None, "ramp_max_batch": None, "lr_scaling": None})
+    ramp_args = argparse.Namespace(**{**vars(args), "ramp_limit": None, "ramp_max_batch": None, "ramp_lr": None})
     cmd = job_command(ramp_args, row, "ddp", work, run_dir)
     cmd = cmd[:cmd.index("--batch-ramp")]
     cmd[cmd.index("--nproc_per_node") + 1] = str(ranks)

@@ -88,7 +88,7 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
           resume_from: Path | None, control: StepControl, watchdog: Watchdog | None, argv: list[str] | None) -> dict:
     """Build the model, the data, the plan and the loop, and train."""
     dist = strategy.dist
-    ramp = BatchRamp(cfg.train, dist.world_size)  # its limits are checked before anything is built
+    ramp = BatchRamp(cfg.train, dist.world_size, lr)  # its limits are checked before anything is built
     load = None if resume_from is not None or not cfg.model.init_from else initial_weights(cfg.model)
     model = strategy.build_model(task.model_factory(load), cfg.train.seed)  # same initial weights on every rank
     torch.manual_seed(cfg.train.seed + 1 + dist.rank)  # per-rank augmentation randomness
@@ -109,7 +109,7 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
     if meta is not None:  # before config.json is rewritten: an older checkpoint's digest is read from it
         same_data(recorded_data(meta, resume_from), data.identity())
         if ramp.load_state_dict(meta.get("batch_ramp")):  # the rate at the batch it reached, for the record below
-            schedule.set_plan(ramp.rate(lr))
+            schedule.set_plan(ramp.rate())
     own = meta is not None and resume_from.resolve().is_relative_to(plan.run_dir.resolve())  # trim metrics.jsonl
     lr_record = lr.record(plan.warmup)
     if meta is not None:  # the rate a resumed run trains at (--lr-on-resume), as its resume line will say

@@ -50,10 +50,10 @@ class Anchor:
 
 def read_anchor(run_dir: Path, target: float) -> Anchor:
     """The run in ``run_dir`` as an anchor for ``target`` (its headline metric), or one line saying what it lacks."""
-    from scale_ocr.cli.summary import _run_file, load_run, read_curves
+    from scale_ocr.cli.summary import load_run, read_curves, run_file
 
     run = load_run(run_dir)
-    config = _run_file(run_dir, "config.json")
+    config = run_file(run_dir, "config.json")
     if run.start_batch is not None:
         raise UserError(f"{shown(str(run_dir))} grew its batch (--batch-ramp): its steps to the target belong to no "
                         "one batch; anchor the plan on a run at a fixed batch")

@@ -124,7 +124,9 @@ class Run:
     noise: dict[str, float | None] = field(default_factory=dict)  # metrics.json's noise_scale (NOISE_FIELDS)
 
 
-def _run_file(run_dir: Path, name: str) -> _Fields:
+def run_file(run_dir: Path, name: str) -> _Fields:
+    """A run's JSON file ``name`` (config.json, metrics.json), read as a user's file: one line if it is missing,
+    not a regular file or not JSON."""
     path = run_dir / name
     missing = f"{shown(path)} does not exist: is {shown(run_dir)} a finished run's directory (train.py --output-dir)?"
     return _Fields(read_user_json(path, what=f"the run's {name}", nan_ok=True, missing=missing), path)
@@ -135,7 +137,7 @@ def load_run(run_dir: Path) -> Run:
     from scale_ocr.config import ModelConfig
     from scale_ocr.tasks import create_task
 
-    config, metrics = _run_file(run_dir, "config.json"), _run_file(run_dir, "metrics.json")
+    config, metrics = run_file(run_dir, "config.json"), run_file(run_dir, "metrics.json")
     arch = config.get("model.arch", "text", required=True)
     try:
         task = create_task(ModelConfig(arch=arch))

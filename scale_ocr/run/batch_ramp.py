@@ -20,11 +20,16 @@ are small and runs are bounded in samples (epochs), so the default keeps the sam
   measures alike, so a last-bit difference between ranks cannot split them.
 - Its state is the global batch it reached, free of world size: a run resumed on more ranks keeps that batch with less
   accumulation (the nearest at or under it that this world can make), on fewer with more.
+- The rate grows with the batch (``--ramp-lr``, sqrt by default): a change to batch G trains at the starting rate
+  times sqrt(G / G0), G0 the batch the ramp started from. A rate held at the starting one left the ramp no faster
+  than batch 32 on real-looking crops, where the sqrt rule reached the target in 16% of its steps
+  (benchmarks/results/batch-ramp-vm-20261207-held against -sqrt); sqrt is the rule Adam-style updates call for
+  (Malladi et al. 2022). The starting batch and rate are in the checkpoint, so a run resumed at another world size
+  carries the rate from the same origin.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -34,7 +39,7 @@ import torch
 from scale_ocr.config import RAMP_LIMIT, TrainConfig
 from scale_ocr.distributed.process_group import all_reduce_max
 from scale_ocr.errors import UserError
-from scale_ocr.optim import LRPlan
+from scale_ocr.optim import LRPlan, rate
 from scale_ocr.run.noise_scale import SETTLED, two_batch_sizes
 
 DEFAULT_MAX_GROWTH = 8  # --ramp-max-batch left out: the ramp stops at this many times the starting global batch
@@ -56,14 +61,20 @@ class BatchRamp:
     """The accumulation, and so the global batch, each optimizer step takes: ``--grad-accum`` throughout, or grown
     by ``--batch-ramp auto`` (:meth:`propose`, :meth:`grow`)."""
 
-    def __init__(self, train: TrainConfig, world_size: int) -> None:
+    def __init__(self, train: TrainConfig, world_size: int, lr: LRPlan | None = None) -> None:
         """A ramp's settings that cannot work are refused here (:class:`~scale_ocr.errors.UserError`), before the
-        run builds anything."""
+        run builds anything. ``lr``: the run's rate plan at its starting batch, which a grown batch's rate is carried
+        from (None: the rate is never carried, as in tests of the batch alone)."""
         self.per_accum = train.batch_size * world_size  # samples one more accumulated micro-batch adds to a step
         self.start_accum = self.accum = train.grad_accum
         self.auto = train.batch_ramp == "auto"
         self.limit = train.ramp_limit
         self.max_batch = train.ramp_max_batch or DEFAULT_MAX_GROWTH * self.start_batch
+        # The rule a grown batch's rate follows: --ramp-lr, else --lr-scaling's where it scales, else sqrt.
+        scaling = lr.rule if lr is not None and lr.rule != "none" else "sqrt"
+        self.lr_rule = train.ramp_lr or scaling
+        # The batch and peak rate the ramp started from (a resumed ramp's: its checkpoint's).
+        self.origin: tuple[int, float] | None = (lr.global_batch, lr.peak_lr) if lr is not None else None
         self._check(train)
         self.recent: deque[float] = deque(maxlen=SETTLED)  # B_simple at the readings since the last change
         self.changes: list[Change] = []
@@ -76,7 +87,8 @@ class BatchRamp:
                             f"{RAMP_LIMIT}")
         if not self.auto:
             given = [f for f, on in (("--ramp-limit", train.ramp_limit != RAMP_LIMIT),
-                                     ("--ramp-max-batch", train.ramp_max_batch is not None)) if on]
+                                     ("--ramp-max-batch", train.ramp_max_batch is not None),
+                                     ("--ramp-lr", train.ramp_lr is not None)) if on]
             if given:
                 flags = " and ".join(given)
                 raise UserError(f"{flags} {'is a setting' if len(given) == 1 else 'are settings'} of --batch-ramp "
@@ -137,16 +149,19 @@ class BatchRamp:
             return None
         return self.grow(self.propose(noise.scale.b_simple, read, device), state.step, state.samples)
 
-    def apply(self, strategy, noise, schedule, lr: LRPlan) -> None:
-        """Have the engine, the noise meter and the schedule take this global batch from the next step on, the rate
-        carried to it by ``lr``'s rule."""
+    def apply(self, strategy, noise, schedule) -> None:
+        """Have the engine, the noise meter and the schedule take this global batch from the next step on, at
+        :meth:`rate`."""
         strategy.set_accumulation(self.accum)
         noise.resize(self.global_batch)
-        schedule.set_plan(self.rate(lr))
+        schedule.set_plan(self.rate())
 
-    def rate(self, lr: LRPlan) -> LRPlan:
-        """``lr``'s rate carried by its rule to this global batch."""
-        return dataclasses.replace(lr, global_batch=self.global_batch)
+    def rate(self) -> LRPlan:
+        """The rate at this global batch: the origin's peak rate carried by the ramp's rule from the origin's batch."""
+        if self.origin is None:
+            raise RuntimeError("BatchRamp.rate: this ramp was made without the run's rate plan")
+        batch, peak = self.origin
+        return LRPlan(peak, self.lr_rule, None if self.lr_rule == "none" else batch, self.global_batch)
 
     def describe(self, change: Change, lr_line: str) -> str:
         """The one line a change is said in."""
@@ -158,7 +173,7 @@ class BatchRamp:
 
     def state_dict(self) -> dict[str, Any]:
         return {"global_batch": self.global_batch, "recent": list(self.recent),
-                "changes": [asdict(c) for c in self.changes]}
+                "changes": [asdict(c) for c in self.changes], "origin": list(self.origin) if self.origin else None}
 
     def load_state_dict(self, state: Any) -> bool:
         """Continue a checkpoint's ramp at this world size: False (and the ramp as this run starts it) when this run
@@ -173,6 +188,11 @@ class BatchRamp:
             self.changes = [Change(**c) for c in changes]
         except TypeError:  # a list not of this shape: the history is left out, the batch it reached kept
             self.changes = []
+        origin = state.get("origin")  # a checkpoint from before it was kept: this run's start is the origin
+        if (isinstance(origin, list) and len(origin) == 2 and isinstance(origin[0], int)
+                and not isinstance(origin[0], bool) and origin[0] > 0 and isinstance(origin[1], float)
+                and 0 < origin[1] < float("inf")):
+            self.origin = (origin[0], origin[1])
         self.accum = max(self.start_accum, min(batch, self.max_batch) // self.per_accum)
         self.recent, self.resumed = deque(recent[-SETTLED:], maxlen=SETTLED), True
         self.resume_note = (f"batch ramp at global batch {batch}" if self.global_batch == batch else
@@ -182,13 +202,17 @@ class BatchRamp:
 
     def plan_line(self, total_samples: int) -> str:
         """The line a ramping run starts with."""
+        carried = (f", the rate carried by --ramp-lr {self.lr_rule} from {rate(self.origin[1])} at batch "
+                   f"{self.origin[0]}" if self.origin else "")
         return (f"scale-ocr: batch ramp: global batch {self.global_batch}, grown (at most doubling) within "
-                f"--ramp-limit {self.limit:g} x B_simple, up to --ramp-max-batch {self.max_batch}; the run is "
-                f"{total_samples} samples long, at whatever batch")
+                f"--ramp-limit {self.limit:g} x B_simple, up to --ramp-max-batch {self.max_batch}{carried}; the run "
+                f"is {total_samples} samples long, at whatever batch")
 
     def summary(self) -> dict[str, Any] | None:
         """metrics.json's ``batch_ramp``: where it started and ended, its limits and each change."""
         if not self.auto:
             return None
         return {"start_batch": self.start_batch, "final_batch": self.global_batch, "limit": self.limit,
-                "max_batch": self.max_batch, "changes": [asdict(c) for c in self.changes]}
+                "max_batch": self.max_batch, "lr_rule": self.lr_rule,
+                "origin": list(self.origin) if self.origin else None,
+                "changes": [asdict(c) for c in self.changes]}

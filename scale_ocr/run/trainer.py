@@ -48,7 +48,7 @@ class Trainer:
         self.strategy, self.model, self.schedule, self.data = parts.strategy, parts.model, parts.schedule, parts.data
         self.task, self.logger, self.checkpoints = parts.task, parts.logger, parts.checkpoints
         self.watchdog = parts.watchdog
-        self.ramp = parts.ramp or BatchRamp(self.cfg, self.strategy.world_size)
+        self.ramp = parts.ramp or BatchRamp(self.cfg, self.strategy.world_size, plan.lr)
         if self.ramp.auto and not self.strategy.changes_accumulation:
             self.strategy.set_accumulation(self.ramp.accum)  # its refusal, before any step
         self.last_saved = -1
@@ -167,7 +167,7 @@ class Trainer:
             trained = step * plan.global_batch
         self.state.step, self.state.epoch, self.state.samples = step, epoch, trained
         if self.ramp.accum != self.ramp.start_accum:
-            self.ramp.apply(self.strategy, self.noise, self.schedule, self.plan.lr)
+            self.ramp.apply(self.strategy, self.noise, self.schedule)
         self.schedule.load_state_dict({**meta["schedule"], "step_count": step, "samples": trained})
         self.state.best = tuple(meta["best"]) if meta.get("best") else None
         self.recorded_norm = (meta.get("weights") or {}).get("norm") if isinstance(meta.get("weights"), dict) else None
@@ -227,7 +227,7 @@ class Trainer:
             # The batch the next steps take (a larger one may end the epoch): a collective at the measured steps.
             change = self.ramp.after_reading(self.noise, read, self.state, self.device) if measured else None
             if change is not None:
-                self.ramp.apply(self.strategy, self.noise, self.schedule, self.plan.lr)
+                self.ramp.apply(self.strategy, self.noise, self.schedule)
             if self.state.step % self.cfg.log_every == 0 or self._last_step():
                 self.log_window(window, bar)  # before a save, so the checkpoint accounts for this record
                 window = Window(self._now())

@@ -274,9 +274,10 @@ def test_overhead_alternates_the_order_every_pair(tmp_path, monkeypatch):
 
 
 def test_noise_scale_reports_agreement_and_the_cost_of_a_reading_within_one_run(tmp_path, monkeypatch):
-    """benchmarks.noise_scale with stub jobs: part 1 one run per strategy at the same global batch, part 2 one run per
-    strategy at --noise-every 2 with every step logged; the report's spread is max / min of the distributed finals,
-    and a reading's cost each measured step's time over its two neighbours' mean (fast; no job launched)."""
+    """benchmarks.noise_scale with stub jobs: part 1 one run per strategy at the same global batch, part 1b ddp again
+    with twice the threads, part 2 one run per strategy at --noise-every 2 with every step logged; the report's spread
+    is max / min of the distributed finals, the yardstick's the two ddp runs', and a reading's cost each measured
+    step's time over its two neighbours' mean (fast; no job launched)."""
     from benchmarks import noise_scale
 
     ran = []
@@ -284,11 +285,11 @@ def test_noise_scale_reports_agreement_and_the_cost_of_a_reading_within_one_run(
 
     def fake_job(cmd, threads, timeout, limit):
         flags = ("--strategy", "--noise-every", "--log-every", "--grad-accum")
-        ran.append([cmd[cmd.index(flag) + 1] for flag in flags])
+        ran.append([cmd[cmd.index(flag) + 1] for flag in flags] + [threads])
         return "ok", None, 1.0
 
     def fake_read(run_dir):
-        strategy = ran[-1][0]
+        strategy = ran[-1][0] if len(ran) != 6 else "zero3"  # the yardstick's ddp reads 42 (zero3's) for 40
         # steps 1-30: unmeasured 100 ms with a drift of 1 ms a step, measured (even) 4% over their neighbours
         times = [[k, (0.1 + 0.001 * k) * (1.04 if k % 2 == 0 else 1)] for k in range(1, 31)]
         return {"curve": [{"step": 10, "b_simple": finals[strategy]}], "global_batch": 64, "train_loss": 1.0,
@@ -306,12 +307,16 @@ def test_noise_scale_reports_agreement_and_the_cost_of_a_reading_within_one_run(
     finally:
         shutil.rmtree(work_dir(out), ignore_errors=True)
     # ranks x accumulation: 2 x 2 distributed, 1 x 4 single: one global batch
-    assert ran[:5] == [[s, "10", "10", "4" if s == "single" else "2"] for s in ("ddp", "fsdp", "zero2", "zero3",
-                                                                            "single")]
-    assert [r[1:3] for r in ran[5:]] == [["2", "1"]] * 5
+    assert [r[:4] for r in ran[:5]] == [[s, "10", "10", "4" if s == "single" else "2"] for s in ("ddp", "fsdp",
+                                                                                               "zero2", "zero3",
+                                                                                               "single")]
+    assert ran[5] == ["ddp", "10", "10", "2", 2 * ran[0][4]]  # the yardstick: ddp with twice the threads
+    assert [r[1:3] for r in ran[6:]] == [["2", "1"]] * 5
     report = noise_scale.write_report(out).read_text()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["agreement"]["spread"] == pytest.approx(44 / 40) and summary["agreement"]["pass"]
+    assert summary["agreement"]["jitter"]["spread"] == pytest.approx(42 / 40)
+    assert "spread **1.050**" in report
     ddp = next(r for r in summary["cost"] if r["strategy"] == "ddp")
     assert ddp["median"] == pytest.approx(1.04) and ddp["default_cost"] == pytest.approx(0.004)
     assert ddp["steps"] == len(range(12, 30, 2))  # after the first 10, each with both neighbours

@@ -1,6 +1,7 @@
 """``--batch-ramp auto`` trained for real (issue 54): the batch grows under DDP at 2 ranks, the run stops at its
 samples, and a resume in one process under ZeRO-2 continues the ramp at the batch it reached (its accumulation
-re-derived for one rank) and grows it on, each change said in one line, the log recording the batch of each step.
+re-derived for one rank) and grows it on, each change said in one line, the log recording the batch of each step and
+the rate the batch carried it to.
 
 ``--ramp-limit 1e6`` lets any positive B_simple through, so the changes fall at the readings the ramp waits for
 (:data:`~scale_ocr.run.noise_scale.SETTLED` after each): the decisions themselves are tests/unit/test_batch_ramp.py's.
@@ -40,6 +41,11 @@ def test_the_batch_grows_stops_at_its_samples_and_resumes_growing_at_another_wor
     ramp = metrics["batch_ramp"]
     assert (metrics["steps"], metrics["samples"], metrics["global_batch"]) == (14, 176, 32), metrics
     assert (ramp["start_batch"], ramp["final_batch"], [c["after"] for c in ramp["changes"]]) == (4, 32, [8, 16, 32])
-    batches = {r["step"]: r["train/global_batch"] for r in read_jsonl(run) if "train/global_batch" in r}
+    records = [r for r in read_jsonl(run) if "train/global_batch" in r]
+    batches = {r["step"]: r["train/global_batch"] for r in records}
     assert batches == {**dict.fromkeys(range(1, 5), 4), **dict.fromkeys(range(5, 9), 8),
                        **dict.fromkeys(range(9, 13), 16), 13: 32, 14: 32}, batches
+    # the rate grew with the batch by the default rule, sqrt, from 1e-3 at batch 4, across the resume too
+    rates = {r["step"]: r["train/lr"] for r in records}
+    assert all(rates[s] == pytest.approx(1e-3 * (batches[s] / 4) ** 0.5) for s in batches), rates
+    assert ramp["lr_rule"] == "sqrt" and ramp["origin"] == [4, pytest.approx(1e-3)], ramp

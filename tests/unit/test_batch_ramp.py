@@ -66,9 +66,34 @@ def test_the_ramp_resumes_at_another_world_size_at_the_nearest_batch_it_can_make
     assert not ramp().load_state_dict({"global_batch": "32"}) and not ramp().load_state_dict(None)
 
 
+def test_the_rate_grows_with_the_batch_from_where_the_ramp_started_and_resumes_from_there():
+    """By default a batch grown 4x trains at 2x the starting rate (sqrt); --lr-scaling's rule where it scales,
+    --ramp-lr's where given; a run resumed on 4 ranks (starting batch 16, its own rate another) carries the rate
+    from the checkpoint's start (batch 8 and its rate), so it trains at the rate the run it continues would have."""
+    def grown(lr: LRPlan, world: int = 2, **train) -> BatchRamp:
+        r = BatchRamp(TrainConfig(batch_size=4, batch_ramp="auto", **train), world, lr)
+        readings(r, 1e9, 2 * SETTLED)  # 8 -> 16 -> 32
+        return r
+
+    plain = LRPlan(1e-3, "none", None, 8)
+    r = grown(plain)
+    assert r.global_batch == 32 and r.rate().peak_lr == pytest.approx(2e-3)
+    assert "sqrt: global batch 32 / reference 8" in r.rate().describe()
+    assert grown(LRPlan(1e-3, "linear", 8, 8)).rate().peak_lr == pytest.approx(4e-3)
+    assert grown(plain, ramp_lr="none").rate().peak_lr == 1e-3
+    assert grown(plain, ramp_lr="linear").rate().peak_lr == pytest.approx(4e-3)
+    state = json.loads(json.dumps(r.state_dict()))
+    wider = BatchRamp(TrainConfig(batch_size=4, batch_ramp="auto"), 4, LRPlan(5e-3, "none", None, 16))
+    assert wider.load_state_dict(state) and wider.rate().peak_lr == pytest.approx(2e-3)
+    assert "from 1e-3 at batch 8" in wider.plan_line(1000)
+    legacy = BatchRamp(TrainConfig(batch_size=4, batch_ramp="auto"), 4, LRPlan(5e-3, "none", None, 16))
+    assert legacy.load_state_dict({**state, "origin": None}) and legacy.rate().peak_lr == pytest.approx(5e-3 * 2 ** .5)
+
+
 @pytest.mark.parametrize("flags, message", [
     ({"batch_ramp": "off", "ramp_limit": 1.0}, "--ramp-limit is a setting of --batch-ramp auto, which is off"),
     ({"batch_ramp": "off", "ramp_max_batch": 64}, "--ramp-max-batch is a setting of --batch-ramp auto"),
+    ({"batch_ramp": "off", "ramp_lr": "none"}, "--ramp-lr is a setting of --batch-ramp auto"),
     ({"ramp_limit": 0.0}, "--ramp-limit 0: give a positive multiple"),
     ({"ramp_limit": math.nan}, "--ramp-limit nan: give a positive multiple"),
     ({"noise_every": 0}, "--noise-every 0 turns off"),
