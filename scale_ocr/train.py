@@ -44,6 +44,7 @@ from scale_ocr.planning.auto import resolve_auto
 from scale_ocr.precision import precision_notice
 from scale_ocr.run.batch_ramp import BatchRamp
 from scale_ocr.run.control import StepControl, StopSignal
+from scale_ocr.run.noise_scale import check_every
 from scale_ocr.run.plan import RunParts, build_plan, run_lr, scaled_optim
 from scale_ocr.run.run_dir import claim
 from scale_ocr.run.run_info import describe_run, run_summary_line, write_run_config
@@ -89,6 +90,7 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
     """Build the model, the data, the plan and the loop, and train."""
     dist = strategy.dist
     ramp = BatchRamp(cfg.train, dist.world_size, lr)  # its limits are checked before anything is built
+    check_every(cfg.train.noise_every, cfg.train.batch_size, lr.global_batch)  # and a noise scale it cannot measure
     load = None if resume_from is not None or not cfg.model.init_from else initial_weights(cfg.model)
     model = strategy.build_model(task.model_factory(load), cfg.train.seed)  # same initial weights on every rank
     torch.manual_seed(cfg.train.seed + 1 + dist.rank)  # per-rank augmentation randomness

@@ -140,6 +140,15 @@ def two_batch_sizes(micro_batch: int, global_batch: int) -> bool:
     return global_batch > micro_batch
 
 
+def check_every(every: int | None, micro_batch: int, global_batch: int) -> None:
+    """Refuse (:class:`~scale_ocr.errors.UserError`) a cadence asked of a run that has one batch size: it asks for
+    what cannot be measured. train.py asks before it builds anything, the meter again when it is made."""
+    if every and not two_batch_sizes(micro_batch, global_batch):
+        raise UserError(f"--noise-every {every}: the gradient noise scale compares gradients at two batch sizes, "
+                        "and one process with --grad-accum 1 has one; run on 2 or more ranks or with --grad-accum "
+                        "2 or more, or leave --noise-every out")
+
+
 class NoiseMeter:
     """Measures the noise scale every ``every`` optimizer steps under any strategy.
 
@@ -155,10 +164,7 @@ class NoiseMeter:
         """``every`` None: every :data:`DEFAULT_EVERY` steps where the run has two batch sizes, else never; a number
         where it has one is refused (:class:`~scale_ocr.errors.UserError`): it asks for what cannot be measured."""
         self.small, self.big = micro_batch, global_batch
-        if every and not two_batch_sizes(micro_batch, global_batch):
-            raise UserError(f"--noise-every {every}: the gradient noise scale compares gradients at two batch sizes, "
-                            "and one process with --grad-accum 1 has one; run on 2 or more ranks or with --grad-accum "
-                            "2 or more, or leave --noise-every out")
+        check_every(every, micro_batch, global_batch)
         self.strategy, self.device = strategy, device
         self.every = (DEFAULT_EVERY if two_batch_sizes(micro_batch, global_batch) else 0) if every is None else every
         self.scale = NoiseScale(smoothing)

@@ -136,6 +136,19 @@ def test_a_run_of_one_batch_size_measures_nothing_unless_asked_and_then_refuses(
         NoiseMeter(None, 5, 0.9, 8, 8, CPU)
 
 
+def test_a_noise_scale_that_cannot_be_measured_is_refused_before_anything_is_built(tmp_path):
+    """train.py refuses it as its first words, before the model or the data: no rate line (said once the model is
+    built), nothing of a run written (the directory's claim aside)."""
+    from conftest import TINY, python_train
+
+    out = tmp_path / "run"
+    result = python_train([*TINY, "--noise-every", "5", "--output-dir", str(out)])
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [ln for ln in (result.stdout + result.stderr).splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--noise-every 5: the gradient noise scale compares" in lines[0], lines
+    assert {f.name for f in out.iterdir()} <= {".scale-ocr.lock"}
+
+
 def _reading(grad_sq: float, trace: float) -> Pair:
     """The pair (b 1, B 2) whose unbiased terms are ``grad_sq`` and ``trace``."""
     return Pair(small_sq=grad_sq + trace, big_sq=grad_sq + trace / 2, small=1, big=2)
