@@ -109,3 +109,12 @@ def test_plan_check_holds_each_prediction_against_its_measured_run():
     assert found[1]["ratio"] == pytest.approx(1.28) and found[1]["within"]
     assert found[2]["ratio"] == pytest.approx(0.96) and found[2]["within"]
     assert not verdicts([*runs, {**plan, "rows": [{**plan["rows"][0], "seconds": 400.0}]}])[0]["within"]
+    # away from the anchor's batch (--away-batch): its run and plan line carry their global batch, the anchor's
+    # lines of a record from before it none (32)
+    away = [{"kind": "run", "ranks": 2, "global_batch": 64, "status": "ok", "steps_to_target": 1000,
+             "seconds_to_target": 150.0, "final": 0.95},
+            {"kind": "plan", "global_batch": 64, "status": "ok", "rows": [
+                {"devices": 2, "per_device": 32, "steps": 800, "step_s": 0.15, "seconds": 120.0}]}]
+    found = {(v["global_batch"], v["devices"]): v for v in verdicts([*runs, plan, *away])}
+    assert set(found) == {(32, 1), (32, 2), (64, 2)} and found[(32, 2)]["ratio"] == pytest.approx(0.96)
+    assert found[(64, 2)]["ratio"] == pytest.approx(0.8) and found[(64, 2)]["measured_steps"] == 1000
