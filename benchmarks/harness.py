@@ -103,10 +103,11 @@ def job_env() -> dict[str, str]:
     return env
 
 
-def run_job(cmd: list[str], threads: int, timeout: int, memory_limit_gb: float | None) -> tuple[str, str | None, float]:
-    """Run one benchmark job (its own session, ``threads`` per rank, each process capped on CPU):
-    ``(status, error, seconds)``, status ok / oom / failed / timeout."""
-    env = dict(job_env(), OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+def run_job(cmd: list[str], threads: int, timeout: int, memory_limit_gb: float | None,
+            extra_env: dict[str, str] | None = None) -> tuple[str, str | None, float]:
+    """Run one benchmark job (its own session, ``threads`` per rank, each process capped on CPU; ``extra_env`` on
+    top of :func:`job_env`): ``(status, error, seconds)``, status ok / oom / failed / timeout."""
+    env = dict(job_env(), OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false", **(extra_env or {}))
     t0 = time.time()
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,

@@ -16,10 +16,12 @@ below B_simple both are mostly noise and a 1% change in either moves the reading
 global batch 16, against a B_simple near 100, about 14%): runs whose weights have parted in their last bits then
 read visibly different values. Part 1 therefore runs at a global batch near the one the estimate is for.
 
-Part 1b, the yardstick (``--parts jitter``): ddp once more, the same seed, data and steps, with twice the intra-op
-threads per rank. Only the summation order inside its kernels changes (a convolution's weight gradient differs in
-its last bits between 1 and 2 threads), so the spread between the two ddp runs is how far one engine's B_simple
-moves under a last-bit difference: what the engines' spread is to be read against.
+Part 1b, the yardstick (``--parts jitter``): ddp once more, the same seed, data, steps and threads, with its CPU
+kernels held one instruction set lower (AVX-512 hosts: AVX2, through ``ATEN_CPU_CAPABILITY`` and
+``ONEDNN_MAX_CPU_ISA``). Only the float arithmetic inside its kernels changes (a convolution's weight gradient then
+differs in its last bits), so the spread between the two ddp runs is how far one engine's B_simple moves under a
+last-bit difference: what the engines' spread is to be read against. (More threads would do the same, but two
+ranks of two threads on two cores run ten times slower.)
 
 Part 2, cost, measured within one run: per strategy, ``--cost-runs`` runs at ``--noise-every 2`` with every step
 logged, so measured and unmeasured steps alternate on the same host state. The measurement's hooks exist only for
@@ -69,7 +71,10 @@ COST_EVERY = 2  # part 2's cadence: measured and unmeasured steps alternate
 COST_SKIP = 10  # part 2's first steps, left out of its ratios (allocations, the loader filling up)
 DEFAULT_EVERY = 10  # the trainer's --noise-every
 DEFAULT_SMOOTHING = 0.9  # and its --noise-smoothing
-JITTER_THREADS = 2  # part 1b's intra-op threads per rank, as a multiple of part 1's
+LOWER_ISA = {  # part 1b: the host's CPU capability -> the one below it, and the variables that select it
+    "AVX512": ("AVX2", {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}),
+    "AVX2": ("SSE4.1", {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"}),
+}
 DIVERGED = 0.05  # the runs' training has parted once their gradient norms at a logged step differ by more
 PLOT_META = {"Software": None}  # no version stamp in the PNG: the same results give the same bytes
 
@@ -77,14 +82,14 @@ PLOT_META = {"Software": None}  # no version stamp in the PNG: the same results 
 # --- running ------------------------------------------------------------------------------------------------------
 
 def job(args: argparse.Namespace, strategy: str, steps: int, every: int, cache: str, run_dir: Path,
-        smoothing: float, log_every: int, thread_factor: int = 1) -> tuple[list[str], int, int, int]:
+        smoothing: float, log_every: int) -> tuple[list[str], int, int, int]:
     """Train.py's command for one run, and its ranks, accumulation and threads per rank: ``--world-size`` ranks
     accumulating ``--grad-accum`` micro-batches, or one process accumulating world size x as many (single), so all
     compare ``-b`` with the same global batch."""
     ws = 1 if strategy == "single" else args.world_size
     accum = args.grad_accum * (args.world_size if strategy == "single" else 1)
     cores = args.hw["cores"] or 1
-    threads = (cores if ws == 1 else max(1, cores // ws)) * thread_factor
+    threads = cores if ws == 1 else max(1, cores // ws)
     cli = [args.arch, "--strategy", strategy, "-b", str(args.batch_size), "--grad-accum", str(accum),
            "--max-steps", str(steps), "--epochs", "1000", "--data-cache", cache, "--seed", str(args.seed),
            "--noise-every", str(every), "--noise-smoothing", str(smoothing), "--log-every", str(log_every),
@@ -107,13 +112,27 @@ def read_run(run_dir: Path) -> dict[str, Any]:
             "step_times": times}
 
 
+def lower_isa() -> tuple[str, dict[str, str]]:
+    """Part 1b's kernels: the instruction set one below this host's, and the environment that selects it."""
+    import torch
+
+    have = torch.backends.cpu.get_cpu_capability()
+    if have not in LOWER_ISA:
+        from scale_ocr.errors import UserError
+
+        raise UserError(f"--parts jitter: this CPU's kernels are {have}, with no lower set to hold them at; leave "
+                        "jitter out")
+    return LOWER_ISA[have]
+
+
 def run_one(args: argparse.Namespace, part: str, strategy: str, steps: int, every: int, cache: str, run_dir: Path,
             extra: dict[str, Any]) -> dict[str, Any]:
     """Run one job and append its line to results.jsonl."""
     smoothing = DEFAULT_SMOOTHING if part == "cost" else args.agree_smoothing
     cmd, ws, accum, threads = job(args, strategy, steps, every, cache, run_dir, smoothing,
-                                  1 if part == "cost" else WINDOW, JITTER_THREADS if part == "jitter" else 1)
-    status, error, wall = run_job(cmd, threads, args.timeout, None)
+                                  1 if part == "cost" else WINDOW)
+    isa, env = lower_isa() if part == "jitter" else (None, {})
+    status, error, wall = run_job(cmd, threads, args.timeout, None, env)
     got: dict[str, Any] = {}
     if status == "ok":
         try:
@@ -124,7 +143,7 @@ def run_one(args: argparse.Namespace, part: str, strategy: str, steps: int, ever
     line = {"part": part, "strategy": strategy, **extra, "noise_every": every, "noise_smoothing": smoothing,
             "status": status, "error": error,
             "window_samples_per_sec": window, "wall_seconds": wall, "world_size": ws,
-            "grad_accum": accum, "threads_per_rank": threads, "arch": args.arch,
+            "grad_accum": accum, "threads_per_rank": threads, "isa": isa, "arch": args.arch,
             "batch_size": args.batch_size, "steps": steps, "warmup": warmup_steps(steps), "seed": args.seed, **got,
             "command": " ".join(cmd).replace(f"{REPO}/", ""), "versions": args.versions, "hardware": args.hw}
     append_line(args.out / "results.jsonl", line)
@@ -213,7 +232,7 @@ def jitter(lines: list[dict[str, Any]], runs: dict[str, dict[str, Any]]) -> dict
     apart = [st for st in steps if all(v := [pair[i][st].get("grad_norm") or 0 for i in (0, 1)])
              and max(v) / min(v) > 1 + DIVERGED]
     late = [r for st, r in ratio.items() if st > base["steps"] // 2]
-    return {"strategy": DISTRIBUTED[0], "threads": [base["threads_per_rank"], again[-1]["threads_per_rank"]],
+    return {"strategy": DISTRIBUTED[0], "isa": again[-1].get("isa"),
             "finals": finals, "spread": max(finals) / min(finals) if all(finals) else None,
             "late_max": max(late) if late else None, "diverged_at": apart[0] if apart else None}
 
@@ -256,7 +275,7 @@ def plot(lines: list[dict[str, Any]], out_dir: Path) -> str | None:
     import matplotlib.pyplot as plt
 
     runs = {ln["strategy"]: ln for ln in lines if ln["part"] == "agree" and ln.get("curve")}
-    runs |= {f"{ln['strategy']}, {ln['threads_per_rank']} threads": ln for ln in lines
+    runs |= {f"{ln['strategy']}, kernels at {ln['isa']}": ln for ln in lines
              if ln["part"] == "jitter" and ln.get("curve")}
     if not runs:
         return None
@@ -313,10 +332,9 @@ def _agree_md(agree: dict[str, Any], lines: list[dict[str, Any]]) -> list[str]:
                "trajectory."]
     jit = agree.get("jitter")
     if jit and jit["spread"]:
-        md += ["", f"**The yardstick** (`--parts jitter`): {jit['strategy']} again, the same seed, data and steps, "
-               f"with {jit['threads'][1]} intra-op threads per rank instead of {jit['threads'][0]} (only the summation "
-               f"order inside its kernels differs): final B_simple {jit['finals'][0]:.1f} and {jit['finals'][1]:.1f}, "
-               "spread "
+        md += ["", f"**The yardstick** (`--parts jitter`): {jit['strategy']} again, the same seed, data, steps and "
+               f"threads, with its CPU kernels held at {jit['isa']} (only the float arithmetic inside its kernels "
+               f"differs): final B_simple {jit['finals'][0]:.1f} and {jit['finals'][1]:.1f}, spread "
                f"**{jit['spread']:.3f}**" + (f" (largest over the second half {jit['late_max']:.2f})"
                                             if jit["late_max"] else "")
                + (f"; their gradient norms first differ by more than {DIVERGED:.0%} at logged step "
@@ -385,7 +403,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--arch", default="crnn_mobilenet_v3_small")
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated, from " + ",".join(STRATEGIES))
     p.add_argument("--parts", default="agree,jitter,cost", help="comma-separated: agree (part 1), jitter (part 1b: "
-                   "ddp again with more threads, the yardstick), cost (part 2)")
+                   "ddp again with its kernels one instruction set lower, the yardstick), cost (part 2)")
     p.add_argument("--world-size", type=int, default=2, help="ranks of the distributed runs; single accumulates "
                                                              "as many micro-batches")
     p.add_argument("-b", "--batch-size", type=int, default=16, help="micro-batch per rank")

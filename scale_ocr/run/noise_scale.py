@@ -133,6 +133,13 @@ class NoiseScale:
         self.recent = tuple(deque(r, maxlen=RECENT) for r in recent)  # type: ignore[assignment]
         return True
 
+    def restart_note(self, state: dict[str, Any]) -> str:
+        """The resume line's words when :meth:`load_state_dict` did not continue ``state``'s averages."""
+        if state.get("smoothing") != self.smoothing:
+            return (f"the noise scale's averages started afresh (the checkpoint's were made with --noise-smoothing "
+                    f"{state.get('smoothing')}, this run's is {self.smoothing:g})")
+        return "the noise scale's averages started afresh (the checkpoint's are not of the kind this version writes)"
+
 
 def two_batch_sizes(micro_batch: int, global_batch: int) -> bool:
     """Whether a run has the two batch sizes the noise scale compares: a step larger than a micro-batch (2 or more

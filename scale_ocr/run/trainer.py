@@ -172,14 +172,18 @@ class Trainer:
         self.state.best = tuple(meta["best"]) if meta.get("best") else None
         self.recorded_norm = (meta.get("weights") or {}).get("norm") if isinstance(meta.get("weights"), dict) else None
         self.data.position.restore(epoch, samples, meta.get("data_position"))  # old checkpoints: samples only
-        if isinstance(meta.get("noise_scale"), dict):
-            self.noise.scale.load_state_dict(meta["noise_scale"])
+        noise_note = ""
+        if isinstance(meta.get("noise_scale"), dict) and meta["noise_scale"].get("count") and self.noise.measures:
+            if not self.noise.scale.load_state_dict(meta["noise_scale"]):
+                noise_note = self.noise.scale.restart_note(meta["noise_scale"])
         where = f"at step {meta['step']}"
         if not same:
             where += (f" (epoch {epoch + 1}, {samples} samples into it; step {step} at this run's global batch of "
                       f"{self.plan.global_batch} instead of {meta.get('global_batch')})")
         if self.ramp.resume_note:
             where += f", {self.ramp.resume_note}"
+        if noise_note:
+            where += f", {noise_note}"
         if self._done():
             raise UserError(f"nothing to train: the checkpoint {where} already reaches this run's last step "
                             f"({self.plan.total_steps}: --epochs {self.cfg.epochs}, --max-steps {self.cfg.max_steps}); "

@@ -275,17 +275,17 @@ def test_overhead_alternates_the_order_every_pair(tmp_path, monkeypatch):
 
 def test_noise_scale_reports_agreement_and_the_cost_of_a_reading_within_one_run(tmp_path, monkeypatch):
     """benchmarks.noise_scale with stub jobs: part 1 one run per strategy at the same global batch, part 1b ddp again
-    with twice the threads, part 2 one run per strategy at --noise-every 2 with every step logged; the report's spread
-    is max / min of the distributed finals, the yardstick's the two ddp runs', and a reading's cost each measured
-    step's time over its two neighbours' mean (fast; no job launched)."""
+    with its kernels one instruction set lower, part 2 one run per strategy at --noise-every 2 with every step
+    logged; the report's spread is max / min of the distributed finals, the yardstick's the two ddp runs', and a
+    reading's cost each measured step's time over its two neighbours' mean (fast; no job launched)."""
     from benchmarks import noise_scale
 
     ran = []
     finals = {"ddp": 40.0, "fsdp": 44.0, "zero2": 41.0, "zero3": 42.0, "single": 30.0}
 
-    def fake_job(cmd, threads, timeout, limit):
+    def fake_job(cmd, threads, timeout, limit, env=None):
         flags = ("--strategy", "--noise-every", "--log-every", "--grad-accum")
-        ran.append([cmd[cmd.index(flag) + 1] for flag in flags] + [threads])
+        ran.append([cmd[cmd.index(flag) + 1] for flag in flags] + [(env or {}).get("ATEN_CPU_CAPABILITY")])
         return "ok", None, 1.0
 
     def fake_read(run_dir):
@@ -310,7 +310,8 @@ def test_noise_scale_reports_agreement_and_the_cost_of_a_reading_within_one_run(
     assert [r[:4] for r in ran[:5]] == [[s, "10", "10", "4" if s == "single" else "2"] for s in ("ddp", "fsdp",
                                                                                                "zero2", "zero3",
                                                                                                "single")]
-    assert ran[5] == ["ddp", "10", "10", "2", 2 * ran[0][4]]  # the yardstick: ddp with twice the threads
+    assert {r[4] for r in ran[:5] + ran[6:]} == {None}  # only the yardstick's kernels are held lower
+    assert ran[5][:4] == ["ddp", "10", "10", "2"] and ran[5][4] == noise_scale.lower_isa()[1]["ATEN_CPU_CAPABILITY"]
     assert [r[1:3] for r in ran[6:]] == [["2", "1"]] * 5
     report = noise_scale.write_report(out).read_text()
     summary = json.loads((out / "summary.json").read_text())

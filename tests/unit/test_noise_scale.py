@@ -149,6 +149,20 @@ def test_a_noise_scale_that_cannot_be_measured_is_refused_before_anything_is_bui
     assert {f.name for f in out.iterdir()} <= {".scale-ocr.lock"}
 
 
+def test_a_resume_that_cannot_continue_the_averages_says_so(tmp_path):
+    """A run resumed with another --noise-smoothing starts the averages afresh, and its resume line says why (one
+    process accumulating 2: two batch sizes)."""
+    from conftest import TINY, python_train
+
+    run, flags = str(tmp_path / "run"), [*TINY, "--grad-accum", "2", "--noise-every", "1", "--save-every", "2"]
+    first = python_train([*flags, "--max-steps", "2", "--output-dir", run])
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = python_train([*flags, "--max-steps", "4", "--noise-smoothing", "0.5", "--output-dir", run])
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert ("the noise scale's averages started afresh (the checkpoint's were made with --noise-smoothing 0.9, this "
+            "run's is 0.5)") in again.stdout, again.stdout[-2000:]
+
+
 def _reading(grad_sq: float, trace: float) -> Pair:
     """The pair (b 1, B 2) whose unbiased terms are ``grad_sq`` and ``trace``."""
     return Pair(small_sq=grad_sq + trace, big_sq=grad_sq + trace / 2, small=1, big=2)
@@ -172,3 +186,8 @@ def test_a_gradient_spike_moves_the_estimate_without_holding_it():
     assert again.metrics() == spiked.metrics() and again.clipped == 2
     old = {k: v for k, v in plain.state_dict().items() if k not in ("recent", "clipped")}
     assert NoiseScale(0.9).load_state_dict(old)
+    # averages made with another smoothing are not continued, and the resume line says why
+    other = NoiseScale(0.99)
+    assert not other.load_state_dict(plain.state_dict()) and other.count == 0
+    assert other.restart_note(plain.state_dict()) == ("the noise scale's averages started afresh (the checkpoint's "
+                                                      "were made with --noise-smoothing 0.9, this run's is 0.99)")
