@@ -322,10 +322,8 @@ class TrainConfig:
                           "then in samples", choices=("off", "auto"))
     ramp_limit: float = opt(RAMP_LIMIT, "--batch-ramp auto keeps the global batch at or under this many times B_simple")
     ramp_max_batch: int | None = opt(None, "--batch-ramp auto's largest global batch (default: 8x the starting one)")
-    ramp_lr: str | None = opt(None, "how --batch-ramp auto carries the rate as the batch grows, from the rate and "
-                              "batch it started at: sqrt (x sqrt(batch / starting batch), Adam-style optimizers: the "
-                              "batch-ramp record), linear (x batch / starting batch) or none (the rate stays); "
-                              "default: --lr-scaling's rule where it scales, else sqrt (docs/scaling-pays.md)",
+    ramp_lr: str | None = opt(None, "--batch-ramp auto's rate as the batch grows, from where it started: sqrt, "
+                              "linear or none (held); default: --lr-scaling's where it scales, else sqrt",
                               choices=RAMP_LR_RULES)
     gpu_memory_cap_gb: float | None = opt(None, "cap each rank's GPU memory at this many GiB, as if the device were "
                                           "that small (memory experiments: benchmarks.max_model); GPUs only")

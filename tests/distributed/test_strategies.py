@@ -63,10 +63,11 @@ def test_torchrun_two_ranks(name, tmp_path, ddp_reference):
     assert len(ours) == len(ddp_reference) == 3
     # Reduction order differs between engines, so agreement is to float noise, not bitwise. Step 1's norm
     # comes from identical weights (an unaveraged accumulation would double it); after that, Adam's
-    # m / sqrt(v) magnifies noise on near-zero gradients (fairscale's sharded reduce: 2e-4 by step 3), while a
-    # wrong clip or update would move the next losses by 1e-2 or more.
+    # m / sqrt(v) magnifies noise on near-zero gradients (fairscale's sharded reduce: 2e-4 by step 3 on the Intel
+    # host, 1.1e-3 on the AMD EPYC one, whose AVX-512 kernels round otherwise), while a wrong clip or update would
+    # move the next losses by 1e-2 or more.
     for a, b in zip(ours, ddp_reference, strict=True):
-        rel = 1e-5 if a["step"] == 1 else 1e-3
+        rel = 1e-5 if a["step"] == 1 else 3e-3
         assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=rel), (ours, ddp_reference)
         assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5), (ours, ddp_reference)
         # The noise scale's parts: micro-batch gradients read before each engine's own reduction, against the
