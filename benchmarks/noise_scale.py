@@ -199,16 +199,9 @@ def agreement(lines: list[dict[str, Any]]) -> dict[str, Any]:
     dist = [finals[s] for s in DISTRIBUTED if s in finals]
     measured = [v for v in dist if v]
     spread = max(measured) / min(measured) if len(measured) == len(dist) and len(dist) >= 2 else None
-    # the spread at each logged step all the distributed runs measured
-    steps = sorted(set.intersection(*[{p["step"] for p in runs[s]["curve"] if p.get("b_simple")}
-                                      for s in DISTRIBUTED if s in runs and runs[s].get("curve")] or [set()]))
-    by_step = {s: {p["step"]: p.get("b_simple") for p in runs[s].get("curve") or []} for s in runs}
-    spreads = [{"step": st, "spread": max(v) / min(v)} for st in steps
-               if len(v := [by_step[s][st] for s in DISTRIBUTED if s in runs]) >= 2]
-    norms = {s: {p["step"]: p.get("grad_norm") for p in runs[s].get("curve") or []} for s in DISTRIBUTED if s in runs}
-    apart = [st for st in steps if len(v := [norms[s].get(st) for s in norms]) >= 2 and all(v)
-             and max(v) / min(v) > 1 + DIVERGED]
-    return {"finals": finals, "spread": spread, "diverged_at": apart[0] if apart else None, "target": SPREAD,
+    by_step, apart = parting([runs[s].get("curve") or [] for s in DISTRIBUTED if s in runs])
+    spreads = [{"step": st, "spread": r} for st, r in by_step.items()]
+    return {"finals": finals, "spread": spread, "diverged_at": apart, "target": SPREAD,
             "jitter": jitter(lines, runs),
             "pass": spread is not None and spread <= SPREAD,
             "spread_by_step": spreads,
@@ -217,24 +210,34 @@ def agreement(lines: list[dict[str, Any]]) -> dict[str, Any]:
                      for s, ln in runs.items()}}
 
 
+def parting(curves: list[list[dict[str, Any]]]) -> tuple[dict[int, float], int | None]:
+    """Two or more runs' logged curves, step by step: max / min of their B_simple at each step every one measured it,
+    and the first such step at which their global gradient norms differ by more than :data:`DIVERGED` (from there
+    they are different trajectories)."""
+    if len(curves) < 2:
+        return {}, None
+    at = [{p["step"]: p for p in curve} for curve in curves]
+    steps = sorted(set.intersection(*[{st for st, p in a.items() if p.get("b_simple")} for a in at]))
+    spread = {st: max(v) / min(v) for st in steps if (v := [a[st]["b_simple"] for a in at])}
+    apart = next((st for st in steps if all(v := [a[st].get("grad_norm") for a in at])
+                  and max(v) / min(v) > 1 + DIVERGED), None)
+    return spread, apart
+
+
 def jitter(lines: list[dict[str, Any]], runs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """Part 1b: the spread between ddp's part-1 run and its run with more threads (a last-bit difference), the final
-    B_simple and the largest over the second half, and the logged step at which their gradient norms first part."""
+    """Part 1b: the spread between ddp's part-1 run and its run with its kernels one instruction set lower (a last-bit
+    difference), the final B_simple and the largest over the second half, and the logged step at which their
+    gradient norms first part."""
     again = [ln for ln in lines if ln["part"] == "jitter" and ln["status"] == "ok"]
     base = runs.get(DISTRIBUTED[0])
     if not again or not base or base["status"] != "ok":
         return None
-    pair = [{p["step"]: p for p in ln.get("curve") or []} for ln in (base, again[-1])]
     finals = [(ln.get("noise_scale") or {}).get("b_simple") for ln in (base, again[-1])]
-    steps = sorted(set(pair[0]) & set(pair[1]))
-    ratio = {st: max(v) / min(v) for st in steps
-             if all(v := [pair[i][st].get("b_simple") or 0 for i in (0, 1)])}
-    apart = [st for st in steps if all(v := [pair[i][st].get("grad_norm") or 0 for i in (0, 1)])
-             and max(v) / min(v) > 1 + DIVERGED]
+    ratio, apart = parting([ln.get("curve") or [] for ln in (base, again[-1])])
     late = [r for st, r in ratio.items() if st > base["steps"] // 2]
     return {"strategy": DISTRIBUTED[0], "isa": again[-1].get("isa"),
             "finals": finals, "spread": max(finals) / min(finals) if all(finals) else None,
-            "late_max": max(late) if late else None, "diverged_at": apart[0] if apart else None}
+            "late_max": max(late) if late else None, "diverged_at": apart}
 
 
 def paired_ratios(times: list[list[float]], warmup: int) -> list[float]:
