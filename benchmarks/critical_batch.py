@@ -1,6 +1,6 @@
 """The critical batch fitted from a scale-accuracy record: the knee of steps-to-target against the global batch.
 
-    python -m benchmarks.critical_batch benchmarks/results/scale-accuracy-vm-20261204 \\
+    python -m benchmarks.critical_batch benchmarks/results/scale-accuracy-vm-20261204 [LATER_RECORD ...] \\
         --out benchmarks/results/critical-batch-vm-DATE [--noise crnn_mobilenet_v3_small/synthetic=RUN_DIR ...]
     python -m benchmarks.critical_batch --report DIR     # rebuild report.md, summary.json and the plots
 
@@ -16,6 +16,10 @@ E_min/B is fitted by least squares in 1/B over the batches that reach the target
 short is drawn as a lower bound (its last step), and the report says whether the fit respects it. ``--noise
 GROUP=RUN`` sets a run's online B_simple beside that group's knee, per target the smoothed value the run had logged
 when its validation first reached that target (its metrics.jsonl): issue 54 asks for the two within 2x.
+
+Several records may be given, oldest first: a group (model and set) that a later record holds is taken from that
+record alone, whole. That is how a group is refitted after the trainer changed (a record at today's code), without
+mixing its batches with runs of the older code.
 """
 
 from __future__ import annotations
@@ -95,13 +99,13 @@ def run(args: argparse.Namespace) -> None:
     """One line per group, target and batch (steps to the target), and one per ``--noise`` run."""
     args.out.mkdir(parents=True, exist_ok=True)
     write_command(args.out, "critical_batch")
-    records = load(args.record, "benchmarks.scale_accuracy")
-    for target in TARGETS:
-        for (model, data), points in steps_to_target(records, target).items():
-            for batch, p in sorted(points.items()):
-                append_line(args.out / "results.jsonl", {"kind": "steps", "model": model, "set": data,
-                                                         "target": target, "global_batch": batch, **p,
-                                                         "record": str(args.record)})
+    for record, lines in latest_groups(args.record):
+        for target in TARGETS:
+            for (model, data), points in steps_to_target(lines, target).items():
+                for batch, p in sorted(points.items()):
+                    append_line(args.out / "results.jsonl", {"kind": "steps", "model": model, "set": data,
+                                                             "target": target, "global_batch": batch, **p,
+                                                             "record": str(record)})
     for group, run_dir in args.noise:
         model, _, data = group.partition("/")
         noise = json.loads((run_dir / "metrics.json").read_text()).get("noise_scale") or {}
@@ -112,6 +116,14 @@ def run(args: argparse.Namespace) -> None:
                 "kind": "noise", "model": model, "set": data, "run": str(run_dir), "target": target,
                 "b_simple": b_simple, "at_step": step, "final_b_simple": noise.get("b_simple"),
                 **{k: noise.get(k) for k in ("b_small", "b_big", "readings", "every")}})
+
+
+def latest_groups(records: list[Path]) -> list[tuple[Path, list[dict[str, Any]]]]:
+    """Each record with the lines of the groups (model, set) no later record holds: a later record's group
+    replaces the earlier ones' whole."""
+    loaded = [(path, load(path, "benchmarks.scale_accuracy")) for path in records]
+    owner = {(ln.get("model"), ln.get("set")): path for path, lines in loaded for ln in lines}
+    return [(path, [ln for ln in lines if owner[(ln.get("model"), ln.get("set"))] == path]) for path, lines in loaded]
 
 
 def at_target(records: list[dict[str, Any]], target: float, metric: str = "val/exact_match") -> tuple[int | None,
@@ -192,15 +204,20 @@ def write_report(out_dir: Path) -> Path:
     lines = load(out_dir, "benchmarks.critical_batch")
     rows = analyse(lines)
     pngs = plot(rows, out_dir)
-    record = next((ln["record"] for ln in lines if ln["kind"] == "steps"), "?")
+    records = dict.fromkeys(ln["record"] for ln in lines if ln["kind"] == "steps") or {"?": None}
+    owners = dict.fromkeys(f"{SETS.get(ln['set'], ln['set'])} of {ln['model']} from `{ln['record']}`"
+                           for ln in lines if ln["kind"] == "steps")
     md = ["# The critical batch, fitted from a scale-accuracy record", "",
-          f"Command: `{command_line(out_dir)}`  ", f"Record: `{record}`", "",
-          "S(B) = S_min + E_min/B fitted to each global batch's fewest steps to the target over the record's rate "
-          "rules; B_crit = E_min/S_min, the knee (McCandlish et al. 2018). A batch that stops short of the target "
-          "is a lower bound; `respects the bounds` says whether the fit predicts none of those reached it. "
-          f"Online B_simple from a run's metrics.json where given; the target is the two within {AGREE:.0f}x.", "",
-          "| model | set | target | steps to it per batch (rule) | S_min | E_min | B_crit | respects the bounds "
-          "| online B_simple there | knee / B_simple |", "|---|---|---:|---|---:|---:|---:|---|---:|---|"]
+          f"Command: `{command_line(out_dir)}`  ", "Record: " + ", ".join(f"`{r}`" for r in records), ""]
+    if len(records) > 1:
+        md += ["A group (model and set) held by a later record is taken from it alone: " + "; ".join(owners) + ".",
+               ""]
+    md += ["S(B) = S_min + E_min/B fitted to each global batch's fewest steps to the target over the record's rate "
+           "rules; B_crit = E_min/S_min, the knee (McCandlish et al. 2018). A batch that stops short of the target "
+           "is a lower bound; `respects the bounds` says whether the fit predicts none of those reached it. "
+           f"Online B_simple from a run's metrics.json where given; the target is the two within {AGREE:.0f}x.", "",
+           "| model | set | target | steps to it per batch (rule) | S_min | E_min | B_crit | respects the bounds "
+           "| online B_simple there | knee / B_simple |", "|---|---|---:|---|---:|---:|---:|---|---:|---|"]
     for r in rows:
         pts = ", ".join(f"{b}: {p['steps']:.0f} ({p['rule']})" if p["reached"] else f"{b}: {p['steps']:.0f}+"
                         for b, p in r["points"].items())
@@ -228,7 +245,9 @@ def _noise_arg(text: str) -> tuple[str, Path]:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = parser("critical_batch", __doc__)
-    p.add_argument("record", type=Path, nargs="?", help="a scale-accuracy results folder (benchmarks.scale_accuracy)")
+    p.add_argument("record", type=Path, nargs="*",
+                   help="scale-accuracy results folders (benchmarks.scale_accuracy), oldest first: a group a later "
+                        "one holds replaces the earlier ones' whole")
     p.add_argument("--noise", type=_noise_arg, action="append", default=[],
                    help="MODEL/SET=RUN_DIR: a run whose metrics.json holds that group's online B_simple")
     return p.parse_args(argv)
@@ -237,9 +256,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def check(args: argparse.Namespace) -> None:
     from scale_ocr.errors import UserError
 
-    if args.record is None or not (args.record / "results.jsonl").is_file():
+    if not args.record:
         raise UserError("give a scale-accuracy results folder (one with results.jsonl), e.g. "
                         "benchmarks/results/scale-accuracy-vm-20261204")
+    for record in args.record:
+        if not (record / "results.jsonl").is_file():
+            raise UserError(f"{record}: no results.jsonl there; give a scale-accuracy results folder, e.g. "
+                            "benchmarks/results/scale-accuracy-vm-20261204")
     for _, run_dir in args.noise:
         if not (run_dir / "metrics.json").is_file():
             raise UserError(f"--noise {run_dir}: no metrics.json there; give a finished run's folder")

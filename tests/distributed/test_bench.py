@@ -363,3 +363,14 @@ def test_critical_batch_fits_the_knee_of_steps_to_target(tmp_path):
     assert (out / "knee_m_synthetic.png").stat().st_size > 5000
     with pytest.raises(UserError, match="already holds results"):  # a results folder is never rewritten
         critical_batch.main([str(record), "--out", str(out)])
+    # a later record's group replaces the earlier one's whole (a refit at newer code), other groups stay
+    later = tmp_path / "later"
+    later.mkdir()
+    moved = [{**ln, "global_batch": 2 * ln["global_batch"]} for ln in lines[:2]]
+    (later / "results.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in moved))
+    crops = {**lines[0], "set": "real"}
+    (record / "results.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in [*lines, crops]))
+    assert critical_batch.main([str(record), str(later), "--out", str(tmp_path / "refit")]) == 0
+    rows = {(r["set"], r["target"]): r for r in json.loads((tmp_path / "refit" / "summary.json").read_text())["rows"]}
+    assert list(rows["synthetic", 0.5]["points"]) == ["64"] and list(rows["real", 0.5]["points"]) == ["32"]
+    assert f"real-looking crops of m from `{record}`" in (tmp_path / "refit" / "report.md").read_text()
