@@ -10,7 +10,7 @@ STAMP   := $(VENV)/.installed
 NPROC   ?= 2
 FULL    ?= 0
 
-.PHONY: install ops engines real-pdfs demo test test-fast lint clean
+.PHONY: install ops engines fonts real-pdfs demo test test-fast lint clean
 
 $(PACKAGE): pyproject.toml constraints.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -18,7 +18,7 @@ $(PACKAGE): pyproject.toml constraints.txt
 	@touch $(PACKAGE)
 
 $(STAMP): $(PACKAGE)
-	@$(MAKE) --no-print-directory ops engines real-pdfs
+	@$(MAKE) --no-print-directory ops engines fonts real-pdfs
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -50,6 +50,24 @@ engines:
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 		else \
 			echo "note: not installed:$$missing (apt-get install them as root): the cluster launcher tests will skip"; \
+		fi; \
+	fi
+
+# The fonts synthetic words and pages are drawn in by default (--fonts installed: scale_ocr/data/fonts.py, docs/data.md
+# "Fonts"): serif, sans, monospace, TeX and URW families from Debian's font packages, about 80 MB, installed through
+# apt-get when missing and we are root; otherwise the generators draw in what is installed and tests/unit/test_fonts.py
+# skips its count of families with a line naming the packages.
+FONT_PKGS := fonts-dejavu-core fonts-liberation fonts-freefont-ttf fonts-urw-base35 fonts-lmodern fonts-cmu \
+	fonts-texgyre fonts-crosextra-carlito fonts-crosextra-caladea fonts-open-sans fonts-ebgaramond fonts-inconsolata \
+	fonts-hack fonts-go fonts-courier-prime fonts-cantarell fonts-comic-neue fonts-linuxlibertine fonts-noto-mono
+fonts:
+	@missing=""; for p in $(FONT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+				$$missing >/dev/null; \
+		else \
+			echo "note: fonts not installed:$$missing (apt-get install them as root): synthetic data draws fewer"; \
 		fi; \
 	fi
 

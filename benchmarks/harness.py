@@ -210,13 +210,18 @@ def channels_last(args: argparse.Namespace) -> bool:
     return getattr(args, "layout", "channels-last") == "channels-last"
 
 
+# Synthetic data the trainer draws for a benchmark is set in the faces every record drew (scale_ocr.data.fonts,
+# `classic`), as the words harness renders are, so a record's command still makes its data after --fonts' default.
+RECORD_FONTS = ("--fonts", "classic")
+
+
 def task_data(task, work: Path, samples: int, log: Callable[[str], None] = print) -> list[str]:
     """train.py flags that feed a benchmark ``samples`` training samples cheaply. A recognizer reads a pre-rendered
     word cache held in memory, so data loading never limits the measured steps; a detector's synthetic pages are drawn
     by the loader (tens of milliseconds a page against seconds of DBNet compute on CPU; a cache of 512x512 pages would
     not fit in memory at scale)."""
     if not hasattr(task, "cache_tag"):  # pages, not words
-        return ["--train-samples", str(samples), "--val-samples", "8"]
+        return ["--train-samples", str(samples), "--val-samples", "8", *RECORD_FONTS]
     from scale_ocr.data.cache import build_cache
 
     h, w = task.input_size

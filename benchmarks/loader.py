@@ -40,7 +40,17 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.harness import bench_main, hardware, parser, run_main, task_data, versions, work_dir, write_folder
+from benchmarks.harness import (
+    RECORD_FONTS,
+    bench_main,
+    hardware,
+    parser,
+    run_main,
+    task_data,
+    versions,
+    work_dir,
+    write_folder,
+)
 
 SOURCES = ("synthetic", "synthetic-plain", "folder", "folder-plain", "cache", "shards")
 GPU_TFLOPS = 1.0  # assumed sustained training throughput of one GPU rank on this model (see the docstring)
@@ -51,7 +61,7 @@ def data_flags(source: str, folder: Path, cache: str, samples: int, shards: Path
     if source == "shards":
         return ["--train-path", str(shards), "--val-path", str(shards)]
     if source.startswith("synthetic"):
-        return ["--train-samples", str(samples), "--val-samples", "8", *plain]
+        return ["--train-samples", str(samples), "--val-samples", "8", *RECORD_FONTS, *plain]
     if source.startswith("folder"):
         return ["--train-path", str(folder), "--val-path", str(folder), *plain]
     return ["--data-cache", cache]

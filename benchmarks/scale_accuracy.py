@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import (
+    RECORD_FONTS,
     REPO,
     TRAIN,
     append_line,
@@ -190,7 +191,7 @@ def run_one(args: argparse.Namespace, job: Job, data: list[str], sizes: tuple[in
 def job_data(args: argparse.Namespace, job: Job, work: Path) -> tuple[list[str], tuple[int, int]]:
     """``train.py``'s data flags for ``job`` and its (train, val) sizes."""
     if job.kind == "detection":  # the trainer's own synthetic pages
-        return (["--train-samples", str(args.det_train), "--val-samples", str(args.det_val)],
+        return (["--train-samples", str(args.det_train), "--val-samples", str(args.det_val), *RECORD_FONTS],
                 (args.det_train, args.det_val))
     from scale_ocr.config import ModelConfig
     from scale_ocr.tasks import create_task

@@ -28,15 +28,10 @@ MODEL_SIZE_FIELDS = {"model_width": "width", "model_depth": "depth", "model_head
 
 
 def opt(default: Any, help: str, *flags: str, aliases: tuple[str, ...] = (), **argparse_kw: Any) -> Any:
-    """A config field whose metadata describes its command-line flag.
-
-    Args:
-        default: the default value (immutable: tuples, not lists).
-        help: one line shown by ``--help``.
-        flags: explicit flag spellings; by default ``--field-name``.
-        aliases: extra spellings accepted silently (docTR's underscore flags).
-        argparse_kw: passed to ``add_argument`` (``choices``, ``type``, ``nargs``, ``metavar``).
-    """
+    """A config field whose metadata describes its command-line flag: ``help`` is --help's line, ``flags`` its
+    spellings (default ``--field-name``), ``aliases`` more accepted silently (docTR's underscore flags), and
+    ``argparse_kw`` goes to ``add_argument`` (``choices``, ``type``, ``nargs``, ``metavar``). ``default`` is
+    immutable (tuples, not lists)."""
     meta = {"help": help, "flags": flags, "aliases": aliases, "argparse": argparse_kw}
     return field(default=default, metadata=meta)
 
@@ -194,6 +189,10 @@ class DataConfig:
         "line", "how synthetic words are cut: line (the font's whole line, as in word-crop datasets) or page (as "
         "page OCR cuts a detector's box from a page: page font sizes, ink, turn and noise); a recognizer for "
         "page OCR trains on page", choices=WORD_STYLES)
+    fonts: tuple[str, ...] = opt(
+        ("installed",), "fonts synthetic words and pages are set in: installed (every text font here), classic (the "
+        "records' DejaVu faces), family names or globs, folders or file globs; faces lacking a vocabulary character "
+        "are skipped and counted", nargs="+", metavar="FONT")
     workers: int | None = opt(
         None, "data-loading worker processes per rank (default: 0 on CPU, a few per GPU)", "-j", "--workers")
     on_bad_sample: str = opt(

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import functools
 import glob
+import math
 import string
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from torch.utils.data import Dataset
+
+if TYPE_CHECKING:
+    from scale_ocr.data.fonts import FontSet
 
 FONT_GLOBS = (
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
@@ -43,7 +48,7 @@ def system_fonts() -> tuple[str, ...]:
     return tuple(found)
 
 
-@functools.lru_cache(maxsize=256)  # 4 faces x the sizes of line and page words
+@functools.lru_cache(maxsize=2048)  # faces x the sizes of line and page words (FreeType maps a file, holds no fd)
 def _font(path: str | None, size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     if path is None:
         return ImageFont.load_default(size=size)
@@ -74,14 +79,17 @@ def random_word(rng: np.random.Generator, charset: str, min_chars: int, max_char
     return "".join(chars)
 
 
-def render_word(word: str, rng: np.random.Generator, fonts: tuple[str, ...], height: int = 32) -> Image.Image:
-    """Render ``word`` dark-on-light or light-on-dark with a random font, size and margins."""
+def render_word(word: str, rng: np.random.Generator, fonts: tuple[str, ...], height: int = 32,
+                spacing: tuple[float, float] = (0.0, 0.0)) -> Image.Image:
+    """Render ``word`` dark-on-light or light-on-dark with a random font, size, letter spacing (ems drawn from
+    ``spacing``; ``(0, 0)``: set as the font sets it, and no draw for it) and margins."""
     font_path = str(rng.choice(fonts)) if fonts else None
     size = int(rng.integers(int(height * 0.7), int(height * 1.1) + 1))
     font = _font(font_path, size)
+    tracking = float(rng.uniform(*spacing)) * size if spacing != (0.0, 0.0) else 0.0
     # The crop spans the font's whole line (ascent + descent), not just the ink: "xo" and "XO" then
     # differ in glyph height as they do on a page, instead of both filling the crop.
-    left, _, right, _ = font.getbbox(word)
+    (left, _, right, _), xs = tracked(font, word, tracking)
     ascent, descent = font.getmetrics()
     mx, my = int(rng.integers(1, 8)), int(rng.integers(0, 4))
     w, h = max(1, right - left) + 2 * mx, ascent + descent + 2 * my
@@ -91,8 +99,29 @@ def render_word(word: str, rng: np.random.Generator, fonts: tuple[str, ...], hei
     bg_rgb = tuple(int(np.clip(bg + t, 0, 255)) for t in tint)
     fg_rgb = tuple(int(np.clip(fg + t, 0, 255)) for t in tint)
     img = Image.new("RGB", (w, h), bg_rgb)
-    ImageDraw.Draw(img).text((mx - left, my), word, font=font, fill=fg_rgb)
+    draw_tracked(ImageDraw.Draw(img), (mx - left, my), word, font, fg_rgb, xs)
     return img
+
+
+def tracked(font, word: str, tracking: float) -> tuple[tuple[int, int, int, int], list[float] | None]:
+    """``font.getbbox(word)`` with ``tracking`` pixels added after every character (whole pixels, outwards), and
+    where each character then starts: its font's advance, kerning included, plus the tracking (None: no tracking)."""
+    if not tracking:
+        return font.getbbox(word), None
+    xs = [font.getlength(word[:i]) + i * tracking for i in range(len(word))]
+    boxes = [(x + b[0], b[1], x + b[2], b[3]) for x, b in zip(xs, map(font.getbbox, word), strict=True)]
+    return (math.floor(min(b[0] for b in boxes)), min(b[1] for b in boxes), math.ceil(max(b[2] for b in boxes)),
+            max(b[3] for b in boxes)), xs
+
+
+def draw_tracked(draw: ImageDraw.ImageDraw, xy: tuple[float, float], word: str, font, fill,
+                 xs: list[float] | None) -> None:
+    """``draw.text``, each character at ``xs`` (:func:`tracked`; None: one call, as Pillow sets the word)."""
+    if xs is None:
+        draw.text(xy, word, font=font, fill=fill)
+        return
+    for x, char in zip(xs, word, strict=True):
+        draw.text((xy[0] + x, xy[1]), char, font=font, fill=fill)
 
 
 def _box(x0: float, y0: float, x1: float, y1: float) -> list[list[float]]:
@@ -122,19 +151,23 @@ def page_turn(rng: np.random.Generator) -> float:
     return float(rng.uniform(-MAX_ANGLE, MAX_ANGLE)) if rng.random() < 0.7 else 0.0
 
 
-def render_page_word(word: str, rng: np.random.Generator, fonts: tuple[str, ...]) -> Image.Image:
+def render_page_word(word: str, rng: np.random.Generator, fonts: tuple[str, ...],
+                     spacing: tuple[float, float] = (0.0, 0.0)) -> Image.Image:
     """``word`` as page OCR cuts it from a synthetic page: the page's sizes, paper and ink, turned with
     the page by up to ``MAX_ANGLE`` degrees, with its noise, cut along an upright box that strays from the
     ink box as a trained detector's does (``BOX_ERROR_*``), plus page OCR's padding."""
     from scale_ocr.boxes.crop import crop_words
     from scale_ocr.data.det_transforms import rotate_page
 
-    font = _font(str(rng.choice(fonts)) if fonts else None, int(rng.integers(TEXT_HEIGHT[0], TEXT_HEIGHT[1] + 1)))
+    path = str(rng.choice(fonts)) if fonts else None  # drawn before the size, as every record's words were
+    size = int(rng.integers(TEXT_HEIGHT[0], TEXT_HEIGHT[1] + 1))
+    font = _font(path, size)
     paper, ink = paper_colour(rng), ink_colour(rng)
-    left, top, right, bottom = font.getbbox(word)
+    tracking = float(rng.uniform(*spacing)) * size if spacing != (0.0, 0.0) else 0.0
+    (left, top, right, bottom), xs = tracked(font, word, tracking)
     margin = max(8, 2 * (bottom - top))  # room for the turn and the box's error
     img = Image.new("RGB", (right - left + 2 * margin, bottom - top + 2 * margin), paper)
-    ImageDraw.Draw(img).text((margin - left, margin - top), word, font=font, fill=ink)
+    draw_tracked(ImageDraw.Draw(img), (margin - left, margin - top), word, font, ink, xs)
     ink_box = np.float32([_box(margin, margin, margin + right - left, margin + bottom - top)])
     img, turned = rotate_page(img, ink_box, page_turn(rng), paper, expand=False)
     img = sensor_noise(img, rng)
@@ -163,13 +196,14 @@ class SyntheticWords(Dataset):
     """
 
     def __init__(self, charset: str, num_samples: int, min_chars: int, max_chars: int, seed: int,
-                 transform=None, style: str = "line") -> None:
+                 transform=None, style: str = "line", fonts: FontSet | None = None) -> None:
         self.charset = charset
         self.num_samples = num_samples
         self.min_chars, self.max_chars = min_chars, max_chars
         self.seed = seed
         self.transform = transform
-        self.fonts = system_fonts()
+        # the faces and letter spacing words are drawn in (scale_ocr.data.fonts); None: `classic`, as the records
+        self.fonts, self.spacing = (fonts.paths, fonts.spacing) if fonts else (system_fonts(), (0.0, 0.0))
         self.render = WORD_STYLES[style]
         self.kept: dict[int, tuple] = {}
         self.kept_bytes = 0
@@ -181,7 +215,7 @@ class SyntheticWords(Dataset):
         """The raw image and its word."""
         rng = np.random.default_rng([self.seed, index])
         word = random_word(rng, self.charset, self.min_chars, self.max_chars)
-        return self.render(word, rng, self.fonts), word
+        return self.render(word, rng, self.fonts, spacing=self.spacing), word
 
     def label(self, index: int) -> str:
         """The word of sample ``index`` (without rendering it)."""

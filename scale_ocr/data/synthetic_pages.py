@@ -16,6 +16,8 @@ from PIL import Image, ImageDraw
 from torch.utils.data import Dataset
 
 from scale_ocr.data.det_transforms import rotate_points
+from scale_ocr.data.fonts import DEFAULT as DEFAULT_FONTS
+from scale_ocr.data.fonts import select
 from scale_ocr.data.synthetic import (
     TEXT_HEIGHT,
     _box,
@@ -33,11 +35,12 @@ from scale_ocr.vocab import VOCABS
 DEFAULT_CHARSET = VOCABS["latin"]
 
 
-def _layout(rng: np.random.Generator, size: tuple[int, int], charset: str, unit: float) -> list[tuple]:
+def _layout(rng: np.random.Generator, size: tuple[int, int], charset: str, unit: float,
+            fonts: tuple[str, ...] = ()) -> list[tuple]:
     """Words placed on the unrotated page: ``(origin, word, font, colour, tight box)`` each; font sizes are
-    :data:`TEXT_HEIGHT` times ``unit``."""
+    :data:`TEXT_HEIGHT` times ``unit``; faces from ``fonts`` (none: the classic ones, or Pillow's own)."""
     h, w = size
-    fonts = system_fonts() or (None,)
+    fonts = fonts or system_fonts() or (None,)
     left, right = rng.uniform(0.03, 0.15, 2) * w
     top, bottom = rng.uniform(0.03, 0.15, 2) * h
     ncols = 2 if rng.random() < 0.35 else 1
@@ -76,19 +79,21 @@ def _layout(rng: np.random.Generator, size: tuple[int, int], charset: str, unit:
 
 
 def render_page(seed: int, index: int, size: tuple[int, int] = (512, 512), charset: str = DEFAULT_CHARSET,
-                text_scale: float | None = None) -> tuple[Image.Image, np.ndarray, list[str]]:
+                text_scale: float | None = None, fonts: tuple[str, ...] = ()) -> tuple[Image.Image, np.ndarray,
+                                                                                       list[str]]:
     """Page ``index`` of the stream ``seed``, ``size`` (H, W): the RGB page, its word polygons as float32
     ``(N, 4, 2)`` absolute pixels (clockwise from the word's top-left), and the N words.
 
     ``text_scale``: font sizes are ``TEXT_HEIGHT`` times this; None: the page's shorter side / 512, so a page of any
     size holds the same layout (with 1, a large page holds words of the trained size, as a scan at its resolution).
+    ``fonts``: the font files words are set in (:mod:`scale_ocr.data.fonts`); none: the classic faces.
     """
     rng = np.random.default_rng([seed, index])
     charset = "".join(c for c in charset if not c.isspace())
     h, w = size
     bg = paper_colour(rng)
     angle = page_turn(rng)
-    placed = _layout(rng, size, charset, text_scale or min(h, w) / 512)
+    placed = _layout(rng, size, charset, text_scale or min(h, w) / 512, fonts)
     img = Image.new("RGB", (w, h), bg)
     if not placed:
         return img, np.zeros((0, 4, 2), np.float32), []
@@ -110,28 +115,30 @@ class SyntheticPages(Dataset):
     as :func:`~scale_ocr.data.det_transforms.build_det_transform` makes it, None returns the PIL page."""
 
     def __init__(self, num_samples: int, seed: int, size: tuple[int, int] = (512, 512),
-                 charset: str = DEFAULT_CHARSET, transform=None) -> None:
+                 charset: str = DEFAULT_CHARSET, transform=None, fonts: tuple[str, ...] = ()) -> None:
         self.num_samples, self.seed, self.size, self.charset = num_samples, seed, tuple(size), charset
         self.transform = transform
+        self.fonts = tuple(fonts)  # font files (scale_ocr.data.fonts); empty: the classic faces
 
     def __len__(self) -> int:
         return self.num_samples
 
     def __getitem__(self, index: int):
         """``(image, polygons float32 (N, 4, 2) in the image's pixels, words)``."""
-        img, polygons, words = render_page(self.seed, index, self.size, self.charset)
+        img, polygons, words = render_page(self.seed, index, self.size, self.charset, fonts=self.fonts)
         return self.transform(img, polygons, words) if self.transform else (img, polygons, words)
 
 
 def write_detection_folder(path: str | Path, num_pages: int, seed: int, size: tuple[int, int] = (512, 512),
-                           charset: str = DEFAULT_CHARSET, text_scale: float | None = None) -> Path:
+                           charset: str = DEFAULT_CHARSET, text_scale: float | None = None,
+                           fonts: tuple[str, ...] = ()) -> Path:
     """Write pages ``0..num_pages-1`` of the stream ``seed`` as a docTR detection folder (with ``img_dimensions``,
-    ``img_hash`` and ``words``); returns the folder."""
+    ``img_hash`` and ``words``), set in ``fonts`` (font files; none: the classic faces); returns the folder."""
     root = Path(path)
     (root / "images").mkdir(parents=True, exist_ok=True)
     labels = {}
     for i in range(num_pages):
-        img, polygons, words = render_page(seed, i, size, charset, text_scale)
+        img, polygons, words = render_page(seed, i, size, charset, text_scale, fonts)
         buf = io.BytesIO()
         img.save(buf, format="PNG")
         name = f"page_{i:05d}.png"
@@ -169,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                    "square, e.g. 1650x1275 (an A4 page at 150 dpi)")
     p.add_argument("--text-scale", type=float, default=None, help="font sizes times this (1: 12-40 px words, as "
                    "synthetic training pages of 512 px); default: the page's shorter side / 512")
+    p.add_argument("--fonts", nargs="+", default=list(DEFAULT_FONTS), metavar="FONT",
+                   help="the fonts words are set in, as train's --fonts (default: installed)")
     args = p.parse_args(argv)
     size = _size(args.size)
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
@@ -178,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                         "number) from 64 to 8192 pixels a side, e.g. 1650x1275")
     if args.text_scale is not None and not 0.25 <= args.text_scale <= 8:
         raise UserError(f"--text-scale {args.text_scale}: give a factor from 0.25 to 8 (1: 12-40 px words)")
-    say(write_detection_folder(args.out, args.pages, args.seed, size, text_scale=args.text_scale))
+    fonts = select(args.fonts, DEFAULT_CHARSET)
+    say(fonts.line())
+    say(write_detection_folder(args.out, args.pages, args.seed, size, text_scale=args.text_scale, fonts=fonts.paths))
     return 0
 
 

@@ -183,6 +183,7 @@ class DetectionTask(Task):
 
     def build_data(self, cfg: DataConfig, batch_size: int, seed: int, dist: DistInfo):
         from scale_ocr.data.files import ScanReport
+        from scale_ocr.data.fonts import synthetic_fonts
         from scale_ocr.data.loader import VAL_SEED_OFFSET, build_loaders, labels_digest
         from scale_ocr.data.shard_reader import open_pages
         from scale_ocr.data.synthetic_pages import SyntheticPages
@@ -190,17 +191,20 @@ class DetectionTask(Task):
         train_tf = self.transform(train=True, augment=cfg.augment)
         val_tf = self.transform(train=False)
         report = ScanReport()
+        fonts = synthetic_fonts(cfg, self.charset)  # None where no synthetic page is drawn
+        paths = fonts.paths if fonts else ()
         if cfg.train_path:
             train_ds = open_pages(cfg.train_path, cfg.on_bad_sample, train_tf, train=True)
             report = train_ds.report
         else:
-            train_ds = SyntheticPages(cfg.train_samples, seed, self.input_size, self.charset, train_tf)
+            train_ds = SyntheticPages(cfg.train_samples, seed, self.input_size, self.charset, train_tf, paths)
         if cfg.val_path:
             val_ds = open_pages(cfg.val_path, cfg.on_bad_sample, val_tf, train=False)
             for k, v in val_ds.report.skipped.items():
                 report.skipped[f"val_{k}"] = v
         else:
-            val_ds = SyntheticPages(cfg.val_samples, seed + VAL_SEED_OFFSET, self.input_size, self.charset, val_tf)
+            val_ds = SyntheticPages(cfg.val_samples, seed + VAL_SEED_OFFSET, self.input_size, self.charset, val_tf,
+                                    paths)
         digest = labels_digest(cfg.train_path) if cfg.train_path else None
         return build_loaders(train_ds, val_ds, PageCollate(self.targets, self.mean, self.std), cfg, batch_size, seed,
                              dist, dict(report.skipped), digest)

@@ -148,12 +148,14 @@ class RecognitionTask(Task):
 
     def build_data(self, cfg: DataConfig, batch_size: int, seed: int, dist: DistInfo):
         from scale_ocr.data.files import ScanReport
+        from scale_ocr.data.fonts import synthetic_fonts
         from scale_ocr.data.loader import VAL_SEED_OFFSET, build_loaders, labels_digest
         from scale_ocr.data.shard_reader import open_words
         from scale_ocr.data.synthetic import SyntheticWords
         train_tf = self.transform(train=True, augment=cfg.augment)
         val_tf = self.transform(train=False)
         report = ScanReport()
+        fonts = synthetic_fonts(cfg, self.vocab.chars)  # None where no synthetic word is drawn
         if cfg.data_cache:
             from scale_ocr.data.cache import TensorWords
 
@@ -163,7 +165,7 @@ class RecognitionTask(Task):
             report = train_ds.report
         else:
             train_ds = SyntheticWords(self.vocab.chars, cfg.train_samples, cfg.min_chars, cfg.max_chars, seed,
-                                      train_tf, cfg.synthetic_words)
+                                      train_tf, cfg.synthetic_words, fonts)
         if cfg.data_cache:
             val_ds = train_ds  # benchmarks: validation, if any, is not what is measured
         elif cfg.val_path:
@@ -172,7 +174,7 @@ class RecognitionTask(Task):
                 report.skipped[f"val_{k}"] = v
         else:
             val_ds = SyntheticWords(self.vocab.chars, cfg.val_samples, cfg.min_chars, cfg.max_chars,
-                                    seed + VAL_SEED_OFFSET, val_tf, cfg.synthetic_words)
+                                    seed + VAL_SEED_OFFSET, val_tf, cfg.synthetic_words, fonts)
         digest = labels_digest(cfg.train_path) if cfg.train_path else None
         return build_loaders(train_ds, val_ds, Collate(self.vocab), cfg, batch_size, seed, dist,
                              dict(report.skipped), digest)
