@@ -173,8 +173,8 @@ class ModelConfig:
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     train_path: tuple[str, ...] = opt(
-        (), "docTR folder(s) with images/ and labels.json (recognition or detection, as the model), or one shard set "
-        "(`scale-ocr make-shards`: tar shards streamed, resumable exactly at any world size); synthetic data when "
+        (), "docTR folder(s) (images/, labels.json), or one shard set (`scale-ocr make-shards`), or a mix at stated "
+        "weights of folders, shard sets and the generator: real/=0.5 synthetic=0.3 shards/=0.2; synthetic data when "
         "omitted", aliases=("--train_path",), nargs="+", metavar="DIR")
     val_path: tuple[str, ...] = opt(
         (), "validation folder(s) in the same format, or one shard set; synthetic data when omitted",
@@ -203,6 +203,9 @@ class DataConfig:
         "task's: off for word recognition (they cost exact match within a 3-epoch budget: the convergence report in "
         "benchmarks/results/README.md; turn them on for many epochs over a small real set), on for detection",
         action=argparse.BooleanOptionalAction)
+    degrade: tuple[str, ...] = opt((), "train-time degradations real scans show, NAME=PROBABILITY each: ink, rotate, "
+                                   "perspective, blur, lowres, noise, jpeg (docs/data.md); none by default",
+                                   nargs="+", metavar="NAME=P")
     data_cache: str | None = opt(None, "train and validate on a pre-rendered image cache held in memory (no "
                                  "augmentation; `python -m scale_ocr.data.cache` builds one; benchmarks use it)")
 
@@ -331,20 +334,13 @@ class TrainConfig:
         _require_finite(self, "gpu_memory_cap_gb")  # NaN passes the check below
         if not 0 <= self.seed <= SEED_MAX:  # numpy's generators take no negative seed; torch's none past 64 bits
             raise UserError(f"--seed {self.seed}: use a whole number from 0 to {SEED_MAX} (2**32 - 1)")
-        if self.batch_size < 1:
-            raise UserError(f"--batch-size {self.batch_size}: use at least 1")
-        if self.grad_accum < 1:
-            raise UserError(f"--grad-accum {self.grad_accum}: use at least 1")
-        if self.epochs < 1:
-            raise UserError(f"--epochs {self.epochs}: use at least 1")
+        for name in ("batch_size", "grad_accum", "epochs", "log_every", "max_bad_steps"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} {getattr(self, name)}: use at least 1")
         if self.max_steps is not None and self.max_steps < 1:
             raise UserError(f"--max-steps {self.max_steps}: use at least 1")
         if self.gpu_memory_cap_gb is not None and self.gpu_memory_cap_gb <= 0:
             raise UserError(f"--gpu-memory-cap-gb {self.gpu_memory_cap_gb:g}: give a positive number of GiB")
-        if self.log_every < 1:
-            raise UserError(f"--log-every {self.log_every}: use at least 1")
-        if self.max_bad_steps < 1:
-            raise UserError(f"--max-bad-steps {self.max_bad_steps}: use at least 1")
         if not self.max_weight_growth > 1:  # NaN too
             raise UserError(f"--max-weight-growth {self.max_weight_growth:g}: use a number above 1 (inf: no bound)")
         if self.profile_steps < 0:

@@ -273,7 +273,7 @@ class DetCompose:
 
 def build_det_transform(input_size: tuple[int, int], train: bool, augment: bool = True,
                         mean: Sequence[float] = MEAN, std: Sequence[float] = STD, page_scale: str = "fit",
-                        max_side: int = DEFAULT_MAX_PAGE_SIDE) -> DetCompose:
+                        max_side: int = DEFAULT_MAX_PAGE_SIDE, degrade=None) -> DetCompose:
     """Page (PIL) + polygons -> model input; crop, rotation and colour jitter only when ``train`` and ``augment``.
 
     ``page_scale``: ``fit`` fits whole pages into ``input_size``; ``native`` or a factor scales pages (capped at
@@ -281,18 +281,19 @@ def build_det_transform(input_size: tuple[int, int], train: bool, augment: bool 
     batch to its largest page, rounded up to the stride).
     """
     factor = page_factor(page_scale)
+    first = [ImageOnly(degrade)] if train and degrade else []  # scale_ocr.data.degrade: on the page as it came
     if factor is not None:
         if not train:
             return DetCompose([ScalePage(factor, max_side)], mean, std)
         jitter = SCALE_JITTER if augment else None
-        ops: list = [ScalePage(factor, max_side, jitter)]
+        ops: list = [*first, ScalePage(factor, max_side, jitter)]
         if augment:
             ops += [RandomRotate(), TextCrop(input_size, TEXT_CROP_P),
                     ImageOnly(T.ColorJitter(brightness=0.2, contrast=0.2, saturation=0.2, hue=0.02))]
         else:
             ops.append(TextCrop(input_size, TEXT_CROP_P))
         return DetCompose([*ops, PadTo(input_size)], mean, std)
-    ops = []
+    ops = first
     if train and augment:
         # Jitter before padding, so the pad stays the black a predictor pads with.
         ops += [RandomCrop(), ResizePage(input_size, pad=False), RandomRotate(),

@@ -203,10 +203,11 @@ def select(selection: tuple[str, ...] | list[str], charset: str) -> FontSet:
 
 def synthetic_fonts(cfg, charset: str) -> FontSet | None:
     """The fonts a run's synthetic data is drawn in (``cfg``: its DataConfig), its line said once; None when the run
-    draws none (both sets are folders or shards, or it reads a cache)."""
+    draws none (both sets are folders or shards without `synthetic` in a mix, or it reads a cache)."""
+    from scale_ocr.data.mix import draws_synthetic
     from scale_ocr.errors import say
 
-    if cfg.data_cache or (cfg.train_path and cfg.val_path):
+    if not draws_synthetic(cfg):
         return None
     fonts = select(cfg.fonts, charset)
     say(fonts.line(), every_rank=False)

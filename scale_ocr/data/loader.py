@@ -134,6 +134,7 @@ class Data:
     labels_sha256: str | None  # of the training labels.json files; None for synthetic data
     speedup_hint: str = ""  # what would make loading faster, for a run that waited on it
     val_labels_sha256: str | None = None  # of the validation folders' labels.json (shards.json); None: synthetic
+    sources: list[dict] | None = None  # a mix's sources, weights, sizes and draws an epoch (scale_ocr.data.mix)
 
     def identity(self) -> dict[str, str | None]:
         """What a checkpoint records of its data, so a resume can tell the same from another (None: seeded synthetic
@@ -198,5 +199,7 @@ def build_loaders(train_ds: Dataset, val_ds: Dataset, collate, cfg: DataConfig, 
                                   generator=gen, **common)
     val_loader = DataLoader(EvalShard(val_ds, dist.rank, dist.world_size), batch_size=batch_size, shuffle=False,
                             **common)
+    describe = getattr(train_ds, "describe", None)  # a mix says its sources
     return Data(train_loader, val_loader, position, len(train_ds), len(val_ds), skipped, labels_sha256,
-                speedup_hint(workers, dist.local_world_size), labels_digest(cfg.val_path) if cfg.val_path else None)
+                speedup_hint(workers, dist.local_world_size), labels_digest(cfg.val_path) if cfg.val_path else None,
+                describe() if describe else None)

@@ -63,11 +63,11 @@ class WordTransform:
 
 def build_transform(input_size: tuple[int, int], train: bool, augment: bool = True,
                     mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD,
-                    fill: int | None = None) -> WordTransform:
+                    fill: int | None = None, degrade=None) -> WordTransform:
     """PIL image -> float tensor (3, H, W) normalised by ``mean``/``std``; augmentations only when training;
-    ``fill`` pads as :class:`ResizePad` does."""
+    ``fill`` pads as :class:`ResizePad` does; ``degrade`` (a :class:`~scale_ocr.data.degrade.Degrade`) first."""
     augmented = train and augment
-    pil: list = []
+    pil: list = [degrade] if degrade else []
     if augmented:
         pil += [
             T.RandomApply([T.RandomPerspective(distortion_scale=0.15, p=1.0, fill=255)], p=0.25),
@@ -83,7 +83,7 @@ def build_transform(input_size: tuple[int, int], train: bool, augment: bool = Tr
             T.RandomApply([T.Lambda(lambda x: 1.0 - x)], p=0.1),  # colour inversion
         ]
     tensor.append(T.Normalize(mean, std))
-    return WordTransform(pil, tensor, deterministic=not augmented)
+    return WordTransform(pil, tensor, deterministic=not augmented and not degrade)
 
 
 def denormalize(x: torch.Tensor, mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD) -> torch.Tensor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from scale_ocr.config import DEFAULT_LR_SCALING, OptimConfig, RunConfig
+from scale_ocr.data.degrade import parse as degradations
 from scale_ocr.errors import UserError
 from scale_ocr.models.factory import recommended_lr, reference_batch
 from scale_ocr.tasks import task_class
@@ -34,6 +35,7 @@ def resolve(cfg: RunConfig) -> RunConfig:
         optim=dataclasses.replace(resolve_rate(optim, cfg.model.arch), sched=optim.sched or task.default_sched),
     )
     task.check_config(resolved)  # e.g. synthetic words that CTC cannot align
+    degradations(resolved.data.degrade, task.moves_text)  # named, each with a probability, that the task's images take
     return resolved
 
 

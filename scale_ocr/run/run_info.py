@@ -59,7 +59,7 @@ def describe_run(cfg: RunConfig, plan, strategy, model: nn.Module, data, task) -
         "num_params": sum(full_numel(p) for p in model.parameters()),
         **task.describe(),  # task, and e.g. the vocabulary
         "dataset": {"num_train": data.num_train, "num_val": data.num_val, "skipped_samples": data.skipped,
-                    "train_labels_sha256": data.labels_sha256},
+                    "train_labels_sha256": data.labels_sha256, **({"sources": data.sources} if data.sources else {})},
         "ds_config": strategy.engine_config(),
         "versions": library_versions(),
         "host": {"python": platform.python_version(), "machine": platform.machine(),
@@ -85,6 +85,8 @@ def run_summary_line(s: dict[str, Any], run_dir: Path, task) -> str:
 
     parts = compact(s.get("time_breakdown"))  # where a timed step's time went
     breakdown = f" time=[{parts}]" if parts else ""
+    drawn = s.get("data_drawn")  # a mix's samples from each source
+    breakdown += f" drawn=[{', '.join(f'{k}: {v}' for k, v in drawn.items())}]" if drawn else ""
 
     return (
         f"scale-ocr: strategy={s['strategy']} world_size={s['world_size']} global_batch={s['global_batch']} "

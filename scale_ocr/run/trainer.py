@@ -135,9 +135,7 @@ class Trainer:
             "step": self.state.step, "epoch": self.state.epoch, "epoch_step": self.state.epoch_step,
             "samples_in_epoch": self.state.epoch_micro * self.ramp.per_accum, "global_batch": self.ramp.global_batch,
             "samples": self.state.samples, "batch_ramp": self.ramp.state_dict(),
-            # Where the data stands, in samples and free of world size: the order's rest (shards) or its count.
-            "data_position": self.data.position.state(
-                self.state.epoch, max(0, self.state.epoch_micro - self.segment_start)),
+            "data_position": self.data_position(),
             "steps_per_epoch": self.plan.steps_per_epoch,
             "schedule": self.schedule.state_dict(), "best": list(self.state.best) if self.state.best else None,
             "metrics_records": self.logger.records(),  # lines of metrics.jsonl this state accounts for
@@ -147,6 +145,10 @@ class Trainer:
             "data": self.data.identity(),  # compared on resume (scale_ocr.run.same_data)
             "noise_scale": self.noise.scale.state_dict(),  # its averages continue on resume
         }
+
+    def data_position(self) -> dict[str, Any]:
+        """Where the data stands, in samples and free of world size: the order's rest (shards) or its count."""
+        return self.data.position.state(self.state.epoch, max(0, self.state.epoch_micro - self.segment_start))
 
     def restore(self, meta: dict[str, Any]) -> str:
         """Continue from a checkpoint's trainer state (model and optimizer are already loaded).

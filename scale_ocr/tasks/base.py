@@ -49,6 +49,7 @@ class Task(ABC):
     default_input_size: ClassVar[tuple[int, int]]
     default_samples: ClassVar[tuple[int, int]]  # synthetic (train, validation) samples unless the user says
     default_augment: ClassVar[bool]  # train-time augmentation unless the user says (--augment / --no-augment)
+    moves_text: ClassVar[bool]  # its images may be turned and distorted (--degrade rotate): no box to leave
     default_sched: ClassVar[str] = "cosine"  # learning-rate schedule unless the user says (--sched)
     # Summary metrics, in the order printed; the first is the one "best" checkpoints maximise.
     metric_names: ClassVar[tuple[str, ...]]

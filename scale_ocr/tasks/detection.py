@@ -115,6 +115,7 @@ class DetectionTask(Task):
     default_input_size = (512, 512)
     default_samples = (2048, 64)
     default_augment = True  # page geometry and photometry: what a detector must not depend on
+    moves_text = False  # words must stay in their polygons (its augmentation turns the polygons with the page)
     metric_names = ("hmean", "recall", "precision", "mean_iou")
     percent_metrics = frozenset({"hmean", "recall", "precision"})
 
@@ -185,19 +186,19 @@ class DetectionTask(Task):
         from scale_ocr.data.files import ScanReport
         from scale_ocr.data.fonts import synthetic_fonts
         from scale_ocr.data.loader import VAL_SEED_OFFSET, build_loaders, labels_digest
+        from scale_ocr.data.mix import open_train
         from scale_ocr.data.shard_reader import open_pages
         from scale_ocr.data.synthetic_pages import SyntheticPages
 
-        train_tf = self.transform(train=True, augment=cfg.augment)
+        train_tf = self.transform(train=True, augment=cfg.augment, degrade=cfg.degrade)
         val_tf = self.transform(train=False)
-        report = ScanReport()
         fonts = synthetic_fonts(cfg, self.charset)  # None where no synthetic page is drawn
         paths = fonts.paths if fonts else ()
-        if cfg.train_path:
-            train_ds = open_pages(cfg.train_path, cfg.on_bad_sample, train_tf, train=True)
-            report = train_ds.report
-        else:
-            train_ds = SyntheticPages(cfg.train_samples, seed, self.input_size, self.charset, train_tf, paths)
+        train_ds, digest = open_train(
+            cfg, lambda folders: open_pages(folders, cfg.on_bad_sample, train_tf, train=True),
+            lambda: SyntheticPages(cfg.train_samples, seed, self.input_size, self.charset, train_tf, paths),
+            labels_digest)
+        report = getattr(train_ds, "report", None) or ScanReport()
         if cfg.val_path:
             val_ds = open_pages(cfg.val_path, cfg.on_bad_sample, val_tf, train=False)
             for k, v in val_ds.report.skipped.items():
@@ -205,18 +206,20 @@ class DetectionTask(Task):
         else:
             val_ds = SyntheticPages(cfg.val_samples, seed + VAL_SEED_OFFSET, self.input_size, self.charset, val_tf,
                                     paths)
-        digest = labels_digest(cfg.train_path) if cfg.train_path else None
         return build_loaders(train_ds, val_ds, PageCollate(self.targets, self.mean, self.std), cfg, batch_size, seed,
                              dist, dict(report.skipped), digest)
 
     targets = staticmethod(db_maps)  # a batch's training targets, the model's arguments after the images
 
-    def transform(self, train: bool, augment: bool = True):
-        """Page (PIL) + polygons -> the model's input tensor, polygons and words (augmented when training)."""
+    def transform(self, train: bool, augment: bool = True, degrade: tuple[str, ...] = ()):
+        """Page (PIL) + polygons -> the model's input tensor, polygons and words (augmented and ``degrade``'d when
+        training: NAME=P items, none that moves text)."""
+        from scale_ocr.data.degrade import Degrade, parse
         from scale_ocr.data.det_transforms import build_det_transform
 
         return build_det_transform(self.input_size, train=train, augment=augment, mean=self.mean, std=self.std,
-                                   page_scale=self.page_scale, max_side=self.max_page_side)
+                                   page_scale=self.page_scale, max_side=self.max_page_side,
+                                   degrade=Degrade(parse(degrade, self.moves_text)) if train else None)
 
     def probabilities(self, out: dict[str, torch.Tensor]) -> np.ndarray:
         """The model's output -> the (B, H, W) text probability maps."""

@@ -72,6 +72,7 @@ class RecognitionTask(Task):
     # Both chosen by the convergence benchmark (its record in benchmarks/results/README.md): augmentation cost exact
     # match within a few epochs, and OneCycle reached the bare loop's level where 5% warm-up + cosine did not.
     default_augment = False
+    moves_text = True  # a crop's label is its text, wherever the text sits
     default_sched = "onecycle"
     default_samples = (32768, 512)
     metric_names = ("exact_match", "ci_match", "cer")
@@ -92,10 +93,11 @@ class RecognitionTask(Task):
         """CTC needs one frame per character plus a blank between repeated ones, and synthetic words may
         repeat every character ("aaaa"), so the longest needs 2 * max_chars - 1 frames. Real folders are
         checked word by word at start-up, so only runs that render words are held to it."""
+        from scale_ocr.data.mix import draws_synthetic
         from scale_ocr.models.recognition.ctc import ctc_frames
 
         d = cfg.data
-        synthetic = not d.data_cache and not (d.train_path and d.val_path)
+        synthetic = draws_synthetic(d)
         frames, worst = ctc_frames(cfg.model.input_size), 2 * d.max_chars - 1
         if synthetic and worst > frames:
             raise UserError(
@@ -123,12 +125,13 @@ class RecognitionTask(Task):
         task.vocab = Vocab(identity["vocab"])  # the characters themselves, never re-read as a vocabulary name
         return task
 
-    def transform(self, train: bool, augment: bool = True):
-        """PIL crop -> the model's input tensor (augmented when training)."""
+    def transform(self, train: bool, augment: bool = True, degrade: tuple[str, ...] = ()):
+        """PIL crop -> the model's input tensor (augmented and ``degrade``'d when training: NAME=P items)."""
+        from scale_ocr.data.degrade import Degrade, parse
         from scale_ocr.data.transforms import build_transform
 
         return build_transform(self.input_size, train=train, augment=augment, mean=self.mean, std=self.std,
-                               fill=self.pad_fill)
+                               fill=self.pad_fill, degrade=Degrade(parse(degrade)) if train else None)
 
     def decode(self, logits: torch.Tensor) -> list[tuple[str, float]]:
         """The model's output -> ``(word, confidence)`` per item (greedy CTC decoding)."""
@@ -150,22 +153,22 @@ class RecognitionTask(Task):
         from scale_ocr.data.files import ScanReport
         from scale_ocr.data.fonts import synthetic_fonts
         from scale_ocr.data.loader import VAL_SEED_OFFSET, build_loaders, labels_digest
+        from scale_ocr.data.mix import open_train
         from scale_ocr.data.shard_reader import open_words
         from scale_ocr.data.synthetic import SyntheticWords
-        train_tf = self.transform(train=True, augment=cfg.augment)
+        train_tf = self.transform(train=True, augment=cfg.augment, degrade=cfg.degrade)
         val_tf = self.transform(train=False)
-        report = ScanReport()
         fonts = synthetic_fonts(cfg, self.vocab.chars)  # None where no synthetic word is drawn
         if cfg.data_cache:
             from scale_ocr.data.cache import TensorWords
 
-            train_ds = TensorWords(cfg.data_cache, self.vocab, self.input_size)
-        elif cfg.train_path:
-            train_ds = open_words(cfg.train_path, self.vocab, cfg.on_bad_sample, train_tf, self.input_size, train=True)
-            report = train_ds.report
+            train_ds, digest = TensorWords(cfg.data_cache, self.vocab, self.input_size), None
         else:
-            train_ds = SyntheticWords(self.vocab.chars, cfg.train_samples, cfg.min_chars, cfg.max_chars, seed,
-                                      train_tf, cfg.synthetic_words, fonts)
+            train_ds, digest = open_train(
+                cfg, lambda paths: open_words(paths, self.vocab, cfg.on_bad_sample, train_tf, self.input_size, True),
+                lambda: SyntheticWords(self.vocab.chars, cfg.train_samples, cfg.min_chars, cfg.max_chars, seed,
+                                       train_tf, cfg.synthetic_words, fonts), labels_digest)
+        report = getattr(train_ds, "report", None) or ScanReport()
         if cfg.data_cache:
             val_ds = train_ds  # benchmarks: validation, if any, is not what is measured
         elif cfg.val_path:
@@ -175,7 +178,6 @@ class RecognitionTask(Task):
         else:
             val_ds = SyntheticWords(self.vocab.chars, cfg.val_samples, cfg.min_chars, cfg.max_chars,
                                     seed + VAL_SEED_OFFSET, val_tf, cfg.synthetic_words, fonts)
-        digest = labels_digest(cfg.train_path) if cfg.train_path else None
         return build_loaders(train_ds, val_ds, Collate(self.vocab), cfg, batch_size, seed, dist,
                              dict(report.skipped), digest)
 

@@ -3,6 +3,8 @@ nor skips a sample of the epoch (the keys each rank trained on are recorded by t
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -57,3 +59,34 @@ def test_shards_train_under(strategy, shard_set, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     keys = _keys(tmp_path)
     assert len(keys) == len(set(keys)) == 16 and read_metrics(tmp_path / "run")["steps"] == 2
+
+
+@pytest.mark.slow
+def test_a_mix_trains_under_zero2_and_ddp_and_resumes_at_world_size_1_where_every_source_stood(shard_set, tmp_path):
+    """A folder, the shard set and synthetic words at 1/2, 1/4, 1/4 (an epoch of 20 + 38 + 30 = 88 samples: 44, 22
+    and 22 draws): ZeRO-2 at 2 ranks trains 2 steps and saves; DDP in one process finishes the epoch from there.
+    Between them they train every draw once: each folder sample 2 or 3 times (its passes), 22 distinct shard samples;
+    both runs say the mix, and the second reports what the run drew from each source."""
+    folder = make_folder(tmp_path / "real", {f"{i}.png": f"fold{i:06d}" for i in range(20)})
+    data = ["--train-path", f"{folder}=2", f"{shard_set}=1", "synthetic=1", "--train-samples", "30", "--max-chars",
+            "4", "--no-eval"]
+    first = tmp_path / "first"
+    proc = torchrun_train([str(first), "--strategy", "zero2", *BASE, *data, "--max-steps", "2", "--save-every", "2",
+                           "--output-dir", str(first)], script=KEYED)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "training mix of 3 sources, 88 samples an epoch" in proc.stdout
+    second = tmp_path / "second"
+    proc = python_train([str(second), "--strategy", "ddp", *BASE, *data, "--output-dir", str(second),
+                         "--resume", str(first / "checkpoints" / "step_00000002")], script=KEYED)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = _keys(first), _keys(second)
+    assert len(a) == 16 and len(b) == 72
+    real = Counter(k for k in a + b if k.startswith("fold"))
+    shards = [k for k in a + b if k.isdigit() and len(k) == 9]
+    assert sum(real.values()) == 44 and set(real.values()) <= {2, 3} and len(real) == 20
+    assert len(shards) == len(set(shards)) == 22 and len(a + b) - 44 - 22 == 22  # the rest: synthetic words
+    drawn = {str(folder): 44, str(shard_set): 22, "synthetic": 22}
+    assert read_metrics(second)["data_drawn"] == drawn and "drawn=[" in proc.stdout
+    sources = json.loads((second / "config.json").read_text())["dataset"]["sources"]
+    assert [(s["source"], s["weight"], s["draws_per_epoch"]) for s in sources] == [
+        (str(folder), 0.5, 44), (str(shard_set), 0.25, 22), ("synthetic", 0.25, 22)]
