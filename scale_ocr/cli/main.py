@@ -26,6 +26,8 @@ commands:
   predict      MODEL IMAGE...: one model's predictions (words of word crops, or boxes of pages)
                --det DET --reco RECO PAGE... [--overlay OUT.png | --overlay-dir DIR]: page OCR, one JSON line
                per page with its words in reading order
+  evaluate     MODEL DIR... [--json]: a model's validation metrics on labelled folders or a shard set
+               (a recognizer's exact match and CER, a detector's box recall and precision)
   evaluate-pages  --det DET --reco RECO DIR... [--json]: detection and end-to-end word recall/precision on
                docTR detection folders whose labels carry words
   make-dataset  PDF... OUT [--dpi 150] [--split-by document|page] [--val-fraction F]: born-digital PDFs into
@@ -331,7 +333,8 @@ def _lazy(module: str) -> Callable[[list[str]], int]:
 
 COMMANDS = {"train": _lazy("scale_ocr.train"), "ray-train": _lazy("scale_ocr.cli.ray_train"),
             "verify": _lazy("scale_ocr.cli.verify"), "export": _export, "predict": _predict,
-            "evaluate-pages": _evaluate_pages, "make-shards": _lazy("scale_ocr.cli.make_shards"),
+            "evaluate": _lazy("scale_ocr.cli.evaluate"), "evaluate-pages": _evaluate_pages,
+            "make-shards": _lazy("scale_ocr.cli.make_shards"),
             "make-dataset": _lazy("scale_ocr.cli.make_dataset"),
             "estimate-memory": _lazy("scale_ocr.cli.estimate_memory"), "plan": _lazy("scale_ocr.cli.plan"),
             "bench": _benchmark("scaling", "bench"), "max-model": _benchmark("max_model", "max-model"),

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from scale_ocr.config import MODEL_SIZE_FIELDS, DataConfig, ModelConfig
 from scale_ocr.distributed.process_group import DistInfo
@@ -112,6 +112,11 @@ class Task(ABC):
     @abstractmethod
     def build_data(self, cfg: DataConfig, batch_size: int, seed: int, dist: DistInfo):
         """Train and validation loaders for this rank (a :class:`~scale_ocr.data.loader.Data`)."""
+
+    @abstractmethod
+    def eval_set(self, paths: tuple[str, ...], on_bad_sample: str = "error") -> tuple[Dataset, Callable]:
+        """Labelled samples in folders or a shard set to measure on, and the collate :meth:`evaluate`'s batches need
+        (validation, ``scale-ocr evaluate``)."""
 
     @abstractmethod
     def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device,

@@ -200,7 +200,7 @@ class DetectionTask(Task):
             labels_digest)
         report = getattr(train_ds, "report", None) or ScanReport()
         if cfg.val_path:
-            val_ds = open_pages(cfg.val_path, cfg.on_bad_sample, val_tf, train=False)
+            val_ds, _ = self.eval_set(cfg.val_path, cfg.on_bad_sample)
             for k, v in val_ds.report.skipped.items():
                 report.skipped[f"val_{k}"] = v
         else:
@@ -210,6 +210,14 @@ class DetectionTask(Task):
                              dist, dict(report.skipped), digest)
 
     targets = staticmethod(db_maps)  # a batch's training targets, the model's arguments after the images
+
+    def eval_set(self, paths: tuple[str, ...], on_bad_sample: str = "error"):
+        """Labelled pages to measure on (detection folders or a shard set) and the collate :meth:`evaluate`'s batches
+        need."""
+        from scale_ocr.data.shard_reader import open_pages
+
+        data = open_pages(paths, on_bad_sample, self.transform(train=False), train=False)
+        return data, PageCollate(self.targets, self.mean, self.std)
 
     def transform(self, train: bool, augment: bool = True, degrade: tuple[str, ...] = ()):
         """Page (PIL) + polygons -> the model's input tensor, polygons and words (augmented and ``degrade``'d when

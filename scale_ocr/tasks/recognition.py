@@ -172,7 +172,7 @@ class RecognitionTask(Task):
         if cfg.data_cache:
             val_ds = train_ds  # benchmarks: validation, if any, is not what is measured
         elif cfg.val_path:
-            val_ds = open_words(cfg.val_path, self.vocab, cfg.on_bad_sample, val_tf, self.input_size, train=False)
+            val_ds, _ = self.eval_set(cfg.val_path, cfg.on_bad_sample)
             for k, v in val_ds.report.skipped.items():
                 report.skipped[f"val_{k}"] = v
         else:
@@ -180,6 +180,14 @@ class RecognitionTask(Task):
                                     seed + VAL_SEED_OFFSET, val_tf, cfg.synthetic_words, fonts)
         return build_loaders(train_ds, val_ds, Collate(self.vocab), cfg, batch_size, seed, dist,
                              dict(report.skipped), digest)
+
+    def eval_set(self, paths: tuple[str, ...], on_bad_sample: str = "error"):
+        """Labelled crops to measure on (recognition folders or a shard set) and the collate :meth:`evaluate`'s
+        batches need."""
+        from scale_ocr.data.shard_reader import open_words
+
+        data = open_words(paths, self.vocab, on_bad_sample, self.transform(train=False), self.input_size, train=False)
+        return data, Collate(self.vocab)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device,

@@ -12,6 +12,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from conftest import make_folder
 from PIL import Image, ImageDraw
 from torch import nn
 
@@ -269,3 +270,21 @@ def test_synthetic_pages_command_writes_a_new_evaluation_folder_only(tmp_path, c
     with pytest.raises(UserError, match="already exists"):
         pages_main([str(out), "--pages", "3"])
     assert (out / "labels.json").read_bytes() == before
+
+
+def test_evaluate_measures_a_model_on_labelled_folders_as_validation_does(models, folder, tmp_path, capsys):
+    """`scale-ocr evaluate MODEL DIR`: a recognizer's exact match and CER on word crops, a detector's recall and
+    precision on pages, the same numbers as the task's validation over those folders; the wrong kind of folder is
+    refused in one line."""
+    from scale_ocr.cli.evaluate import evaluate
+
+    words = make_folder(tmp_path / "words", {f"{i}.png": w for i, w in enumerate(["hello", "world", "ocr42"])})
+    assert main(["evaluate", models["reco"], str(words), "--json"]) == 0
+    reco = json.loads(capsys.readouterr().out)
+    assert reco["samples"] == 3 and reco["arch"] == RECO_ARCH and 0 <= reco["exact_match"] <= 1 and reco["cer"] > 0
+    assert evaluate(models["reco"], [str(words)], batch_size=2) == reco  # batches of any size: the same sums
+    det = evaluate(models["det"], [str(folder)])
+    assert det["samples"] == 3 and {"recall", "precision"} <= det.keys()
+    assert main(["evaluate", models["reco"], str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "scale-ocr: error:" in err, err
