@@ -15,7 +15,9 @@ the same number of optimizer steps (``--steps``, or the set's epochs):
 
 * ``defaults``: ``scale_ocr/train.py`` with nothing but the data, the epochs and ``--eval-every``: its own
   learning rate, schedule, warm-up, augmentation, clipping and weight decay;
-* ``bare``: :mod:`benchmarks.hand_loop`, DDP with no augmentation, AdamW at 3e-3 and torch's OneCycleLR.
+* ``bare``: :mod:`benchmarks.hand_loop`, DDP with no augmentation, AdamW at 3e-3 and torch's OneCycleLR;
+* trials (``--recipes defaults,degraded``), each the defaults with flags added (:data:`TRIALS`): ``degraded`` adds
+  real scans' degradations (:data:`scale_ocr.data.degrade.CANDIDATE`), the trial that decides their defaults.
 
 Both measure exact match on the set's validation folder every ``--eval-every`` steps and at the end. The
 report gives the steps and wall-clock seconds (from the launch, start-up and evaluation included on both
@@ -48,11 +50,15 @@ from benchmarks.harness import (
     write_command,
 )
 from benchmarks.word_sets import crops_folders, word_set
+from scale_ocr.data.degrade import CANDIDATE
 
 ARCH = "crnn_mobilenet_v3_small"
 SETS = ("synthetic", "real", "crops")
 SET_NAMES = {"synthetic": "synthetic", "real": "real-looking", "crops": "real-document crops"}
 RECIPES = ("defaults", "bare")
+# Recipes tried against the defaults (--recipes defaults,degraded): the trainer with these flags added. The
+# verdicts compare each with the defaults at equal steps; a record's default --recipes stays the two above.
+TRIALS = {"degraded": ["--degrade", *CANDIDATE]}  # issue 56: do real scans' degradations pay on real crops?
 THRESHOLDS = (0.5, 0.8, 0.9)
 LEARNED = 0.1  # exact match below which a recipe has not learned the set at all: no comparison to make
 MARGIN = 0.02  # issue 32: the defaults end within 2 points of the bare loop's exact match, or above it
@@ -84,8 +90,8 @@ def job(args: argparse.Namespace, recipe: str, train: Path, val: Path, epochs: i
         chars: str) -> tuple[list[str], Path]:
     """The launch command of one recipe and the file its curve is read from."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    if recipe == "defaults":
-        cli = [ARCH, "--strategy", "ddp", "--train-path", str(train), "--val-path", str(val),
+    if recipe != "bare":
+        cli = [ARCH, "--strategy", "ddp", "--train-path", str(train), "--val-path", str(val), *TRIALS.get(recipe, []),
                "-b", str(args.batch_size),
                "--epochs", str(epochs), "--max-steps", str(steps), "--eval-every", str(args.eval_every),
                "--workers", str(args.workers),
@@ -181,7 +187,20 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
             "PASS" if d >= b else "FAIL"
         lines.append(f"- real-looking: after {by[('real', 'defaults')]['epochs']} epochs, defaults {d:.3f} vs bare "
                      f"{b:.3f}: {verdict} (at least the bare loop's accuracy)")
-    return lines + equal_steps(rows)
+    return lines + equal_steps(rows) + trials(rows)
+
+
+def trials(rows: list[dict[str, Any]]) -> list[str]:
+    """Each trial recipe against the defaults on each set where both ran: final exact match, in points."""
+    by = {(r["set"], r["recipe"]): r for r in rows if r["status"] == "ok" and r["curve"]}
+    lines = []
+    for name in SETS:
+        for trial in [t for t in TRIALS if (name, t) in by and (name, "defaults") in by]:
+            d, t = (by[(name, k)]["curve"][-1] for k in ("defaults", trial))
+            lines.append(f"- {SET_NAMES[name]}: {trial} ends at {100 * t['exact_match']:.1f}% after step {t['step']}, "
+                         f"defaults {100 * d['exact_match']:.1f}% after step {d['step']}: "
+                         f"{100 * (t['exact_match'] - d['exact_match']):+.1f} points")
+    return lines
 
 
 def equal_steps(rows: list[dict[str, Any]]) -> list[str]:
@@ -287,8 +306,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     default_sets = ["synthetic", "real", *(["crops"] if args.real_crops else [])]
     args.sets = args.sets.split(",") if args.sets else default_sets
     args.recipes = args.recipes.split(",")
-    for bad in [s for s in args.sets if s not in SETS] + [r for r in args.recipes if r not in RECIPES]:
-        p.error(f"unknown set or recipe {bad!r}: sets {', '.join(SETS)}; recipes {', '.join(RECIPES)}")
+    known = (*RECIPES, *TRIALS)
+    for bad in [s for s in args.sets if s not in SETS] + [r for r in args.recipes if r not in known]:
+        p.error(f"unknown set or recipe {bad!r}: sets {', '.join(SETS)}; recipes {', '.join(known)}")
     return args
 
 
