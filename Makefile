@@ -71,29 +71,41 @@ fonts:
 		fi; \
 	fi
 
-# Real born-digital PDFs, unpacked into .venv/real-pdfs/ (nothing installed on the system) from Debian's
-# documentation packages: the CamlIDL manual (camlidl-doc: 26 pages of LaTeX prose and code, 190 KB), which
+# Real born-digital PDFs, unpacked into .venv/ (nothing installed on the system) from Debian's documentation
+# packages. .venv/real-pdfs: the CamlIDL manual (camlidl-doc: 26 pages of LaTeX prose and code, 190 KB), which
 # tests/unit/test_make_dataset.py reads, and the FreeFEM manual (freefem-doc: 50 pages, 320 KB), which with it makes
-# the real-document benchmark's set (python -m benchmarks.real_documents). Needs apt-get (the package lists are
-# fetched once when missing and we are root); otherwise that test skips and the benchmark stops, each with a line.
+# the real-document benchmark's set (python -m benchmarks.real_documents); both in TeX's Computer Modern.
+# .venv/unseen-pdfs: documents in other font families, what benchmarks.cross_documents measures on: Backup
+# Manager's user guide (backup-manager-doc: 29 pages in URW Palladio, Palatino's twin) and the FAI guide (fai-doc:
+# 38 pages in Nimbus Roman, Times's, headings in Nimbus Sans). Needs apt-get (the package lists are fetched once
+# when missing and we are root); otherwise that test skips and the benchmarks stop, each with a line.
 REAL_PDFS := $(VENV)/real-pdfs
 REAL_PDF_PKGS := camlidl-doc freefem-doc
-real-pdfs:
-	@for pkg in $(REAL_PDF_PKGS); do \
-		test -e $(REAL_PDFS)/.$$pkg && continue; \
+UNSEEN_PDFS := $(VENV)/unseen-pdfs
+UNSEEN_PDF_PKGS := backup-manager-doc fai-doc
+# $(1): the folder, $(2): the packages whose PDFs (gzipped ones unpacked) go there
+define fetch_pdfs
+	@for pkg in $(2); do \
+		test -e $(1)/.$$pkg && continue; \
 		if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then \
-			echo "note: no apt-get here: $$pkg's PDFs are not fetched (the real-PDF test skips)"; continue; \
+			echo "note: no apt-get here: $$pkg's PDFs are not fetched (the tests and benchmarks that read them skip)"; \
+			continue; \
 		fi; \
 		tmp=$$(mktemp -d); \
 		(cd $$tmp && apt-get download -qq $$pkg 2>/dev/null) || \
 			{ [ "$$(id -u)" = 0 ] && apt-get update -qq && (cd $$tmp && apt-get download -qq $$pkg 2>/dev/null); }; \
 		if ls $$tmp/$${pkg}_*.deb >/dev/null 2>&1 && dpkg-deb -x $$tmp/$${pkg}_*.deb $$tmp/x; then \
-			mkdir -p $(REAL_PDFS) && find $$tmp/x -name '*.pdf' -exec cp {} $(REAL_PDFS)/ \; && touch $(REAL_PDFS)/.$$pkg; \
+			find $$tmp/x -name '*.pdf.gz' -exec gunzip {} \; ; \
+			mkdir -p $(1) && find $$tmp/x -name '*.pdf' -exec cp {} $(1)/ \; && touch $(1)/.$$pkg; \
 		else \
-			echo "note: could not fetch $$pkg (apt-get download): its PDFs are missing from $(REAL_PDFS)"; \
+			echo "note: could not fetch $$pkg (apt-get download): its PDFs are missing from $(1)"; \
 		fi; \
 		rm -rf $$tmp; \
 	done
+endef
+real-pdfs:
+	$(call fetch_pdfs,$(REAL_PDFS),$(REAL_PDF_PKGS))
+	$(call fetch_pdfs,$(UNSEEN_PDFS),$(UNSEEN_PDF_PKGS))
 
 # A real 2-rank DDP training on synthetic words (CPU + gloo without GPUs) with the project's own recipe (the
 # CRNN's rate at its reference global batch, 64, and OneCycle), then a one-screen summary and runs/demo/curves.png.

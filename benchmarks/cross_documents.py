@@ -79,12 +79,12 @@ def commands(args: argparse.Namespace, work: Path) -> dict[str, list[str]]:
     train, unseen, det = work / "train-set", work / "unseen-set", work / "det"
     cli = str(BIN / "scale-ocr")
     common = ["--resume", "none", "--log-every", "25", "--wandb-mode", "offline"]
-    unseen_pdfs = pdfs(args.unseen_pdfs, UNSEEN_PDFS, "--unseen-pdfs")
     out = {
         "train-set": [cli, "make-dataset", *map(str, pdfs(args.train_pdfs, REAL_PDFS, "--train-pdfs")), str(train),
                       "--dpi", str(args.dpi), "--split-by", "document", "--val-count", "1", "--seed", str(args.seed)],
-        "unseen-set": [cli, "make-dataset", *map(str, unseen_pdfs), str(unseen), "--dpi", str(args.dpi),
-                       "--split-by", "document", "--val-count", str(len(unseen_pdfs))],
+        # every unseen page in the train split (make-dataset's val keeps a training document): none trains anything
+        "unseen-set": [cli, "make-dataset", *map(str, pdfs(args.unseen_pdfs, UNSEEN_PDFS, "--unseen-pdfs")),
+                       str(unseen), "--dpi", str(args.dpi), "--val-count", "0"],
         "detector": launch_command("torchrun", args.world_size, TRAIN, [
             DETECTOR, "--train-path", str(train / "detection" / "train"), "--page-scale", "native",
             "--input-size", args.det_input, "-b", str(args.det_batch), "--max-steps", str(args.det_steps),
@@ -97,11 +97,11 @@ def commands(args: argparse.Namespace, work: Path) -> dict[str, list[str]]:
             "--val-path", str(train / "recognition" / "val"), "-b", str(args.reco_batch), "--max-steps",
             str(args.reco_steps), "--epochs", "100000", "--eval-every", str(args.reco_steps // 4),
             "--output-dir", str(reco), *common])
-        out[f"crops-{recipe}"] = [cli, "evaluate", str(reco / "last_model.pt"), str(unseen / "recognition" / "val"),
+        out[f"crops-{recipe}"] = [cli, "evaluate", str(reco / "last_model.pt"), str(unseen / "recognition" / "train"),
                                   "--json"]
         out[f"pages-{recipe}"] = [cli, "evaluate-pages", "--det", str(det / "last_model.pt"), "--reco",
                                   str(reco / "last_model.pt"), "--det-size", "auto", "--json",
-                                  str(unseen / "detection" / "val")]
+                                  str(unseen / "detection" / "train")]
     return out
 
 
