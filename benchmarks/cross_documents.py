@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -36,20 +35,15 @@ from benchmarks.harness import (
     BIN,
     REPO,
     TRAIN,
-    append_line,
     bench_main,
     command_line,
-    hardware,
     launch_command,
     load,
     parser,
     run_main,
-    versions,
-    work_dir,
-    write_command,
     write_outputs,
 )
-from benchmarks.real_documents import DETECTOR, REAL_PDFS, RECOGNIZER, _run
+from benchmarks.real_documents import DETECTOR, REAL_PDFS, RECOGNIZER, pdfs, run_stages
 from scale_ocr.data.degrade import CANDIDATE
 
 MODULE = "cross_documents"
@@ -60,18 +54,6 @@ RECIPES = {"real": lambda crops: ["--train-path", crops],
                                       "--degrade", *CANDIDATE]}
 TARGETS = {"word_recall": 0.6, "gap": 0.10}  # issue 56, acceptance 3
 SHIPPED = "degraded"
-
-
-def pdfs(given: list[str] | None, default: Path, flag: str) -> list[Path]:
-    from scale_ocr.errors import UserError
-
-    found = [Path(p) for p in given] if given else sorted(default.glob("*.pdf"))
-    if not found:
-        raise UserError(f"no PDFs: none under {default} (`make install` fetches them) and no {flag} given")
-    missing = [str(p) for p in found if not p.is_file()]
-    if missing:
-        raise UserError(f"{flag}: {', '.join(missing)} not found")
-    return found
 
 
 def commands(args: argparse.Namespace, work: Path) -> dict[str, list[str]]:
@@ -122,28 +104,7 @@ def result(stage: str, work: Path, stdout: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> None:
-    """Run the stages not yet in ``args.out/results.jsonl``, in order; stop at the first that fails."""
-    from scale_ocr.errors import UserError
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    results = args.out / "results.jsonl"
-    done = {line["stage"] for line in load(args.out, f"benchmarks.{MODULE}")} if results.is_file() else set()
-    if not done:
-        write_command(args.out, MODULE)
-    work = work_dir(args.out)
-    work.mkdir(parents=True, exist_ok=True)
-    for stage, cmd in commands(args, work).items():
-        if stage in done:
-            print(f"{MODULE}: {stage} already measured, kept")
-            continue
-        print(f"{MODULE}: {stage}: {shlex.join(cmd)}", flush=True)
-        rc, wall, stdout = _run(cmd, work / f"{stage}.log", args.timeout)
-        if rc != 0:
-            raise UserError(f"{stage} failed (exit {rc}); its output is in {work / f'{stage}.log'}")
-        append_line(results, {"stage": stage, "command": shlex.join(cmd).replace(str(REPO) + "/", ""),
-                              "wall_seconds": wall, "result": result(stage, work, stdout), "hardware": hardware(),
-                              "versions": versions()})
-        print(f"{MODULE}: {stage} done in {wall:.0f} s", flush=True)
+    run_stages(args.out, MODULE, lambda work: commands(args, work), result, args.timeout)
 
 
 def rows(lines: dict[str, dict]) -> list[dict[str, Any]]:

@@ -30,6 +30,7 @@ import json
 import shlex
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +60,16 @@ STAGES = ("dataset", "detector", "recognizer", "pages")
 TARGETS = {"recall": 0.8, "precision": 0.8, "word_recall": 0.6}  # issue 31, acceptance 4
 
 
-def _pdfs(args: argparse.Namespace) -> list[Path]:
+def pdfs(given: list[str] | None, default: Path, flag: str) -> list[Path]:
+    """The PDFs ``flag`` names, else every PDF under ``default``; refused in one line when there are none."""
     from scale_ocr.errors import UserError
 
-    found = [Path(p) for p in args.pdfs] if args.pdfs else sorted(REAL_PDFS.glob("*.pdf"))
+    found = [Path(p) for p in given] if given else sorted(default.glob("*.pdf"))
     if not found:
-        raise UserError(f"no PDFs: none under {REAL_PDFS} (`make real-pdfs` fetches them) and no --pdfs given")
+        raise UserError(f"no PDFs: none under {default} (`make real-pdfs` fetches them) and no {flag} given")
     missing = [str(p) for p in found if not p.is_file()]
     if missing:
-        raise UserError(f"--pdfs: {', '.join(missing)} not found")
+        raise UserError(f"{flag}: {', '.join(missing)} not found")
     return found
 
 
@@ -91,8 +93,9 @@ def _commands(args: argparse.Namespace, work: Path) -> dict[str, list[str]]:
     cli = str(BIN / "scale-ocr")
     common = ["--resume", "none", "--log-every", "25", "--wandb-mode", "offline"]
     return {
-        "dataset": [cli, "make-dataset", *map(str, _pdfs(args)), str(data), "--dpi", str(args.dpi),
-                    "--split-by", "document", "--val-count", str(args.val_count), "--seed", str(args.seed)],
+        "dataset": [cli, "make-dataset", *map(str, pdfs(args.pdfs, REAL_PDFS, "--pdfs")), str(data),
+                    "--dpi", str(args.dpi), "--split-by", "document", "--val-count", str(args.val_count),
+                    "--seed", str(args.seed)],
         "detector": launch_command("torchrun", args.world_size, TRAIN, [
             DETECTOR, "--train-path", str(data / "detection" / "train"), "--page-scale", "native",
             "--input-size", args.det_input, "-b", str(args.det_batch), "--max-steps", str(args.det_steps),
@@ -124,28 +127,34 @@ def _result(stage: str, work: Path, stdout: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> None:
-    """Run the stages not yet in ``args.out/results.jsonl``, in order; stop at the first that fails."""
+    run_stages(args.out, MODULE, lambda work: _commands(args, work), _result, args.timeout)
+
+
+def run_stages(out: Path, module: str, commands: Callable[[Path], dict[str, list[str]]],
+               result: Callable[[str, Path, str], dict[str, Any]], timeout: int) -> None:
+    """Run the stages (``commands(work folder)``, in order) not yet in ``out/results.jsonl``, each line holding its
+    command, wall time and ``result(stage, work, stdout)``; stop at the first that fails."""
     from scale_ocr.errors import UserError
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    results = args.out / "results.jsonl"
-    done = {line["stage"] for line in load(args.out, f"benchmarks.{MODULE}")} if results.is_file() else set()
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "results.jsonl"
+    done = {line["stage"] for line in load(out, f"benchmarks.{module}")} if results.is_file() else set()
     if not done:
-        write_command(args.out, MODULE)
-    work = work_dir(args.out)
+        write_command(out, module)
+    work = work_dir(out)
     work.mkdir(parents=True, exist_ok=True)
-    for stage, cmd in _commands(args, work).items():
+    for stage, cmd in commands(work).items():
         if stage in done:
-            print(f"{MODULE}: {stage} already measured, kept")
+            print(f"{module}: {stage} already measured, kept")
             continue
-        print(f"{MODULE}: {stage}: {shlex.join(cmd)}", flush=True)
-        rc, wall, stdout = _run(cmd, work / f"{stage}.log", args.timeout)
+        print(f"{module}: {stage}: {shlex.join(cmd)}", flush=True)
+        rc, wall, stdout = _run(cmd, work / f"{stage}.log", timeout)
         if rc != 0:
             raise UserError(f"{stage} failed (exit {rc}); its output is in {work / f'{stage}.log'}")
         line = {"stage": stage, "command": shlex.join(cmd).replace(str(REPO) + "/", ""), "wall_seconds": wall,
-                "result": _result(stage, work, stdout), "hardware": hardware(), "versions": versions()}
+                "result": result(stage, work, stdout), "hardware": hardware(), "versions": versions()}
         append_line(results, line)
-        print(f"{MODULE}: {stage} done in {wall:.0f} s", flush=True)
+        print(f"{module}: {stage} done in {wall:.0f} s", flush=True)
 
 
 def _verdicts(pages: dict[str, Any]) -> list[str]:
