@@ -66,13 +66,13 @@ def _print_summary(summary: dict, out: Path) -> None:
     say(f"scale-ocr: wrote {shown(out, PATH_LIMIT)}: {len(summary['documents'])} documents, {pages['written']} of "
         f"{pages['in_documents']} pages (skipped: {skipped})")
     say(f"  words in the text layer {words['in_text_layer']}, in detection labels {words['detection']}, "
-        f"word crops {words['recognition']}")
+        f"word crops {words['recognition']}, line crops {words['lines']}")
     for key, what in (("left_out", "left out everywhere"), ("left_out_of_recognition", "boxed, not cropped")):
         if words[key]:
             say(f"  {what}: " + ", ".join(f"{n} {r}" for r, n in sorted(words[key].items())))
     for name, split in summary["splits"].items():
         say(f"  {name}: {len(split['documents'])} documents, {len(split['pages'])} pages, "
-            f"{split['recognition_words']} word crops")
+            f"{split['recognition_words']} word crops, {split['lines']} line crops")
     if summary["repeated_documents"]:
         names = ", ".join(shown(p, PATH_LIMIT) for p in summary["repeated_documents"])
         say(f"  repeated documents, read once: {names}")

@@ -21,8 +21,9 @@ from scale_ocr.errors import UserError, say, shown
 
 
 class FolderWriter:
-    """docTR folders under ``root``: ``recognition/{train,val}`` (word crops) and ``detection/{train,val}``
-    (whole pages, labels with each polygon's word: what ``scale-ocr evaluate-pages`` reads)."""
+    """docTR folders under ``root``: ``recognition/{train,val}`` (word crops), ``lines/{train,val}`` (line crops,
+    labelled with their words joined by spaces) and ``detection/{train,val}`` (whole pages, labels with each
+    polygon's word: what ``scale-ocr evaluate-pages`` reads)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -43,6 +44,8 @@ class FolderWriter:
         self._write("detection", samples.split, samples.page_name, samples.page_png, samples.page_label)
         for name, png, word in samples.crops:
             self._write("recognition", samples.split, name, png, word)
+        for name, png, text in samples.lines:
+            self._write("lines", samples.split, name, png, text)
 
     def close(self) -> None:
         for (task, split), labels in self.labels.items():

@@ -34,6 +34,9 @@ SPLITS = ("train", "val")
 # A box thinner than this (pixels) is no area: the detection folders' start-up check refuses a polygon under
 # 0.01 px² (scale_ocr.data.detection.MIN_AREA), and a page with one such box would be refused whole.
 MIN_BOX_SIDE = 0.25
+# Two words are on one line of text while the gap between them is under this many line heights: word spaces, even
+# justified, are well under one; a column's gutter, a table's next cell or a margin note are further.
+LINE_GAP = 1.5
 
 # Why a word is left out. The first three leave a word out everywhere (nothing of it is drawn on the page); the
 # others only leave the recognition set: its box stays in the detection labels, or visible text would be trained
@@ -90,6 +93,7 @@ class PageSamples:
     page_png: bytes | None  # None when the page was skipped whole
     page_label: dict
     crops: list[tuple[str, bytes, str]]  # (file name, PNG, word)
+    lines: list[tuple[str, bytes, str]] = field(default_factory=list)  # (file name, PNG, its words joined by " ")
     words_in_layer: int = 0
     dropped: Counter = field(default_factory=Counter)  # reason -> words
     skipped: str | None = None  # the page-skip reason
@@ -270,12 +274,13 @@ def page_samples(page: pdf_text.PdfPage, job: PageJob) -> PageSamples:
     name = f"{job.doc_id}_p{job.index + 1:04d}"
     out = PageSamples(job.split, f"{name}.png", None, {}, [], words_in_layer=len(page.words))
     vocab = frozenset(job.vocab)  # a set, not scale_ocr.vocab.Vocab: a worker should not spend 2 s importing torch
-    polygons, texts, readable = [], [], []
+    polygons, texts, readable, drawn = [], [], [], set()
     for k, word in enumerate(page.words):
         reason, box = _place(word, page.image.size)
         if reason:
             out.dropped[reason] += 1
             continue
+        drawn.add(k)
         polygons.append(_rounded(box))
         texts.append(word.text)
         why = _readable(word, box, vocab)
@@ -291,13 +296,66 @@ def page_samples(page: pdf_text.PdfPage, job: PageJob) -> PageSamples:
     out.page_label = {"img_dimensions": [h, w], "img_hash": hashlib.sha256(out.page_png).hexdigest(),
                       "polygons": polygons, "words": texts}
     crops = crop_words(page.image, np.array([_rounded(b) for _, _, b in readable]).reshape(-1, 4, 2))
-    for (k, word, _), crop in zip(readable, crops, strict=True):
+    kept = []
+    for (k, word, box), crop in zip(readable, crops, strict=True):
         if crop is None:  # under crop_words' MIN_SIDE: page OCR would not read it either
             out.dropped["too_thin"] += 1
             continue
         if word.turn:
             crop = crop.transpose(_UPRIGHT[word.turn])
         out.crops.append((f"{name}_w{k:05d}.png", _png(crop), word.text))
+        kept.append((k, word, box))
+    out.lines = line_samples(page.image, name, kept, drawn - {k for k, _, _ in kept})
+    return out
+
+
+def _reading_frame(box: Sequence[float], turn: int) -> tuple[float, float, float, float]:
+    """A box as ``(u0, v0, u1, v1)``: u along its text's reading direction, v across it towards the next line, so a
+    turned line reads as an upright one does."""
+    x0, y0, x1, y1 = box
+    return {0: (x0, y0, x1, y1), 1: (-y1, x0, -y0, x1), 2: (-x1, -y1, -x0, -y0), 3: (y0, -x1, y1, -x0)}[turn]
+
+
+def text_lines(words: Sequence[tuple[int, pdf_text.PdfWord, tuple[float, ...]]], breaks: set[int] = frozenset()
+               ) -> list[list[int]]:
+    """The words (``(index in the text layer, word, box)`` in its order, every one kept for recognition) grouped
+    into lines; each line's positions in ``words``. A line goes on while the next word has its turn, shares half
+    its height or more across the line (ascenders and descenders differ, the next line shares none), is set at a
+    size within 1.5x and starts after it, less than :data:`LINE_GAP` line heights on (more is another column, a
+    table cell or a margin note). A word the page draws but recognition leaves out (``breaks``: out of the
+    vocabulary, a rule...) ends the line, so no line crop shows what its label does not say."""
+    lines: list[list[int]] = []
+    for i, (k, word, box) in enumerate(words):
+        if lines:
+            j, last, last_box = words[lines[-1][-1]]
+            if last.turn == word.turn and not breaks.intersection(range(j + 1, k)):
+                a, b = _reading_frame(last_box, last.turn), _reading_frame(box, word.turn)
+                height = max(last.line_height, word.line_height, 1e-6)
+                shared = min(a[3], b[3]) - max(a[1], b[1])
+                if (shared >= 0.5 * min(a[3] - a[1], b[3] - b[1]) and -0.25 * height <= b[0] - a[2] <= LINE_GAP * height
+                        and max(last.line_height, word.line_height) <= 1.5 * min(last.line_height, word.line_height)):
+                    lines[-1].append(i)
+                    continue
+        lines.append([i])
+    return lines
+
+
+def line_samples(image: Image.Image, name: str, words: Sequence[tuple[int, pdf_text.PdfWord, tuple[float, ...]]],
+                 breaks: set[int]) -> list[tuple[str, bytes, str]]:
+    """A page's line crops (:func:`text_lines`): each line's box around its words, cut with page OCR's padding and
+    turned upright, labelled with its words joined by single spaces; named by its first word's index."""
+    groups = text_lines(words, breaks)
+    boxes = [[min(words[i][2][0] for i in g), min(words[i][2][1] for i in g), max(words[i][2][2] for i in g),
+              max(words[i][2][3] for i in g)] for g in groups]
+    out = []
+    for group, crop in zip(groups, crop_words(image, np.array([_rounded(b) for b in boxes]).reshape(-1, 4, 2)),
+                           strict=True):
+        first, word, _ = words[group[0]]
+        if crop is None:
+            continue
+        if word.turn:
+            crop = crop.transpose(_UPRIGHT[word.turn])
+        out.append((f"{name}_l{first:05d}.png", _png(crop), " ".join(words[i][1].text for i in group)))
     return out
 
 
@@ -384,9 +442,9 @@ def _summary(documents: Sequence[Document], repeats: Sequence[str], opts: Option
             "repeated_documents": list(repeats),
             "pages": {"in_documents": sum(len(d.pages) for d in documents), "written": 0,
                       "skipped": {k: n for k, n in skipped.items() if n}},
-            "words": {"in_text_layer": 0, "detection": 0, "recognition": 0, "left_out": {},
+            "words": {"in_text_layer": 0, "detection": 0, "recognition": 0, "lines": 0, "left_out": {},
                       "left_out_of_recognition": {}},
-            "splits": {s: {"documents": [], "pages": [], "recognition_words": 0} for s in SPLITS}}
+            "splits": {s: {"documents": [], "pages": [], "recognition_words": 0, "lines": 0} for s in SPLITS}}
 
 
 def _count(summary: dict, samples: PageSamples, doc_path: str) -> None:
@@ -403,8 +461,10 @@ def _count(summary: dict, samples: PageSamples, doc_path: str) -> None:
     pages["written"] += 1
     words["detection"] += len(samples.page_label["words"])
     words["recognition"] += len(samples.crops)
+    words["lines"] += len(samples.lines)
     split["pages"].append(samples.page_name)
     split["recognition_words"] += len(samples.crops)
+    split["lines"] += len(samples.lines)
     if doc_path not in split["documents"]:
         split["documents"].append(doc_path)
 

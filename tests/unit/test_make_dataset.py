@@ -146,12 +146,19 @@ def test_summary_counts(built):
     assert summary["pages"] == {"in_documents": 6, "written": 4,
                                 "skipped": {"no_text_layer": 1, "invisible_text_layer": 1}}
     assert summary["words"] == {"in_text_layer": words + 4, "detection": words, "recognition": words - 3,
+                                "lines": words - 2,  # every word on a line of its own; the too long one too
                                 "left_out": {"invisible": 3, "off_page": 1},
                                 "left_out_of_recognition": {"out_of_vocab": 1, "cut_by_page_edge": 1, "too_long": 1}}
     train, val = summary["splits"]["train"], summary["splits"]["val"]
     assert len(val["documents"]) == 1 and len(train["documents"]) == 1  # --val-count 1, by document
     assert not set(train["pages"]) & set(val["pages"]) and len(train["pages"]) + len(val["pages"]) == 4
     assert train["recognition_words"] + val["recognition_words"] == words - 3
+    assert train["lines"] + val["lines"] == words - 2
+    lines = _labels(root / "out", "lines")  # each line in its page's split: no page leaks across the split
+    pages = _labels(root / "out", "detection")
+    for name, (split, text) in lines.items():
+        page_split, label = pages["_".join(name.split("_")[:2]) + ".png"]
+        assert split == page_split and text in label["words"]
 
 
 def test_deterministic_and_page_split(built):
@@ -251,7 +258,7 @@ def test_real_pdf(tmp_path):
     """A real document's words: each crop's word is the text layer's, every box lies on its page, and the words
     with boxes are the text layer's words (PDFium's own text of the page, split at white space)."""
     pdf = _real_pdf(tmp_path)
-    assert _run(pdf, tmp_path / "out", "--dpi", 72, "--val-fraction", 0, "--jobs", 1) == 0
+    assert _run(pdf, tmp_path / "out", "--dpi", 72, "--val-fraction", 0, "--jobs", 1, "--reco-width", 0) == 0
     labels = json.loads((tmp_path / "out" / "detection" / "train" / "labels.json").read_text())
     doc = pdfium.PdfDocument(pdf)
     assert len(labels) == 3
@@ -266,6 +273,14 @@ def test_real_pdf(tmp_path):
     for name, word in crops.items():
         page = labels["_".join(name.split("_")[:2]) + ".png"]
         assert word in page["words"]
+    # Its lines read back as its words: per page, the lines in order, split at their single spaces, are the word
+    # crops in order (a word recognition leaves out ends a line, so none is in a line either), several a line.
+    lines = json.loads((tmp_path / "out" / "lines" / "train" / "labels.json").read_text())
+    for page in labels:
+        stem = page[:-len(".png")] + "_"
+        words = [crops[n] for n in sorted(crops) if n.startswith(stem)]
+        read = [w for n in sorted(lines) if n.startswith(stem) for w in lines[n].split(" ")]
+        assert read == words and len(words) > 3 * sum(n.startswith(stem) for n in lines), page
 
 
 def test_a_page_in_two_files_is_read_once(tmp_path, capsys):
