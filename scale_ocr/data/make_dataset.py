@@ -24,6 +24,7 @@ from scale_ocr.data import pdf_text
 from scale_ocr.data.dataset_out import FolderWriter, publish, staging_dir, write_json
 from scale_ocr.data.files import PAGE_LIMITS
 from scale_ocr.data.page_pool import parallel_map
+from scale_ocr.data.text_lines import text_lines
 from scale_ocr.disk import disk_fault, kind_of
 from scale_ocr.errors import UserError, shown
 
@@ -34,9 +35,6 @@ SPLITS = ("train", "val")
 # A box thinner than this (pixels) is no area: the detection folders' start-up check refuses a polygon under
 # 0.01 px² (scale_ocr.data.detection.MIN_AREA), and a page with one such box would be refused whole.
 MIN_BOX_SIDE = 0.25
-# Two words are on one line of text while the gap between them is under this many line heights: word spaces, even
-# justified, are well under one; a column's gutter, a table's next cell or a margin note are further.
-LINE_GAP = 1.5
 
 # Why a word is left out. The first three leave a word out everywhere (nothing of it is drawn on the page); the
 # others only leave the recognition set: its box stays in the detection labels, or visible text would be trained
@@ -307,37 +305,6 @@ def page_samples(page: pdf_text.PdfPage, job: PageJob) -> PageSamples:
         kept.append((k, word, box))
     out.lines = line_samples(page.image, name, kept, drawn - {k for k, _, _ in kept})
     return out
-
-
-def _reading_frame(box: Sequence[float], turn: int) -> tuple[float, float, float, float]:
-    """A box as ``(u0, v0, u1, v1)``: u along its text's reading direction, v across it towards the next line, so a
-    turned line reads as an upright one does."""
-    x0, y0, x1, y1 = box
-    return {0: (x0, y0, x1, y1), 1: (-y1, x0, -y0, x1), 2: (-x1, -y1, -x0, -y0), 3: (y0, -x1, y1, -x0)}[turn]
-
-
-def text_lines(words: Sequence[tuple[int, pdf_text.PdfWord, tuple[float, ...]]], breaks: set[int] = frozenset()
-               ) -> list[list[int]]:
-    """The words (``(index in the text layer, word, box)`` in its order, every one kept for recognition) grouped
-    into lines; each line's positions in ``words``. A line goes on while the next word has its turn, shares half
-    its height or more across the line (ascenders and descenders differ, the next line shares none), is set at a
-    size within 1.5x and starts after it, less than :data:`LINE_GAP` line heights on (more is another column, a
-    table cell or a margin note). A word the page draws but recognition leaves out (``breaks``: out of the
-    vocabulary, a rule...) ends the line, so no line crop shows what its label does not say."""
-    lines: list[list[int]] = []
-    for i, (k, word, box) in enumerate(words):
-        if lines:
-            j, last, last_box = words[lines[-1][-1]]
-            if last.turn == word.turn and not breaks.intersection(range(j + 1, k)):
-                a, b = _reading_frame(last_box, last.turn), _reading_frame(box, word.turn)
-                height = max(last.line_height, word.line_height, 1e-6)
-                shared = min(a[3], b[3]) - max(a[1], b[1])
-                if (shared >= 0.5 * min(a[3] - a[1], b[3] - b[1]) and -0.25 * height <= b[0] - a[2] <= LINE_GAP * height
-                        and max(last.line_height, word.line_height) <= 1.5 * min(last.line_height, word.line_height)):
-                    lines[-1].append(i)
-                    continue
-        lines.append([i])
-    return lines
 
 
 def line_samples(image: Image.Image, name: str, words: Sequence[tuple[int, pdf_text.PdfWord, tuple[float, ...]]],
