@@ -14,8 +14,17 @@ steps to the target are the first crossing of its validation curve, linear betwe
 samples), and the fewest over the record's rate rules (the paper assumes a rate tuned at every batch). S = S_min +
 E_min/B is fitted by least squares in 1/B over the batches that reach the target (two at least); a batch that stops
 short is drawn as a lower bound (its last step), and the report says whether the fit respects it. ``--noise
-GROUP=RUN`` sets a run's online B_simple beside that group's knee, per target the smoothed value the run had logged
-when its validation first reached that target (its metrics.jsonl): issue 54 asks for the two within 2x.
+GROUP=RUN`` sets a run's online B_simple beside that group's knee, per target two ways (its metrics.jsonl):
+
+* at the target: the smoothed value logged when its validation first reached it;
+* along the path to it, the one the knee is compared with: if every stretch of training obeys the relation with
+  its own noise scale B(t), a step at batch B makes 1 / (1 + B(t)/B) of an ideal step, and summing gives
+  S(B) = S_min + (the mean of B(t) over the ideal steps) S_min / B: the knee of a run to a target is B_simple
+  averaged over the way there, each reading weighted by 1 / (1 + B_simple/B) at the run's batch B. Near the end
+  of training |G|^2 falls toward its estimate's noise and B_simple at the target reads 10 to 100 times the knee,
+  while the path's mean stays within 2x (benchmarks/results/README.md, critical_batch).
+
+Issue 54 asks for the knee and the online B_simple within 2x.
 
 Several records may be given, oldest first: a group (model and set) that a later record holds is taken from that
 record alone, whole. That is how a group is refitted after the trainer changed (a record at today's code), without
@@ -110,11 +119,13 @@ def run(args: argparse.Namespace) -> None:
         model, _, data = group.partition("/")
         noise = json.loads((run_dir / "metrics.json").read_text()).get("noise_scale") or {}
         records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+        batch = json.loads((run_dir / "metrics.json").read_text()).get("global_batch") or noise.get("b_big")
         for target in TARGETS:
             step, b_simple = at_target(records, target)
             append_line(args.out / "results.jsonl", {
                 "kind": "noise", "model": model, "set": data, "run": str(run_dir), "target": target,
-                "b_simple": b_simple, "at_step": step, "final_b_simple": noise.get("b_simple"),
+                "b_simple": b_simple, "b_simple_path": path_mean(records, step, batch), "batch": batch,
+                "at_step": step, "final_b_simple": noise.get("b_simple"),
                 **{k: noise.get(k) for k in ("b_small", "b_big", "readings", "every")}})
 
 
@@ -141,6 +152,17 @@ def at_target(records: list[dict[str, Any]], target: float, metric: str = "val/e
     return reached, value_at([s for s, _ in noise], [v for _, v in noise], reached)
 
 
+def path_mean(records: list[dict[str, Any]], step: int | None, batch: float | None) -> float | None:
+    """B_simple averaged over a run's way to ``step``, each reading weighted by the ideal steps a step at ``batch``
+    makes there, 1 / (1 + B_simple / batch) (module docstring); None without readings or a batch."""
+    readings = [r["noise/b_simple"] for r in records if r.get("noise/b_simple") and step is not None
+                and r["step"] <= step]
+    if not readings or not batch:
+        return None
+    weights = [1 / (1 + b / batch) for b in readings]
+    return sum(b * w for b, w in zip(readings, weights, strict=True)) / sum(weights)
+
+
 def analyse(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per group and target: the points, the fit, and the online B_simple with its ratio to the knee."""
     noise = {(ln["model"], ln["set"], ln.get("target")): ln for ln in lines if ln["kind"] == "noise"}
@@ -151,11 +173,13 @@ def analyse(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for (model, data, target), points in groups.items():
         found = fit(points)
-        online = (noise.get((model, data, target)) or {}).get("b_simple")
+        line = noise.get((model, data, target)) or {}
+        online = line.get("b_simple_path") or line.get("b_simple")  # records before the path mean: at the target
         knee = found["b_crit"] if found else None
         ratio = max(knee / online, online / knee) if knee and online else None
-        rows.append({"model": model, "set": data, "target": target, "fit": found, "b_simple": online,
-                     "ratio": ratio, "agree": ratio is not None and ratio <= AGREE,
+        rows.append({"model": model, "set": data, "target": target, "fit": found, "b_simple": line.get("b_simple"),
+                     "b_simple_path": line.get("b_simple_path"), "ratio": ratio,
+                     "agree": ratio is not None and ratio <= AGREE,
                      "points": {b: {k: p[k] for k in ("steps", "reached", "rule")} for b, p in sorted(points.items())}})
     return sorted(rows, key=lambda r: (r["model"], r["set"], r["target"]))
 
@@ -184,10 +208,13 @@ def plot(rows: list[dict[str, Any]], out_dir: Path) -> list[str]:
             grid = np.geomspace(min(b for b, _ in pts), max(b for b, _ in pts), 50)
             ax.plot(grid, r["fit"]["s_min"] + r["fit"]["e_min"] / grid, "-", color=line.get_color(), alpha=0.6)
         for r in mine:  # the online B_simple where the run reached each target: a marker on that target's fit
-            if r["b_simple"]:
+            online = r["b_simple_path"] or r["b_simple"]
+            if online:
                 f = r["fit"]
-                ax.plot([r["b_simple"]], [f["s_min"] + f["e_min"] / r["b_simple"]], "kx", ms=9)
-        if any(r["b_simple"] for r in mine):
+                ax.plot([online], [f["s_min"] + f["e_min"] / online], "kx", ms=9)
+        if any(r["b_simple_path"] for r in mine):
+            ax.plot([], [], "kx", label="online B_simple along a run's way to it")
+        elif any(r["b_simple"] for r in mine):
             ax.plot([], [], "kx", label="online B_simple where a run reached it")
         ax.set(xscale="log", yscale="log", xlabel="global batch", ylabel="optimizer steps to the target",
                title=f"{model}, {SETS.get(data, data)}\nsteps to each exact match (triangles: stopped short)")
@@ -204,6 +231,7 @@ def write_report(out_dir: Path) -> Path:
     lines = load(out_dir, "benchmarks.critical_batch")
     rows = analyse(lines)
     pngs = plot(rows, out_dir)
+    paths = any(r["b_simple_path"] for r in rows)  # records before the path mean keep their table
     records = dict.fromkeys(ln["record"] for ln in lines if ln["kind"] == "steps") or {"?": None}
     owners = dict.fromkeys(f"{SETS.get(ln['set'], ln['set'])} of {ln['model']} from `{ln['record']}`"
                            for ln in lines if ln["kind"] == "steps")
@@ -215,9 +243,15 @@ def write_report(out_dir: Path) -> Path:
     md += ["S(B) = S_min + E_min/B fitted to each global batch's fewest steps to the target over the record's rate "
            "rules; B_crit = E_min/S_min, the knee (McCandlish et al. 2018). A batch that stops short of the target "
            "is a lower bound; `respects the bounds` says whether the fit predicts none of those reached it. "
-           f"Online B_simple from a run's metrics.json where given; the target is the two within {AGREE:.0f}x.", "",
-           "| model | set | target | steps to it per batch (rule) | S_min | E_min | B_crit | respects the bounds "
-           "| online B_simple there | knee / B_simple |", "|---|---|---:|---|---:|---:|---:|---|---:|---|"]
+           f"Online B_simple from a run's metrics.json where given; the target is the two within {AGREE:.0f}x."
+           + (" Along the way: B_simple averaged over the run's readings up to the target, each weighted by "
+              "1 / (1 + B_simple / B) at the run's batch B, the ideal steps it stands for: the knee of the integrated "
+              "relation (the module's docstring), and what the knee is compared with." if paths else ""), "",
+           *(["| model | set | target | steps to it per batch (rule) | S_min | E_min | B_crit | respects the bounds "
+             "| online B_simple there | along the way there | knee / B_simple along the way |",
+             "|---|---|---:|---|---:|---:|---:|---|---:|---:|---|"] if paths else
+            ["| model | set | target | steps to it per batch (rule) | S_min | E_min | B_crit | respects the bounds "
+             "| online B_simple there | knee / B_simple |", "|---|---|---:|---|---:|---:|---:|---|---:|---|"])]
     for r in rows:
         pts = ", ".join(f"{b}: {p['steps']:.0f} ({p['rule']})" if p["reached"] else f"{b}: {p['steps']:.0f}+"
                         for b, p in r["points"].items())
@@ -227,6 +261,8 @@ def write_report(out_dir: Path) -> Path:
                   "no: " + ", ".join(map(str, f["short_of_target_but_predicted_there"]))) if f else "-"
         ratio = (f"{r['ratio']:.2f} ({'within' if r['agree'] else 'beyond'} {AGREE:.0f}x)" if r["ratio"] else "-")
         online = f"{r['b_simple']:.0f}" if r["b_simple"] else "-"
+        if paths:
+            online += f" | {r['b_simple_path']:.0f}" if r["b_simple_path"] else " | -"
         fitted = f"{f['s_min']:.0f} | {f['e_min']:.0f} | {knee} | {bounds}" if f else "- | - | - | -"
         md.append(f"| {r['model']} | {SETS.get(r['set'], r['set'])} | {r['target']:.0%} | {pts or 'none reached'} "
                   f"| {fitted} | {online} | {ratio} |")

@@ -344,7 +344,8 @@ def test_critical_batch_fits_the_knee_of_steps_to_target(tmp_path):
         lines.append({"kind": "recognition", "model": "m", "set": "synthetic", "global_batch": batch, "rule": rule,
                       "status": "ok", "steps": 4096, "curve": curve})
     (record / "results.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in lines))
-    (run / "metrics.json").write_text(json.dumps({"noise_scale": {"b_simple": 300.0, "readings": 20}}))
+    (run / "metrics.json").write_text(json.dumps({"noise_scale": {"b_simple": 300.0, "readings": 20},
+                                                  "global_batch": 32}))
     # the run's B_simple grows as it trains; it reaches 50% at step 20 (B_simple 100 then), never 90%
     logged = [{"step": 10, "noise/b_simple": 60.0}, {"step": 20, "noise/b_simple": 100.0, "val/exact_match": 0.55},
               {"step": 30, "noise/b_simple": 300.0, "val/exact_match": 0.6}]
@@ -356,10 +357,15 @@ def test_critical_batch_fits_the_knee_of_steps_to_target(tmp_path):
     assert half["fit"]["b_crit"] == pytest.approx(160, rel=0.02) and half["points"]["32"]["rule"] == "none"
     assert half["points"]["512"] == {"steps": 4096.0, "reached": False, "rule": "none"}
     assert half["fit"]["short_of_target_but_predicted_there"] == [512]  # 262 predicted, 4,096 trained: inconsistent
-    assert half["b_simple"] == 100.0 and half["ratio"] == pytest.approx(1.6, rel=0.02) and half["agree"]
+    # along the way to 50% (readings 60 and 100 at batch 32, weighted 1 / (1 + b / 32)): 76.4, the knee 2.09x it
+    path = (60 / (1 + 60 / 32) + 100 / (1 + 100 / 32)) / (1 / (1 + 60 / 32) + 1 / (1 + 100 / 32))
+    assert half["b_simple"] == 100.0 and half["b_simple_path"] == pytest.approx(path) and path == pytest.approx(76.4,
+                                                                                                             abs=0.1)
+    assert half["ratio"] == pytest.approx(160 / path, rel=0.02) and not half["agree"]
     assert rows[0.9]["b_simple"] is None and rows[0.9]["ratio"] is None
     report = (out / "report.md").read_text()
     assert "| m | synthetic words | 50% | 32: 1200 (none), 64: 700 (none), 128: 450 (none), 512: 4096+ |" in report
+    assert "| 100 | 76 | 2.09 (beyond 2x) |" in report
     assert (out / "knee_m_synthetic.png").stat().st_size > 5000
     with pytest.raises(UserError, match="already holds results"):  # a results folder is never rewritten
         critical_batch.main([str(record), "--out", str(out)])
