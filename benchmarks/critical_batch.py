@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> None:
             step, b_simple = at_target(records, target)
             append_line(args.out / "results.jsonl", {
                 "kind": "noise", "model": model, "set": data, "run": str(run_dir), "target": target,
-                "b_simple": b_simple, "b_simple_path": path_mean(records, step, batch), "batch": batch,
+                "b_simple": b_simple, "b_simple_path": along(records, step, batch), "batch": batch,
                 "at_step": step, "final_b_simple": noise.get("b_simple"),
                 **{k: noise.get(k) for k in ("b_small", "b_big", "readings", "every")}})
 
@@ -152,15 +152,14 @@ def at_target(records: list[dict[str, Any]], target: float, metric: str = "val/e
     return reached, value_at([s for s, _ in noise], [v for _, v in noise], reached)
 
 
-def path_mean(records: list[dict[str, Any]], step: int | None, batch: float | None) -> float | None:
-    """B_simple averaged over a run's way to ``step``, each reading weighted by the ideal steps a step at ``batch``
-    makes there, 1 / (1 + B_simple / batch) (module docstring); None without readings or a batch."""
-    readings = [r["noise/b_simple"] for r in records if r.get("noise/b_simple") and step is not None
-                and r["step"] <= step]
-    if not readings or not batch:
+def along(records: list[dict[str, Any]], step: int | None, batch: float | None) -> float | None:
+    """:func:`~scale_ocr.planning.to_target.path_mean` of a run's logged B_simple up to ``step``."""
+    from scale_ocr.planning.to_target import path_mean
+
+    noise = [(r["step"], r["noise/b_simple"]) for r in records if r.get("noise/b_simple")]
+    if step is None or not batch or not noise:
         return None
-    weights = [1 / (1 + b / batch) for b in readings]
-    return sum(b * w for b, w in zip(readings, weights, strict=True)) / sum(weights)
+    return path_mean([s for s, _ in noise], [v for _, v in noise], step, batch)
 
 
 def analyse(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -160,8 +160,10 @@ def write_report(out_dir: Path) -> Path:
           f"Command: `{command_line(out_dir)}`; rebuild: `python -m benchmarks.plan_check --report {out_dir}`", "",
           f"- Two runs of the record's {MODEL} job on synthetic words at global batch 32 under ddp: 2 ranks x 16 and "
           "1 rank x 32. The plan is anchored on the 2-rank run"
-          + (f" (exact match {anchor['target']:g} at step {anchor['steps']}, B_simple there {anchor['b_simple']:.0f})"
-             if anchor else "") + f": `{plan.get('command', '-')}`.",
+          + (f" (exact match {anchor['target']:g} at step {anchor['steps']}, " + (
+              f"B_simple along the way there {anchor['b_simple']:.0f}, at it {anchor['b_simple_at']:.0f})"
+              if "b_simple_at" in anchor else f"B_simple there {anchor['b_simple']:.0f})") if anchor else "")
+          + f": `{plan.get('command', '-')}`.",
           f"- Step time: {plan.get('source', '-')}.",
           "- Time: training seconds to the first validation at or above the target (logged step times; validation, "
           f"checkpoints and start-up left out). Issue 54, acceptance 5: predicted within {WITHIN:.0%} of measured.",

@@ -21,7 +21,7 @@ from scale_ocr.cli.args import _OneLineParser
 from scale_ocr.cli.estimate_time import CURVE, add_cluster_args, cluster_for, row, workload
 from scale_ocr.config import RAMP_LIMIT
 from scale_ocr.errors import UserError, report_user_errors, say, shown
-from scale_ocr.planning.to_target import SPREAD, first_reach, seconds_to, steps_band, value_at
+from scale_ocr.planning.to_target import SPREAD, first_reach, path_mean, seconds_to, steps_band, value_at
 
 STRATEGIES = "ddp,fsdp,zero2,zero3"
 MAX_PER_DEVICE = 1024  # per-device batches tried: the powers of two up to --max-batch-per-device (default 256)
@@ -43,7 +43,8 @@ class Anchor:
     strategy: str
     steps: int  # to the target: its first validation at or above it
     samples: int
-    b_simple: float
+    b_simple: float  # along the way to the target (to_target.path_mean): the B_crit estimate
+    b_simple_at: float  # logged at the target
     lr: float
     seconds: float  # training seconds to the target, from its logged step times
 
@@ -65,8 +66,9 @@ def read_anchor(run_dir: Path, target: float) -> Anchor:
         best = f"its best validation {run.headline} was {max(values):.4g}" if values else "it logged no validation"
         raise UserError(f"{shown(str(run_dir))} never reached {run.headline} {target:g} ({best}); pass a --target it "
                         "reached, or anchor on a run that trained longer")
-    b_simple = value_at(*curves.points("noise/b_simple"), reached)
-    if b_simple is None or not b_simple > 0:
+    b_simple_at = value_at(*curves.points("noise/b_simple"), reached)
+    b_simple = path_mean(*curves.points("noise/b_simple"), reached, run.global_batch)
+    if b_simple is None or b_simple_at is None:
         raise UserError(f"{shown(str(run_dir))} logged no gradient noise scale by step {reached}, where it reached "
                         f"the target; train the anchor with the noise scale on (it is by default: not --noise-every 0)")
     per_device = config.get("train.batch_size", "count", required=True)
@@ -76,7 +78,7 @@ def read_anchor(run_dir: Path, target: float) -> Anchor:
     lr = config.get("lr_plan.peak_lr", "number") or 0.0
     return Anchor(run_dir, run.arch, _model_config(config, run.arch), run.headline, target, run.global_batch,
                   run.world_size, per_device * accumulation, precision, run.strategy, reached,
-                  reached * run.global_batch, b_simple, lr, seconds_to(reached, step_steps, step_times))
+                  reached * run.global_batch, b_simple, b_simple_at, lr, seconds_to(reached, step_steps, step_times))
 
 
 def _model_config(config, arch: str):
@@ -252,11 +254,12 @@ def format_plan(doc: dict[str, Any]) -> str:
     a = doc["anchor"]
     lines = [f"Anchor: {shown(a['run_dir'])}: {a['arch']} at global batch {a['global_batch']} ({a['world_size']} "
              f"rank(s), {a['strategy']}) reached {a['headline']} {a['target']:g} at step {a['steps']} "
-             f"({a['samples']:,} samples, {_duration(a['seconds'])} of training); B_simple there {a['b_simple']:.0f}.",
-             f"Steps: S(B) = S_min (1 + B_crit/B), S_min {doc['s_min']:.0f}, B_crit = B_simple; the range takes B_crit "
-             f"from B_simple/{SPREAD:g} to x{SPREAD:g} (the critical-batch record: within 1.6x of the knee at 30-80% "
-             "on synthetic words; 3-4x above it on a small crop set and 9x at 90%, where more steps than this are "
-             f"likely above the anchor's batch). Recommended: at most {RAMP_LIMIT:g} B_crit.",
+             f"({a['samples']:,} samples, {_duration(a['seconds'])} of training); B_simple along the way there "
+             f"{a['b_simple']:.0f} (at the target {a['b_simple_at']:.0f}).",
+             f"Steps: S(B) = S_min (1 + B_crit/B), S_min {doc['s_min']:.0f}, B_crit = B_simple along the way; the "
+             f"range takes B_crit from it/{SPREAD:g} to x{SPREAD:g} (the knees the critical-batch record fitted, "
+             "against it: docs/scaling-pays.md; B_simple at the target, read late in training, overstates the knee). "
+             f"Recommended: at most {RAMP_LIMIT:g} B_crit.",
              f"Rate: sqrt rule from the anchor: lr x sqrt(B / {a['global_batch']}) (--lr {a['lr']:g} --lr-scaling "
              f"sqrt --lr-reference-batch {a['global_batch']}). Step time: {doc['source']}. Memory: {doc['capacity']}.",
              row("strategy", ["devices", "batch", "per dev", "mem GB", "step ms", "steps", "samples", "time",

@@ -3,8 +3,12 @@
 McCandlish et al. (2018, arXiv 1812.06162): for a fixed target, the optimizer steps S and samples E = B x S a
 global batch B needs trade off as (S/S_min - 1)(E/E_min - 1) = 1, that is S(B) = S_min (1 + B_crit/B) with
 B_crit = E_min/S_min, and their gradient noise scale B_simple (measured in every run, docs/scaling-pays.md)
-estimates B_crit. One run at batch B0 that reached the target in S0 steps, with B_simple read where it got there,
-gives S_min = S0 / (1 + B_crit/B0), and so S(B) at every other batch.
+estimates B_crit. For a whole run to a target the knee is B_simple averaged along the way (:func:`path_mean`): if
+every stretch obeys the relation with its own noise scale B(t), a step at batch B makes 1 / (1 + B(t)/B) of an
+ideal step, and summing gives S(B) = S_min + mean(B(t) over the ideal steps) S_min / B. One run at batch B0 that
+reached the target in S0 steps, with B_crit that mean, gives S_min = S0 / (1 + B_crit/B0), and so S(B) at every
+other batch. B_simple read at the target instead overstates the knee more and more as training converges: |G|^2
+falls toward its estimate's noise.
 
 How far to trust it: the critical-batch record (benchmarks/results/critical-batch-vm-20261207-real) found the knee
 fitted from steps-to-target within 1.6x of that B_simple at 30-80% exact match on synthetic words, 3-4x below it on
@@ -33,6 +37,16 @@ def value_at(steps: Sequence[int], values: Sequence[float], step: int) -> float 
             break
         found = v
     return found
+
+
+def path_mean(steps: Sequence[int], values: Sequence[float], upto: int, batch: float) -> float | None:
+    """B_simple averaged along a run's way to step ``upto``: its readings (``steps``, ``values``) each weighted by
+    1 / (1 + B_simple / ``batch``), the ideal steps a step at the run's batch makes there; None without one."""
+    readings = [v for s, v in zip(steps, values, strict=True) if s <= upto and v > 0]
+    if not readings or not batch > 0:
+        return None
+    weights = [1 / (1 + b / batch) for b in readings]
+    return sum(b * w for b, w in zip(readings, weights, strict=True)) / sum(weights)
 
 
 def seconds_to(step: int, steps: Sequence[int], step_times: Sequence[float]) -> float:

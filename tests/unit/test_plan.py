@@ -9,7 +9,7 @@ import pytest
 
 from scale_ocr.cli.main import main as cli_main
 from scale_ocr.config import RAMP_LIMIT
-from scale_ocr.planning.to_target import SPREAD, StepsModel, steps_band
+from scale_ocr.planning.to_target import SPREAD, StepsModel, path_mean, steps_band
 
 ANCHOR_BATCH, ANCHOR_STEPS, B_SIMPLE = 16, 40, 112  # S_min = 40 / (1 + 112/16) = 5
 
@@ -19,6 +19,10 @@ def test_steps_model_passes_through_its_anchor_and_trades_steps_for_samples():
     samples (E(B_crit) = 2 E_min); the band's ends are B_crit / SPREAD and x SPREAD, and at the anchor it is a point."""
     model = StepsModel.anchored(ANCHOR_BATCH, ANCHOR_STEPS, B_SIMPLE)
     assert model.s_min == pytest.approx(5) and model.steps(ANCHOR_BATCH) == pytest.approx(ANCHOR_STEPS)
+    # B_crit for a run to a target: B_simple along the way, each reading weighted by 1 / (1 + b / batch)
+    w9, w112 = 1 / (1 + 9 / 16), 1 / (1 + 112 / 16)
+    assert path_mean([10, 20, 30, 40, 50], [9, 9, 112, 112, 5000], 40, 16) == pytest.approx(
+        (9 * w9 + 112 * w112) / (w9 + w112)) == pytest.approx(25.8, abs=0.05)
     assert model.samples(B_SIMPLE) == pytest.approx(2 * model.e_min) and model.steps(B_SIMPLE) == pytest.approx(10)
     band = steps_band(ANCHOR_BATCH, ANCHOR_STEPS, B_SIMPLE, ANCHOR_BATCH)
     assert band.low == pytest.approx(band.high) == pytest.approx(ANCHOR_STEPS)
@@ -44,7 +48,9 @@ def write_run(run_dir: Path, curves: list[dict], metrics: dict | None = None) ->
     return run_dir
 
 
-CURVES = [{"step": s, "train/step_time": 0.5, "noise/b_simple": B_SIMPLE if s >= 30 else 9.0} for s in (10, 20, 30, 40)]
+# B_simple along the way to the target (step 40) is B_SIMPLE; the reading after it (step 50) counts for nothing
+CURVES = [{"step": s, "train/step_time": 0.5, "noise/b_simple": B_SIMPLE if s <= 40 else 9e4}
+          for s in (10, 20, 30, 40, 50)]
 CURVES += [{"step": 20, "val/exact_match": 0.3}, {"step": 40, "val/exact_match": 0.55}]
 
 
@@ -65,7 +71,7 @@ def test_a_plan_through_a_run_on_a_datasheet_cluster(tmp_path, capsys):
     assert code == 0, err
     doc = json.loads(out)
     anchor = doc["anchor"]
-    assert (anchor["steps"], anchor["b_simple"], anchor["samples"]) == (ANCHOR_STEPS, B_SIMPLE, 640)
+    assert (anchor["steps"], anchor["b_simple"], anchor["samples"]) == (ANCHOR_STEPS, pytest.approx(B_SIMPLE), 640)
     assert anchor["seconds"] == pytest.approx(20.0) and doc["s_min"] == pytest.approx(5)
     model = StepsModel(5, B_SIMPLE)
     for rows in doc["strategies"].values():
