@@ -10,9 +10,9 @@ reached the target in S0 steps, with B_crit that mean, gives S_min = S0 / (1 + B
 other batch. B_simple read at the target instead overstates the knee more and more as training converges: |G|^2
 falls toward its estimate's noise.
 
-How far to trust it: the critical-batch record (benchmarks/results/critical-batch-vm-20261207-real) found the knee
-fitted from steps-to-target within 1.6x of that B_simple at 30-80% exact match on synthetic words, 3-4x below it on
-a small set of real-looking crops and 9x below it at 90%. The band this module states takes B_crit from
+How far to trust it: the critical-batch record (benchmarks/results/critical-batch-vm-20261207-refit) found the knee
+fitted from steps-to-target within 1.4x of B_simple along the way at 30-90% exact match on synthetic words and
+30-70% on real-looking crops, and 2.31x at 80% on crops. The band this module states takes B_crit from
 B_simple / SPREAD to B_simple x SPREAD; at the anchor's own batch it is exact.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-SPREAD = 2.0  # B_crit taken within this factor of B_simple: the record's agreement at 30-80% (issue 54, acc. 3)
+SPREAD = 2.0  # B_crit taken within this factor of B_simple along the way: the record's agreement (issue 54, acc. 3)
 
 
 def first_reach(steps: Sequence[int], values: Sequence[float], target: float) -> int | None:
