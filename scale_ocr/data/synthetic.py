@@ -48,7 +48,9 @@ def system_fonts() -> tuple[str, ...]:
     return tuple(found)
 
 
-@functools.lru_cache(maxsize=2048)  # faces x the sizes of line and page words (FreeType maps a file, holds no fd)
+# Faces x sizes, most recent: a face loads in 0.04 ms (FreeType maps its file and holds no descriptor), while each
+# held one costs about 150 KB, so a few hundred faces at every size are loaded again rather than all kept.
+@functools.lru_cache(maxsize=256)
 def _font(path: str | None, size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     if path is None:
         return ImageFont.load_default(size=size)
