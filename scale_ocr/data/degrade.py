@@ -18,7 +18,6 @@ augmentations are. Sizes are relative to the image's height, so a word crop and 
 
 from __future__ import annotations
 
-import io
 import math
 
 import numpy as np
@@ -114,9 +113,12 @@ def noise(img: Image.Image) -> Image.Image:
 
 
 def jpeg(img: Image.Image) -> Image.Image:
-    buf = io.BytesIO()
-    img.convert("RGB").save(buf, format="JPEG", quality=round(_uniform(15, 60)))
-    return Image.open(io.BytesIO(buf.getvalue())).convert(img.mode)
+    """Encoded as JPEG and decoded back, in memory (torchvision's codec: no file is opened)."""
+    from torchvision.io import decode_jpeg, encode_jpeg
+
+    pixels = torch.from_numpy(np.array(img.convert("RGB"))).permute(2, 0, 1).contiguous()
+    back = decode_jpeg(encode_jpeg(pixels, quality=round(_uniform(15, 60))))
+    return Image.fromarray(back.permute(1, 2, 0).numpy()).convert(img.mode)
 
 
 OPS = {"ink": ink, "rotate": rotate, "perspective": perspective, "blur": blur, "lowres": lowres, "noise": noise,
