@@ -89,11 +89,6 @@ class FontSet:
         return (f"synthetic fonts ({' '.join(self.selection)}): {len(self.families)} families, {len(self.faces)} "
                 f"faces ({shown}){skipped}")
 
-    def summary(self) -> dict:
-        """What config.json and W&B record of the fonts."""
-        return {"selection": list(self.selection), "families": list(self.families), "faces": len(self.faces),
-                "skipped": len(self.skipped), "spacing_em": list(self.spacing)}
-
 
 def _fontconfig(args: list[str]) -> list[Face] | None:
     """Faces as fontconfig reads them (``fc-list``, or ``fc-scan`` of files and folders): in C, cached, 30 ms for
