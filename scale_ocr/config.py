@@ -25,6 +25,7 @@ WORD_STYLES = ("line", "page")  # scale_ocr.data.synthetic.WORD_STYLES, named he
 COMPILE_BACKENDS = ("inductor", "aot_eager")  # torch.compile backends --compile accepts
 # Model-size overrides: config field -> the registry builder's keyword. A model takes those its builder accepts.
 MODEL_SIZE_FIELDS = {"model_width": "width", "model_depth": "depth", "model_heads": "heads", "mlp_ratio": "mlp_ratio"}
+MODEL_IDENTITY_FIELDS = (*MODEL_SIZE_FIELDS, "max_width")  # recorded with a model when given; absent: the default
 
 
 def opt(default: Any, help: str, *flags: str, aliases: tuple[str, ...] = (), **argparse_kw: Any) -> Any:
@@ -116,6 +117,8 @@ class ModelConfig:
     input_size: tuple[int, int] | None = opt(
         None, "input height x width, e.g. 32x128 (a single number H means Hx4H); default: the task's, 32x128 "
         "for recognition, 512x512 for detection", metavar="HxW")
+    max_width: int | None = opt(None, "recognition: read crops at --input-size's height and their own width, up to PX "
+                                "(a multiple of 4; wider ones squeezed); the vocabulary gains the space", metavar="PX")
     vocab: str | None = opt(None, "vocabulary: a name or the characters; names are scale_ocr's (latin, digits, "
                             "ascii_letters, english, french) and, for doctr: models, docTR's VOCABS; default: latin, "
                             "or a doctr: model's own vocabulary")
@@ -142,6 +145,8 @@ class ModelConfig:
         if self.input_size is not None and min(self.input_size) < 8:
             h, w = self.input_size
             raise UserError(f"--input-size {h}x{w} is too small; use at least 8x8, e.g. 32x128")
+        if self.max_width is not None and (self.max_width < 8 or self.max_width % 4):
+            raise UserError(f"--max-width {self.max_width} must be a multiple of 4 of at least 8, e.g. 1024")
         _require_finite(self, "mlp_ratio")
         _require_paths(self, "vocab_file", "init_from")
         if self.page_scale is not None:

@@ -20,7 +20,7 @@ from torch import nn
 from scale_ocr.checkpoint.identity import build_checked, dcp_model_elements, safetensors_elements, tensors_elements
 from scale_ocr.checkpoint.piecewise import SafetensorsFile, TensorSpec, TorchFile, TorchFileReader
 from scale_ocr.checkpoint.pointer import checkpoint_folder
-from scale_ocr.config import MODEL_SIZE_FIELDS
+from scale_ocr.config import MODEL_IDENTITY_FIELDS
 from scale_ocr.disk import atomic_file, check_output, read_user_json, write_atomic
 from scale_ocr.errors import UserError
 from scale_ocr.tasks import Task
@@ -157,7 +157,7 @@ def _run_weights(path: Path, *, layout_only: bool) -> tuple[nn.Module, Task, dic
         # top level, and the architecture, input size and size overrides in its model section.
         section = config["model"]
         identity = {**config, "arch": section["arch"], "input_size": section["input_size"],
-                    **{k: section[k] for k in MODEL_SIZE_FIELDS if section.get(k) is not None}}
+                    **{k: section[k] for k in MODEL_IDENTITY_FIELDS if section.get(k) is not None}}
     except (ValueError, KeyError, TypeError):
         raise UserError(f"{config_file} does not describe a model (model.arch, model.input_size); "
                         "the run directory is damaged") from None

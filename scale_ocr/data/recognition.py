@@ -49,28 +49,48 @@ def _label_problem(path: Path, name: str, word: object, vocab: Vocab,
     return None
 
 
-def _check(path: Path, name: str, word: object, vocab: Vocab,
-           input_size: tuple[int, int] | None) -> tuple[Path | None, tuple[str, str] | None]:
+def own_frames_problem(word: str, size: tuple[int, int], input_size: tuple[int, int]) -> str | None:
+    """Why a ``(width, height)`` crop read at its own width (``--max-width``) gives CTC too few frames for ``word``;
+    None when it gives enough."""
+    from scale_ocr.data.transforms import ResizeHeight
+    from scale_ocr.models.recognition.ctc import FRAME_WIDTH
+
+    width = ResizeHeight(*input_size).width(size)
+    need, frames = ctc_frames_needed(word), width // FRAME_WIDTH
+    if need <= frames:
+        return None
+    return (f"needs {need} CTC frames, but its {size[0]}x{size[1]}-pixel crop, read at height {input_size[0]}, is "
+            f"{width} pixels wide and gives {frames}")
+
+
+def _check(path: Path, name: str, word: object, vocab: Vocab, input_size: tuple[int, int] | None,
+           own_width: bool = False) -> tuple[Path | None, tuple[str, str] | None]:
     """The image to read for one labels.json entry, or (None, (reason, sentence)) for a bad sample."""
     img_path, problem = resolve_image(path, name)
     problem = problem or _label_problem(path, name, word, vocab, input_size)
     if problem:
         return None, problem
-    _, problem = decode_listed(path, name, img_path, WORD_LIMITS)
-    return (None, problem) if problem else (img_path, None)
+    img, problem = decode_listed(path, name, img_path, WORD_LIMITS)
+    if problem:
+        return None, problem
+    if own_width and input_size is not None and (short := own_frames_problem(word, img.size, input_size)):
+        return None, ("too_long", f"{path / 'labels.json'}: the label {shown(word)} of {shown(name)} {short}; "
+                                  "raise --max-width or pass --on-bad-sample skip")
+    return img_path, None
 
 
 def scan_folder(path: Path, vocab: Vocab, on_bad_sample: str, report: ScanReport,
-                input_size: tuple[int, int] | None = None) -> list[tuple[Path, str]]:
+                input_size: tuple[int, int] | None = None, own_width: bool = False) -> list[tuple[Path, str]]:
     """Check every labelled sample of a folder and return the usable ``(image path, word)`` pairs.
 
-    A bad sample (characters outside ``vocab``, more CTC frames than ``input_size`` gives, a bad image) raises a
-    :class:`UserError` (``on_bad_sample="error"``) or is counted in ``report`` (``"skip"``).
+    A bad sample (characters outside ``vocab``, more CTC frames than ``input_size`` gives, or than the crop's own
+    width gives when ``own_width``, a bad image) raises a :class:`UserError` (``on_bad_sample="error"``) or is
+    counted in ``report`` (``"skip"``).
     """
     labels = read_labels(path, "recognition", "words")
     samples = []
     for name, word in labels.items():
-        img_path, problem = _check(path, name, word, vocab, input_size)
+        img_path, problem = _check(path, name, word, vocab, input_size, own_width)
         if problem is None:
             samples.append((img_path, word))
             report.kept += 1
@@ -83,11 +103,11 @@ class RecognitionFolder(Dataset):
     """Word crops from one or more docTR recognition folders, checked by :func:`scan_folder`."""
 
     def __init__(self, paths: tuple[str, ...], vocab: Vocab, on_bad_sample: str = "error", transform=None,
-                 input_size: tuple[int, int] | None = None) -> None:
+                 input_size: tuple[int, int] | None = None, own_width: bool = False) -> None:
         self.report = ScanReport()
         self.samples: list[tuple[Path, str]] = []
         for p in paths:
-            self.samples += scan_folder(Path(p), vocab, on_bad_sample, self.report, input_size)
+            self.samples += scan_folder(Path(p), vocab, on_bad_sample, self.report, input_size, own_width)
         if not self.samples:
             raise UserError(f"no usable samples in {', '.join(paths)}; check labels.json and images/")
         self.transform = transform

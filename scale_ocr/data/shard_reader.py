@@ -51,8 +51,9 @@ class DecodeWord:
     """A recognition member -> ``(transform(crop), word)``; :meth:`label` checks a word as a folder's scan does
     (not empty, inside ``vocab``, within the CTC frames of ``input_size``), whatever the set's index says."""
 
-    def __init__(self, transform, vocab=None, input_size: tuple[int, int] | None = None) -> None:
-        self.transform, self.vocab, self.input_size = transform, vocab, input_size
+    def __init__(self, transform, vocab=None, input_size: tuple[int, int] | None = None,
+                 own_width: bool = False) -> None:
+        self.transform, self.vocab, self.input_size, self.own_width = transform, vocab, input_size, own_width
 
     def label(self, member: Member, where: Path) -> str:
         from scale_ocr.models.recognition.ctc import ctc_frames, ctc_frames_needed
@@ -76,6 +77,12 @@ class DecodeWord:
     def __call__(self, member: Member, where: Path):
         word = self.label(member, where)
         img = _image(member, where, WORD_LIMITS)
+        if self.own_width and self.input_size is not None:
+            from scale_ocr.data.recognition import own_frames_problem
+
+            if short := own_frames_problem(word, img.size, self.input_size):
+                raise UserError(f"{path_text(where)}: the label {shown(word, 80)} of the sample {shown(member.key)} "
+                                f"{short}; raise --max-width (a set is checked as a whole)")
         return (self.transform(img) if self.transform else img), word
 
 
@@ -259,14 +266,16 @@ def _open_shards(paths: tuple[str, ...], task: str) -> ShardSet | None:
     return open_set(paths[0], task)
 
 
-def open_words(paths: tuple[str, ...], vocab, on_bad_sample: str, transform, input_size, train: bool) -> Dataset:
-    """Word crops from docTR recognition folders or a recognition shard set (its labels checked as a whole)."""
+def open_words(paths: tuple[str, ...], vocab, on_bad_sample: str, transform, input_size, train: bool,
+               own_width: bool = False) -> Dataset:
+    """Word or line crops from docTR recognition folders or a recognition shard set (its labels checked as a whole;
+    ``own_width``: each crop's frames at its own width too)."""
     from scale_ocr.data.recognition import RecognitionFolder
     from scale_ocr.models.recognition.ctc import ctc_frames
 
     shards = _open_shards(paths, "recognition")
     if shards is None:
-        return RecognitionFolder(paths, vocab, on_bad_sample, transform, input_size)
+        return RecognitionFolder(paths, vocab, on_bad_sample, transform, input_size, own_width)
     unknown = vocab.unknown_chars(shards.meta["chars"])  # typed by open_set; each label is checked when read
     if unknown:
         raise UserError(f"{path_text(shards.root)}: its labels use characters {shown(unknown)} outside the vocabulary "
@@ -276,7 +285,7 @@ def open_words(paths: tuple[str, ...], vocab, on_bad_sample: str, transform, inp
     if input_size is not None and need > ctc_frames(input_size):
         raise UserError(f"{path_text(shards.root)}: its longest label needs {need} CTC frames but a "
                         f"{input_size[1]}-pixel-wide input gives {ctc_frames(input_size)}; widen --input-size")
-    return (ShardTrain if train else ShardVal)(shards, DecodeWord(transform, vocab, input_size))
+    return (ShardTrain if train else ShardVal)(shards, DecodeWord(transform, vocab, input_size, own_width))
 
 
 def open_pages(paths: tuple[str, ...], on_bad_sample: str, transform, train: bool) -> Dataset:

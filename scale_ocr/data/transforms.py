@@ -34,6 +34,33 @@ class ResizePad:
         return ImageOps.expand(img, border=(0, 0, self.w - nw, self.h - nh), fill=fill)
 
 
+class ResizeHeight:
+    """Resize to height H keeping the aspect ratio, at most ``max_width`` wide (a wider crop is squeezed into it),
+    then pad right with the border colour up to a multiple of ``multiple`` columns and at least H: a crop read at
+    its own width (``--max-width``). :meth:`width` says how wide a crop of a given size comes out."""
+
+    def __init__(self, height: int, max_width: int, fill: int | None = None, multiple: int = 4) -> None:
+        self.h, self.max_width, self.fill, self.multiple = height, max_width, fill, multiple
+
+    def scaled(self, size: tuple[int, int]) -> int:
+        """The columns a ``(width, height)`` crop's own pixels take at height H."""
+        w, h = size
+        return max(1, min(self.max_width, round(w * self.h / h)))
+
+    def width(self, size: tuple[int, int]) -> int:
+        """The width, padding included, that a ``(width, height)`` crop is read at."""
+        m = self.multiple
+        return min(self.max_width, max(-(-self.scaled(size) // m) * m, -(-self.h // m) * m))
+
+    def __call__(self, img: Image.Image) -> Image.Image:
+        nw, out = self.scaled(img.size), self.width(img.size)
+        img = img.resize((nw, self.h), Image.BILINEAR)
+        if nw == out:
+            return img
+        fill = img.getpixel((nw - 1, self.h - 1)) if self.fill is None else (self.fill,) * len(img.getbands())
+        return ImageOps.expand(img, border=(0, 0, out - nw, 0), fill=fill)
+
+
 class GaussianNoise:
     """Additive Gaussian noise on a [0, 1] tensor."""
 
@@ -63,9 +90,10 @@ class WordTransform:
 
 def build_transform(input_size: tuple[int, int], train: bool, augment: bool = True,
                     mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD,
-                    fill: int | None = None, degrade=None) -> WordTransform:
+                    fill: int | None = None, degrade=None, own_width: bool = False) -> WordTransform:
     """PIL image -> float tensor (3, H, W) normalised by ``mean``/``std``; augmentations only when training;
-    ``fill`` pads as :class:`ResizePad` does; ``degrade`` (a :class:`~scale_ocr.data.degrade.Degrade`) first."""
+    ``fill`` pads as :class:`ResizePad` does; ``degrade`` (a :class:`~scale_ocr.data.degrade.Degrade`) first.
+    ``own_width``: W is the crop's own (:class:`ResizeHeight`, at most ``input_size``'s width)."""
     augmented = train and augment
     pil: list = [degrade] if degrade else []
     if augmented:
@@ -73,7 +101,7 @@ def build_transform(input_size: tuple[int, int], train: bool, augment: bool = Tr
             T.RandomApply([T.RandomPerspective(distortion_scale=0.15, p=1.0, fill=255)], p=0.25),
             T.RandomApply([T.RandomRotation(2, expand=False, fill=255)], p=0.2),
         ]
-    pil += [ResizePad(input_size, fill), T.PILToTensor()]
+    pil += [ResizeHeight(*input_size, fill) if own_width else ResizePad(input_size, fill), T.PILToTensor()]
     tensor: list = [T.ToDtype(torch.float32, scale=True)]
     if augmented:
         tensor += [
@@ -93,4 +121,4 @@ def denormalize(x: torch.Tensor, mean: tuple[float, ...] = MEAN, std: tuple[floa
     return (x * std + mean).clamp(0, 1)
 
 
-__all__ = ["ResizePad", "WordTransform", "build_transform", "denormalize", "TF"]
+__all__ = ["ResizeHeight", "ResizePad", "WordTransform", "build_transform", "denormalize", "TF"]

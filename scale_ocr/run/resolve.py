@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from scale_ocr.config import DEFAULT_LR_SCALING, OptimConfig, RunConfig
+from scale_ocr.config import DEFAULT_LR_SCALING, ModelConfig, OptimConfig, RunConfig
 from scale_ocr.data.degrade import parse as degradations
 from scale_ocr.errors import UserError
 from scale_ocr.models.factory import recommended_lr, reference_batch
 from scale_ocr.tasks import task_class
-from scale_ocr.tasks.base import check_size_overrides
+from scale_ocr.tasks.base import Task, check_size_overrides
 
 
 def resolve(cfg: RunConfig) -> RunConfig:
@@ -28,8 +28,8 @@ def resolve(cfg: RunConfig) -> RunConfig:
     page_scale, max_page_side = task.resolve_page_scale(cfg)
     resolved = dataclasses.replace(
         cfg,
-        model=dataclasses.replace(cfg.model, input_size=tuple(cfg.model.input_size or task.default_input_size),
-                                  page_scale=page_scale, max_page_side=max_page_side),
+        model=dataclasses.replace(cfg.model, input_size=input_size(cfg.model, task), page_scale=page_scale,
+                                  max_page_side=max_page_side),
         data=dataclasses.replace(data, train_samples=data.train_samples or train, val_samples=data.val_samples or val,
                                  augment=task.default_augment if data.augment is None else data.augment),
         optim=dataclasses.replace(resolve_rate(optim, cfg.model.arch), sched=optim.sched or task.default_sched),
@@ -37,6 +37,21 @@ def resolve(cfg: RunConfig) -> RunConfig:
     task.check_config(resolved)  # e.g. synthetic words that CTC cannot align
     degradations(resolved.data.degrade, task.moves_text)  # named, each with a probability, that the task's images take
     return resolved
+
+
+def input_size(model: ModelConfig, task: type[Task]) -> tuple[int, int]:
+    """The run's input size: ``--input-size`` or the task's; with ``--max-width``, its height and the widest input
+    (a model reading crops at their own width is built for the widest: a ViTSTR's position embeddings cover it)."""
+    size = tuple(model.input_size or task.default_input_size)
+    if model.max_width is None:
+        return size
+    if not task.reads_own_width:
+        raise UserError(f"--max-width: {model.arch} reads its inputs at one size (--input-size); drop --max-width, or "
+                        "pick a model that reads crops at their own width (a crnn_* or vitstr_* recognizer)")
+    if model.max_width < size[0]:
+        raise UserError(f"--max-width {model.max_width} is narrower than the input height {size[0]}; crops are read "
+                        f"from the height up to --max-width, so give at least {size[0]}")
+    return size[0], model.max_width
 
 
 def resolve_rate(optim: OptimConfig, arch: str) -> OptimConfig:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from scale_ocr.config import MODEL_SIZE_FIELDS, DataConfig, ModelConfig
+from scale_ocr.config import MODEL_IDENTITY_FIELDS, MODEL_SIZE_FIELDS, DataConfig, ModelConfig
 from scale_ocr.distributed.process_group import DistInfo
 from scale_ocr.errors import UserError
 from scale_ocr.models.factory import create_model, list_models, model_entry, model_vocabs
@@ -50,6 +50,7 @@ class Task(ABC):
     default_samples: ClassVar[tuple[int, int]]  # synthetic (train, validation) samples unless the user says
     default_augment: ClassVar[bool]  # train-time augmentation unless the user says (--augment / --no-augment)
     moves_text: ClassVar[bool]  # its images may be turned and distorted (--degrade rotate): no box to leave
+    reads_own_width: ClassVar[bool] = False  # its models read crops at their own width (--max-width)
     default_sched: ClassVar[str] = "cosine"  # learning-rate schedule unless the user says (--sched)
     # Summary metrics, in the order printed; the first is the one "best" checkpoints maximise.
     metric_names: ClassVar[tuple[str, ...]]
@@ -126,7 +127,7 @@ class Task(ABC):
     def identity(self) -> dict[str, Any]:
         """What a checkpoint must match to be resumed or loaded by this task (and what an export records)."""
         return {"arch": self.arch, "input_size": list(self.input_size),
-                **{k: getattr(self.cfg, k) for k in MODEL_SIZE_FIELDS if getattr(self.cfg, k) is not None}}
+                **{k: getattr(self.cfg, k) for k in MODEL_IDENTITY_FIELDS if getattr(self.cfg, k) is not None}}
 
     def describe(self) -> dict[str, Any]:
         """Extra facts for the run's config.json."""
@@ -153,7 +154,7 @@ class Task(ABC):
     def model_config(identity: dict[str, Any]) -> ModelConfig:
         """The model section an identity describes: architecture, input size and any size overrides."""
         return ModelConfig(arch=identity["arch"], input_size=tuple(identity["input_size"]),
-                           **{k: identity[k] for k in MODEL_SIZE_FIELDS if identity.get(k) is not None})
+                           **{k: identity[k] for k in MODEL_IDENTITY_FIELDS if identity.get(k) is not None})
 
 def check_size_overrides(model: ModelConfig) -> None:
     """Refuse a size override (``--model-width`` ...) that the model's builder does not take, or a size or input side

@@ -50,15 +50,17 @@ class DoctrRecognitionTask(RecognitionTask):
     def model_kwargs(self) -> dict[str, Any]:
         return {**super().model_kwargs(), "vocab": self.vocab.chars}
 
-    def decode(self, logits: torch.Tensor) -> list[tuple[str, float]]:
+    reads_own_width = False  # docTR's models read one input size, as docTR's predictor fits crops into it
+
+    def decode(self, logits: torch.Tensor, lengths: torch.Tensor | None = None) -> list[tuple[str, float]]:
         return [(word, float(conf)) for word, conf in self._post(logits.float())]
 
-    def eval_batch(self, model: nn.Module, batch: WordBatch, autocast) -> tuple[float, torch.Tensor]:
+    def eval_batch(self, model: nn.Module, batch: WordBatch, autocast) -> tuple[float, list[tuple[str, float]]]:
         """docTR's loss is a batch mean, so the batch's is weighted by its valid items (a rank's last batch may
         carry the sampler's padding repeats, which then count at the batch's mean)."""
         with autocast():
             out = model(*batch.inputs)
-        return float(out["loss"].float().mean()) * int(batch.valid.sum()), out["logits"]
+        return float(out["loss"].float().mean()) * int(batch.valid.sum()), self.decode(out["logits"])
 
     def recognize(self, model: nn.Module, crops: list, batch_size: int = 64) -> list[tuple[str, float]]:
         """Crops prepared by docTR's own ``PreProcessor`` (aspect-preserving resize, zero padding, the model's

@@ -1,4 +1,8 @@
-"""Word recognition: word crops in, CTC targets, exact match and CER out."""
+"""Text recognition: word or line crops in, CTC targets, exact match and CER out.
+
+Crops are read fitted into ``--input-size``, or (``--max-width``) at its height and their own width: a batch is then
+padded on the right to its widest crop, and ``widths`` says each crop's own columns to the model, which reads no
+padding frame into the loss or the decoding."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from scale_ocr.config import DataConfig, ModelConfig
@@ -32,26 +37,39 @@ class WordBatch:
     target_lengths: torch.Tensor
     words: list[str]
     valid: torch.Tensor
+    widths: torch.Tensor | None = None  # each image's own columns (crops read at their own width); None: all
 
     @property
     def inputs(self) -> tuple[torch.Tensor, ...]:
         """The model's positional arguments (tensors only, so DataParallel can scatter them)."""
-        return self.images, self.targets, self.target_lengths
+        own = () if self.widths is None else (self.widths,)
+        return self.images, self.targets, self.target_lengths, *own
 
     def to(self, device: torch.device) -> WordBatch:
         nb = device.type == "cuda"
         return WordBatch(self.images.to(device, non_blocking=nb), self.targets.to(device, non_blocking=nb),
-                         self.target_lengths.to(device, non_blocking=nb), self.words, self.valid)
+                         self.target_lengths.to(device, non_blocking=nb), self.words, self.valid,
+                         None if self.widths is None else self.widths.to(device, non_blocking=nb))
 
     def __len__(self) -> int:
         return len(self.words)
 
 
-class Collate:
-    """Stacks images and pads encoded words into a (B, L) target tensor."""
+def pad_to_widest(images: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(C, H, W_i) images as one (B, C, H, max W_i) batch, each padded on the right with its own last column (the
+    border colour the transform padded with), and their widths."""
+    widths = torch.tensor([im.shape[-1] for im in images], dtype=torch.long)
+    widest = int(widths.max())
+    return torch.stack([im if im.shape[-1] == widest else F.pad(im[None], (0, widest - im.shape[-1], 0, 0), "replicate")[0]
+                        for im in images]), widths
 
-    def __init__(self, vocab: Vocab) -> None:
-        self.vocab = vocab
+
+class Collate:
+    """Stacks images (``own_width``: padded to the batch's widest, with their widths) and pads encoded words into a
+    (B, L) target tensor."""
+
+    def __init__(self, vocab: Vocab, own_width: bool = False) -> None:
+        self.vocab, self.own_width = vocab, own_width
 
     def __call__(self, items) -> WordBatch:
         images, words, valid = zip(*items, strict=True)
@@ -60,15 +78,22 @@ class Collate:
         targets = torch.zeros(len(encoded), max(1, int(lengths.max())), dtype=torch.long)
         for i, e in enumerate(encoded):
             targets[i, : len(e)] = e
-        return WordBatch(torch.stack(images), targets, lengths, list(words), torch.tensor(valid))
+        stacked, widths = pad_to_widest(list(images)) if self.own_width else (torch.stack(images), None)
+        return WordBatch(stacked, targets, lengths, list(words), torch.tensor(valid), widths)
+
+
+def read(model: nn.Module, images: torch.Tensor, widths: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The model's output for a batch of images (``widths``: their own columns, when read at their own width)."""
+    return model(images) if widths is None else model(images, widths=widths)
 
 
 @register_task
 class RecognitionTask(Task):
-    """CTC word recognition (CRNN, ViTSTR): docTR's recognition folders or synthetic words."""
+    """CTC text recognition (CRNN, ViTSTR): docTR's recognition folders (words or lines) or synthetic words."""
 
     name = "recognition"
     default_input_size = (32, 128)
+    reads_own_width = True  # --max-width: CRNN's frames and ViTSTR's patch columns follow the input's width
     # Both chosen by the convergence benchmark (its record in benchmarks/results/README.md): augmentation cost exact
     # match within a few epochs, and OneCycle reached the bare loop's level where 5% warm-up + cosine did not.
     default_augment = False
@@ -86,7 +111,14 @@ class RecognitionTask(Task):
 
     def __init__(self, model_cfg: ModelConfig) -> None:
         super().__init__(model_cfg)
+        if self.own_width and " " not in self.charset:  # a line's words are parted by spaces: a class like any
+            self.charset += " "
         self.vocab = Vocab(self.charset)
+
+    @property
+    def own_width(self) -> bool:
+        """Crops are read at their own width, up to the input size's (``--max-width``)."""
+        return self.cfg.max_width is not None
 
     @classmethod
     def check_config(cls, cfg) -> None:
@@ -97,6 +129,9 @@ class RecognitionTask(Task):
         from scale_ocr.models.recognition.ctc import ctc_frames
 
         d = cfg.data
+        if cfg.model.max_width is not None and d.data_cache:
+            raise UserError("--data-cache holds images of one size, and --max-width reads crops at their own width; "
+                            "drop one of them")
         synthetic = draws_synthetic(d)
         frames, worst = ctc_frames(cfg.model.input_size), 2 * d.max_chars - 1
         if synthetic and worst > frames:
@@ -131,23 +166,26 @@ class RecognitionTask(Task):
         from scale_ocr.data.transforms import build_transform
 
         return build_transform(self.input_size, train=train, augment=augment, mean=self.mean, std=self.std,
-                               fill=self.pad_fill, degrade=Degrade(parse(degrade)) if train else None)
+                               fill=self.pad_fill, degrade=Degrade(parse(degrade)) if train else None,
+                               own_width=self.own_width)
 
-    def decode(self, logits: torch.Tensor) -> list[tuple[str, float]]:
-        """The model's output -> ``(word, confidence)`` per item (greedy CTC decoding)."""
+    def decode(self, logits: torch.Tensor, lengths: torch.Tensor | None = None) -> list[tuple[str, float]]:
+        """The model's output -> ``(word, confidence)`` per item (greedy CTC decoding of each item's ``lengths``
+        frames, all where None)."""
         from scale_ocr.models.recognition.ctc import ctc_greedy_decode
 
-        words, confs = ctc_greedy_decode(logits, self.vocab)
+        words, confs = ctc_greedy_decode(logits, self.vocab, lengths)
         return list(zip(words, confs, strict=True))
 
-    def eval_batch(self, model: nn.Module, batch: WordBatch, autocast) -> tuple[float, torch.Tensor]:
-        """The summed loss of the batch's valid items and the logits of all of them."""
+    def eval_batch(self, model: nn.Module, batch: WordBatch, autocast) -> tuple[float, list[tuple[str, float]]]:
+        """The summed loss of the batch's valid items and the reading of all of them."""
         from scale_ocr.models.recognition.ctc import ctc_loss
 
         with autocast():
-            logits = model(batch.images)["logits"]
-        losses = ctc_loss(logits, batch.targets, batch.target_lengths, reduction="none")
-        return float(losses[batch.valid.to(losses.device)].sum()), logits
+            out = read(model, batch.images, batch.widths)
+        lengths = out.get("lengths")
+        losses = ctc_loss(out["logits"], batch.targets, batch.target_lengths, reduction="none", lengths=lengths)
+        return float(losses[batch.valid.to(losses.device)].sum()), self.decode(out["logits"], lengths)
 
     def build_data(self, cfg: DataConfig, batch_size: int, seed: int, dist: DistInfo):
         from scale_ocr.data.files import ScanReport
@@ -165,7 +203,8 @@ class RecognitionTask(Task):
             train_ds, digest = TensorWords(cfg.data_cache, self.vocab, self.input_size), None
         else:
             train_ds, digest = open_train(
-                cfg, lambda paths: open_words(paths, self.vocab, cfg.on_bad_sample, train_tf, self.input_size, True),
+                cfg, lambda paths: open_words(paths, self.vocab, cfg.on_bad_sample, train_tf, self.input_size, True,
+                                        self.own_width),
                 lambda: SyntheticWords(self.vocab.chars, cfg.train_samples, cfg.min_chars, cfg.max_chars, seed,
                                        train_tf, cfg.synthetic_words, fonts), labels_digest)
         report = getattr(train_ds, "report", None) or ScanReport()
@@ -178,7 +217,7 @@ class RecognitionTask(Task):
         else:
             val_ds = SyntheticWords(self.vocab.chars, cfg.val_samples, cfg.min_chars, cfg.max_chars,
                                     seed + VAL_SEED_OFFSET, val_tf, cfg.synthetic_words, fonts)
-        return build_loaders(train_ds, val_ds, Collate(self.vocab), cfg, batch_size, seed, dist,
+        return build_loaders(train_ds, val_ds, Collate(self.vocab, self.own_width), cfg, batch_size, seed, dist,
                              dict(report.skipped), digest)
 
     def eval_set(self, paths: tuple[str, ...], on_bad_sample: str = "error"):
@@ -186,8 +225,9 @@ class RecognitionTask(Task):
         batches need."""
         from scale_ocr.data.shard_reader import open_words
 
-        data = open_words(paths, self.vocab, on_bad_sample, self.transform(train=False), self.input_size, train=False)
-        return data, Collate(self.vocab)
+        data = open_words(paths, self.vocab, on_bad_sample, self.transform(train=False), self.input_size, train=False,
+                          own_width=self.own_width)
+        return data, Collate(self.vocab, self.own_width)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device,
@@ -198,9 +238,9 @@ class RecognitionTask(Task):
         loss_sum, examples = 0.0, []
         for batch in loader:
             batch = batch.to(device)
-            batch_loss, logits = self.eval_batch(model, batch, autocast)
+            batch_loss, read_out = self.eval_batch(model, batch, autocast)
             loss_sum += batch_loss
-            preds = [word for word, _ in self.decode(logits)]
+            preds = [word for word, _ in read_out]
             keep = [i for i, v in enumerate(batch.valid.tolist()) if v]
             metric.update([preds[i] for i in keep], [batch.words[i] for i in keep])
             for i in keep[: max(0, NUM_EXAMPLES - len(examples))]:
@@ -211,12 +251,20 @@ class RecognitionTask(Task):
         return EvalResult({"val_loss": sums[0] / max(sums[-1], 1), **TextMetric.rates(sums[1:])}, examples)
 
     def recognize(self, model: nn.Module, crops: list, batch_size: int = 64) -> list[tuple[str, float]]:
-        """Words and confidences for PIL crops (page OCR feeds the detector's crops here)."""
+        """Texts and confidences for PIL crops (page OCR feeds the detector's crops here). Read at their own width,
+        crops are batched in order of width, so a batch pads little."""
         tf = self.transform(train=False)
-        out: list[tuple[str, float]] = []
+        order = sorted(range(len(crops)), key=lambda i: crops[i].size[0] / max(1, crops[i].size[1])) \
+            if self.own_width else list(range(len(crops)))
+        out: list[tuple[str, float]] = [("", 0.0)] * len(crops)
         with torch.no_grad():
-            for i in range(0, len(crops), batch_size):
-                out += self.decode(model(torch.stack([tf(c) for c in crops[i:i + batch_size]]))["logits"])
+            for i in range(0, len(order), batch_size):
+                chunk = order[i:i + batch_size]
+                tensors = [tf(crops[j]) for j in chunk]
+                images, widths = pad_to_widest(tensors) if self.own_width else (torch.stack(tensors), None)
+                got = read(model, images, widths)
+                for j, text in zip(chunk, self.decode(got["logits"], got.get("lengths")), strict=True):
+                    out[j] = text
         return out
 
 

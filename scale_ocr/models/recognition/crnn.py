@@ -9,10 +9,11 @@ from __future__ import annotations
 import torch
 from einops import rearrange
 from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from torchvision import models as tvm
 
 from scale_ocr.models.keys import key_prefix
-from scale_ocr.models.recognition.ctc import BLANK_PRIOR, blank_bias, ctc_loss
+from scale_ocr.models.recognition.ctc import BLANK_PRIOR, blank_bias, ctc_loss, frame_lengths
 from scale_ocr.models.registry import register_model
 
 
@@ -87,14 +88,24 @@ class CRNN(nn.Module):
         return list(self.backbone.children())
 
     def forward(self, images: torch.Tensor, targets: torch.Tensor | None = None,
-                target_lengths: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                target_lengths: torch.Tensor | None = None,
+                widths: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Logits (B, frames, classes), and the CTC loss when ``targets`` are given. ``widths``: each image's own
+        columns in a batch padded on the right (crops read at their own width); its frames are then ``lengths``
+        in the output, and the BiLSTM, the loss and decoding read no frame after them. The convolutions see the
+        padding as they see a word crop's: the crop's border colour."""
         feats = self.backbone(images)
         seq = rearrange(feats, "b c h w -> b w (c h)")
-        seq, _ = self.rnn(seq)
+        lengths = None if widths is None else frame_lengths(widths, images.shape[-1], seq.shape[1])
+        if lengths is None:
+            seq, _ = self.rnn(seq)
+        else:  # packed: the backward direction starts at each item's own last frame, not in its padding
+            packed = pack_padded_sequence(seq, lengths.cpu(), batch_first=True, enforce_sorted=False)
+            seq, _ = pad_packed_sequence(self.rnn(packed)[0], batch_first=True, total_length=seq.shape[1])
         logits = self.head(seq)
-        out = {"logits": logits}
+        out = {"logits": logits} if lengths is None else {"logits": logits, "lengths": lengths}
         if targets is not None and target_lengths is not None:
-            out["loss"] = ctc_loss(logits, targets, target_lengths)
+            out["loss"] = ctc_loss(logits, targets, target_lengths, lengths=lengths)
         return out
 
 

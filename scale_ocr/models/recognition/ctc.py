@@ -32,6 +32,12 @@ def ctc_frames_needed(word: str) -> int:
     return len(word) + sum(a == b for a, b in zip(word, word[1:], strict=False))
 
 
+def frame_lengths(widths: torch.Tensor, input_width: int, frames: int) -> torch.Tensor:
+    """The frames of each item of a batch padded to ``input_width`` columns that ``frames`` frames cover, when the
+    items are ``widths`` columns wide: the frames that see any of an item's own columns (padding makes the rest)."""
+    return torch.div(widths.long() * frames + input_width - 1, input_width, rounding_mode="floor").clamp_(1, frames)
+
+
 def blank_bias(num_classes: int, prior: float) -> float:
     """The blank's (class 0's) bias that makes a head whose other logits are near 0 predict blank with probability
     ``prior``: ``softmax`` gives it ``e^b / (e^b + num_classes - 1)``."""
@@ -39,16 +45,18 @@ def blank_bias(num_classes: int, prior: float) -> float:
 
 
 def ctc_loss(logits: torch.Tensor, targets: torch.Tensor, target_lengths: torch.Tensor,
-             reduction: str = "mean") -> torch.Tensor:
+             reduction: str = "mean", lengths: torch.Tensor | None = None) -> torch.Tensor:
     """CTC loss of ``logits`` (B, T, C) against padded ``targets`` (B, L); blank is class 0.
 
     Each word's loss is divided by its length; ``"mean"`` averages over the batch, ``"none"``
-    returns one value per word.
+    returns one value per word. ``lengths``: each item's own frames (crops read at their own width); the frames
+    after them are padding, which CTC never reads. Default: all T.
 
     Computed in fp32 whatever the autocast dtype: CTC's log-space sums lose too much in bf16/fp16.
     """
     log_probs = F.log_softmax(logits.float(), dim=-1).transpose(0, 1)  # (T, B, C)
-    input_lengths = torch.full((logits.shape[0],), logits.shape[1], dtype=torch.long, device=logits.device)
+    input_lengths = torch.full((logits.shape[0],), logits.shape[1], dtype=torch.long, device=logits.device) \
+        if lengths is None else lengths.to(logits.device, torch.long)
     with torch.autocast(device_type=logits.device.type, enabled=False):
         losses = F.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="none",
                             zero_infinity=True)
@@ -57,18 +65,21 @@ def ctc_loss(logits: torch.Tensor, targets: torch.Tensor, target_lengths: torch.
 
 
 @torch.no_grad()
-def ctc_greedy_decode(logits: torch.Tensor, vocab: Vocab) -> tuple[list[str], list[float]]:
-    """Best-path decoding: argmax per frame, merge repeats, drop blanks.
+def ctc_greedy_decode(logits: torch.Tensor, vocab: Vocab,
+                      lengths: torch.Tensor | None = None) -> tuple[list[str], list[float]]:
+    """Best-path decoding: argmax per frame, merge repeats, drop blanks; ``lengths``: each item's own frames (the
+    padding's after them are not read).
 
     Returns the words and a confidence per word: the lowest probability among the frames that
     produced a character (docTR's convention), 0 for an empty word.
     """
     probs = logits.float().softmax(-1)
     best_p, best = probs.max(-1)  # (B, T)
+    ends = [logits.shape[1]] * logits.shape[0] if lengths is None else lengths.tolist()
     words, confs = [], []
-    for seq, p in zip(best.tolist(), best_p.tolist(), strict=True):
+    for seq, p, end in zip(best.tolist(), best_p.tolist(), ends, strict=True):
         chars, kept, prev = [], [], 0
-        for idx, prob in zip(seq, p, strict=True):
+        for idx, prob in zip(seq[:end], p[:end], strict=True):
             if idx != prev and idx != 0:
                 chars.append(idx)
                 kept.append(prob)

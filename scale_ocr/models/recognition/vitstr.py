@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from scale_ocr.errors import UserError
-from scale_ocr.models.recognition.ctc import ctc_loss
+from scale_ocr.models.recognition.ctc import ctc_loss, frame_lengths
 from scale_ocr.models.registry import register_model
 
 
@@ -33,10 +33,11 @@ class SelfAttention(nn.Module):
         self.out_proj = nn.Linear(dim, dim)
         nn.init.xavier_uniform_(self.in_proj_weight)  # nn.MultiheadAttention's (ViTSTR.init_param re-initialises)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """``keep``: (B, 1, 1, N) True where a token may be attended to (padding's are not); None: all."""
         qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)
         q, k, v = rearrange(qkv, "b n (three h e) -> three b h n e", three=3, h=self.num_heads)
-        out = F.scaled_dot_product_attention(q, k, v)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
         return self.out_proj(rearrange(out, "b h n e -> b n (h e)"))
 
 
@@ -51,8 +52,8 @@ class Block(nn.Module):
         hidden = int(dim * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), keep)
         return x + self.mlp(self.norm2(x))
 
 
@@ -98,15 +99,35 @@ class ViTSTR(nn.Module):
         return list(self.blocks)
 
     def forward(self, images: torch.Tensor, targets: torch.Tensor | None = None,
-                target_lengths: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        x = rearrange(self.patch_embed(images), "b d h w -> b (h w) d") + self.pos_embed
+                target_lengths: torch.Tensor | None = None,
+                widths: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Logits (B, patch columns, classes), and the CTC loss when ``targets`` are given.
+
+        ``widths``: each image's own columns in a batch padded on the right (crops read at their own width, up to
+        the built width). The rule for a narrower input: the patch in row r and column c takes the position
+        embedding of row r and column c of the built grid, counted from the left edge, whatever the input's width.
+        No token attends to a padding column's patches; the columns an item covers are ``lengths`` in the output,
+        and the loss and decoding read no frame after them."""
+        x = self.patch_embed(images)
+        rows, cols = x.shape[2:]
+        if rows != self.grid[0] or cols > self.grid[1]:
+            raise UserError(f"an input of {images.shape[-2]}x{images.shape[-1]} pixels does not fit this model's "
+                            f"{self.grid[0]}x{self.grid[1]} patch grid; give inputs of its height, at most as wide")
+        pos = self.pos_embed if cols == self.grid[1] else \
+            rearrange(self.pos_embed, "1 (h w) d -> 1 h w d", h=rows)[:, :, :cols].flatten(1, 2)
+        x = rearrange(x, "b d h w -> b (h w) d") + pos
+        lengths = keep = None
+        if widths is not None:
+            lengths = frame_lengths(widths, images.shape[-1], cols)
+            own = torch.arange(cols, device=x.device) < lengths.to(x.device)[:, None]  # (B, cols)
+            keep = own.repeat(1, rows)[:, None, None, :]  # tokens are row-major: every row's columns in turn
         for block in self.blocks:
-            x = block(x)
-        x = rearrange(self.norm(x), "b (h w) d -> b w h d", h=self.grid[0]).mean(dim=2)  # one frame per column
+            x = block(x) if keep is None else block(x, keep)
+        x = rearrange(self.norm(x), "b (h w) d -> b w h d", h=rows).mean(dim=2)  # one frame per column
         logits = self.head(x)
-        out = {"logits": logits}
+        out = {"logits": logits} if lengths is None else {"logits": logits, "lengths": lengths}
         if targets is not None and target_lengths is not None:
-            out["loss"] = ctc_loss(logits, targets, target_lengths)
+            out["loss"] = ctc_loss(logits, targets, target_lengths, lengths=lengths)
         return out
 
 

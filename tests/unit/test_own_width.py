@@ -1,0 +1,124 @@
+"""Crops read at their own width (--max-width, issue 57): the input keeps its aspect ratio at a fixed height, a batch
+is padded to its widest, and no padding frame reaches the model's output, the loss or the decoding."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import make_folder
+from PIL import Image
+
+from scale_ocr.checkpoint.export import load_any
+from scale_ocr.cli.main import main as cli_main
+from scale_ocr.config import ModelConfig
+from scale_ocr.data.recognition import RecognitionFolder, ScanReport, scan_folder
+from scale_ocr.data.transforms import ResizeHeight
+from scale_ocr.errors import UserError
+from scale_ocr.models.recognition.ctc import ctc_greedy_decode, ctc_loss
+from scale_ocr.tasks import create_task
+from scale_ocr.train import main as train_main
+from scale_ocr.vocab import Vocab
+
+
+def test_resize_height_keeps_the_aspect_pads_short_crops_and_squeezes_long_ones():
+    r = ResizeHeight(32, 256)
+    assert r(Image.new("RGB", (100, 20), "white")).size == (160, 32)  # 100 * 32 / 20
+    assert r(Image.new("RGB", (10, 20), "white")).size == (32, 32)  # narrower than high: padded to the height
+    assert r(Image.new("RGB", (61, 20), "white")).size == (100, 32)  # 97.6 -> 98 columns, padded to a multiple of 4
+    assert r(Image.new("RGB", (1000, 20), "white")).size == (256, 32)  # squeezed into --max-width
+    assert r.width((61, 20)) == 100
+
+
+@pytest.mark.parametrize("arch", ["vitstr_tiny", "crnn_mobilenet_v3_small"])
+def test_a_crop_reads_the_same_alone_and_padded_in_a_batch(arch):
+    """The frames of a narrow crop in a batch padded to a wide one are the frames it has alone, and the model says
+    each item's frames. ViTSTR: no token attends to padding. CRNN: its BiLSTM reads no padding frame (read unpacked,
+    the narrow crop's logits move by 0.02 here); its convolutions see the padding at the crop's edge as they see a
+    word crop's, which an untrained backbone's tiny features (about 1e-8) do not show."""
+    torch.manual_seed(0)
+    sizes = {"model_depth": 2} if arch.startswith("vitstr") else {}
+    task = create_task(ModelConfig(arch=arch, input_size=(32, 256), max_width=256, **sizes))
+    model = task.build_model().eval()
+    narrow, wide = torch.randn(3, 32, 64), torch.randn(3, 32, 200)
+    with torch.no_grad():
+        batch = model(torch.stack([torch.cat([narrow, wide[:, :, 64:]], -1), wide]), widths=torch.tensor([64, 200]))
+        alone = model(narrow[None], widths=torch.tensor([64]))
+    assert batch["lengths"].tolist() == [16, 50] and alone["logits"].shape[1] == 16
+    torch.testing.assert_close(batch["logits"][0, :16], alone["logits"][0], atol=1e-4, rtol=1e-4)
+
+
+def test_ctc_loss_and_decoding_read_no_frame_after_an_items_length():
+    torch.manual_seed(0)
+    vocab = Vocab("ab ")
+    logits = torch.randn(2, 12, vocab.num_classes)
+    targets, target_lengths, lengths = torch.tensor([[1, 3, 2], [2, 2, 0]]), torch.tensor([3, 2]), torch.tensor([7, 12])
+    spoiled = logits.clone()
+    spoiled[0, 7:] = torch.randn(5, vocab.num_classes) * 10
+    loss = ctc_loss(logits, targets, target_lengths, reduction="none", lengths=lengths)
+    assert torch.equal(loss, ctc_loss(spoiled, targets, target_lengths, reduction="none", lengths=lengths))
+    assert loss[0] == ctc_loss(logits[:1, :7], targets[:1], target_lengths[:1], reduction="none")[0]
+    assert ctc_greedy_decode(spoiled, vocab, lengths) == ctc_greedy_decode(logits, vocab, lengths)
+    assert ctc_greedy_decode(logits, vocab, lengths)[0][0] == ctc_greedy_decode(logits[:1, :7], vocab)[0][0]
+
+
+def test_the_task_adds_the_space_records_the_width_and_loads_back_reading_at_own_width():
+    task = create_task(ModelConfig(arch="crnn_mobilenet_v3_small", input_size=(32, 512), max_width=512))
+    assert task.vocab.chars.endswith(" ") and task.own_width
+    identity = task.identity()
+    assert identity["max_width"] == 512 and identity["input_size"] == [32, 512]
+    back = type(task).from_identity(identity)
+    assert back.own_width and back.vocab.chars == task.vocab.chars
+    fixed = create_task(ModelConfig(arch="crnn_mobilenet_v3_small"))
+    assert "max_width" not in fixed.identity() and not type(fixed).from_identity(fixed.identity()).own_width
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["db_mobilenet_v3_large", "--max-width", "512"], "reads its inputs at one size"),
+    (["crnn_mobilenet_v3_small", "--max-width", "16"], "narrower than the input height 32"),
+    (["crnn_mobilenet_v3_small", "--max-width", "510"], "must be a multiple of 4"),
+    (["crnn_mobilenet_v3_small", "--max-width", "512", "--data-cache", "x.pt"], "--data-cache holds images of one"),
+])
+def test_what_cannot_read_at_own_width_is_refused_in_one_line(argv, says, tmp_path, capsys):
+    assert train_main([*argv, "--output-dir", str(tmp_path / "run"), "--wandb-mode", "disabled"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+
+
+def test_a_line_too_long_for_its_own_width_is_refused_or_skipped_and_counted(tmp_path):
+    long = "a" * 40  # 79 frames needed: a 20-pixel-high crop 160 wide, read at 32 high, is 256 wide: 64 frames
+    folder = make_folder(tmp_path / "lines", {"ok.png": "ab ab", "long.png": long},
+                         {"long.png": _png(Image.new("RGB", (160, 20), "white"))})
+    vocab = Vocab("ab ")
+    with pytest.raises(UserError, match="is 256 pixels wide and gives 64; raise --max-width"):
+        RecognitionFolder((str(folder),), vocab, "error", None, (32, 1024), own_width=True)
+    report = ScanReport()
+    assert [w for _, w in scan_folder(folder, vocab, "skip", report, (32, 1024), own_width=True)] == ["ab ab"]
+    assert report.skipped == {"too_long": 1}
+
+
+def test_lines_train_and_are_measured_at_their_own_width(tmp_path, capsys):
+    """A 2-step run on lines of several widths, then `scale-ocr evaluate` of its weights: the run's config.json
+    says the model reads at its own width, and the evaluation does."""
+    lines = ["a line", "another longer line of text", "ok", "text at its own width", "CTC frames", "x y z"]
+    folder = make_folder(tmp_path / "lines", {f"{i}.png": w for i, w in enumerate(lines)})
+    run = tmp_path / "run"
+    assert train_main(["crnn_mobilenet_v3_small", "--strategy", "single", "--threads", "1", "--train-path",
+                       str(folder), "--val-path", str(folder), "--max-width", "512", "-b", "3", "--max-steps", "2",
+                       "--output-dir", str(run), "--wandb-mode", "disabled"]) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"]["max_width"] == 512 and config["vocab"].endswith(" ")
+    loaded = load_any(run / "last_model.pt")
+    assert loaded.task.own_width
+    capsys.readouterr()
+    assert cli_main(["evaluate", str(run / "last_model.pt"), str(folder), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["samples"] == len(lines)
+
+
+def _png(img: Image.Image) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
