@@ -4,7 +4,8 @@ Plain numpy / OpenCV / shapely code: usable on CPU workers and in evaluation wit
 """
 
 from scale_ocr.boxes.metrics import LocalizationMetric, OCRMetric, box_iou, match_boxes
-from scale_ocr.boxes.order import reading_order
+from scale_ocr.boxes.order import reading_lines, reading_order
 from scale_ocr.boxes.postprocess import Box, boxes_from_map
 
-__all__ = ["Box", "LocalizationMetric", "OCRMetric", "box_iou", "boxes_from_map", "match_boxes", "reading_order"]
+__all__ = ["Box", "LocalizationMetric", "OCRMetric", "box_iou", "boxes_from_map", "match_boxes", "reading_lines",
+           "reading_order"]

@@ -33,20 +33,25 @@ def _side_lengths(quad: np.ndarray) -> tuple[float, float]:
     return float(width), float(height)
 
 
+def readable(quad: np.ndarray) -> bool:
+    """Whether a word's polygon (inside its page) has the area :func:`crop_words` cuts out: sides of a pixel or more."""
+    if _upright(quad):
+        return bool(np.ptp(quad[:, 0]) >= MIN_SIDE and np.ptp(quad[:, 1]) >= MIN_SIDE)
+    return min(_side_lengths(quad)) >= MIN_SIDE
+
+
 def _crop(page: Image.Image, pixels: np.ndarray, poly: np.ndarray, pad: float) -> Image.Image | None:
     h, w = pixels.shape[:2]
     quad = np.clip(poly, 0, [w, h])  # the part of the word on the page
+    if not readable(quad):
+        return None
     if _upright(quad):
         (x0, y0), (x1, y1) = quad.min(axis=0), quad.max(axis=0)
-        if x1 - x0 < MIN_SIDE or y1 - y0 < MIN_SIDE:
-            return None
         # Whole pixels covering the padded box (pixel i covers [i, i + 1)), clipped to the page.
         box = (max(0, int(np.floor(x0 - pad))), max(0, int(np.floor(y0 - pad))),
                min(w, int(np.ceil(x1 + pad))), min(h, int(np.ceil(y1 + pad))))
         return page.crop(box)
     width, height = _side_lengths(quad)
-    if width < MIN_SIDE or height < MIN_SIDE:
-        return None
     tl, tr, br, bl = quad
     across, down = (tr - tl) + (br - bl), (bl - tl) + (br - tr)  # the word's own axes
     u, v = pad * across / np.linalg.norm(across), pad * down / np.linalg.norm(down)

@@ -24,7 +24,13 @@ def _gap_groups(lo: np.ndarray, hi: np.ndarray, min_gap: float) -> list[np.ndarr
     return np.split(order, cuts)
 
 
-def _lines(idx: np.ndarray, y0: np.ndarray, y1: np.ndarray, x0: np.ndarray) -> list[int]:
+# Two neighbouring words of a line belong to one line of text while the gap between them is under this many word
+# heights (make-dataset's line sets split lines by the same rule, scale_ocr.data.text_lines): word spaces, even
+# justified, are well under one; a table's next cell or a margin note are further.
+LINE_GAP = 1.5
+
+
+def _lines(idx: np.ndarray, y0: np.ndarray, y1: np.ndarray, x0: np.ndarray) -> list[list[int]]:
     """Base case: groups words into lines, lines top to bottom, words left to right.
 
     A word joins the current line when their vertical extents overlap by more than half the smaller height;
@@ -42,14 +48,15 @@ def _lines(idx: np.ndarray, y0: np.ndarray, y1: np.ndarray, x0: np.ndarray) -> l
                 continue
         lines.append([int(i)])
         top, bottom = float(y0[i]), float(y1[i])
-    return [i for line in lines for i in sorted(line, key=lambda j: x0[j])]
+    return [sorted(line, key=lambda j: x0[j]) for line in lines]
 
 
-def _order(idx: np.ndarray, box: tuple[np.ndarray, ...], gap: float) -> list[int]:
+def _order(idx: np.ndarray, box: tuple[np.ndarray, ...], gap: float) -> list[list[int]]:
+    """The lines of the words ``idx``, in reading order."""
     x0, y0, x1, y1 = box
     columns = _gap_groups(x0[idx], x1[idx], gap)
     if len(columns) > 1:
-        return [i for col in columns for i in _order(idx[col], box, gap)]
+        return [line for col in columns for line in _order(idx[col], box, gap)]
     # Bands: cut wherever no box spans the vertical position (gap 0: any empty row of pixels).
     bands = [idx[b] for b in _gap_groups(y0[idx], y1[idx], 0.0)]
     if len(bands) == 1:
@@ -62,15 +69,18 @@ def _order(idx: np.ndarray, box: tuple[np.ndarray, ...], gap: float) -> list[int
             blocks[-1] = merged
         else:
             blocks.append(band)
-    return [i for block in blocks for i in _order(block, box, gap)]
+    return [line for block in blocks for line in _order(block, box, gap)]
 
 
-def reading_order(polygons: np.ndarray | Sequence, column_gap: float | None = 1.5) -> list[int]:
-    """Indices of words in reading order, a permutation of ``range(N)``.
+def reading_lines(polygons: np.ndarray | Sequence, column_gap: float | None = 1.5,
+                  line_gap: float | None = LINE_GAP) -> list[list[int]]:
+    """The words' lines in reading order, each its words' indices left to right; together a permutation of
+    ``range(N)``.
 
-    ``polygons`` as :func:`~scale_ocr.boxes.metrics.as_polygons` takes them, both axes on one scale (the gap is
+    ``polygons`` as :func:`~scale_ocr.boxes.metrics.as_polygons` takes them, both axes on one scale (the gaps are
     measured in word heights); ``column_gap``: an empty strip wider than this many median word heights separates
-    columns, None reads every line across the page.
+    columns, None reads every line across the page; ``line_gap``: a line is cut where two neighbouring words are
+    further apart than this many of its median word heights (None: never).
     """
     polys = as_polygons(polygons)
     if len(polys) == 0:
@@ -79,6 +89,25 @@ def reading_order(polygons: np.ndarray | Sequence, column_gap: float | None = 1.
     box = (mins[:, 0], mins[:, 1], maxs[:, 0], maxs[:, 1])
     idx = np.arange(len(polys))
     gap = 0.0 if column_gap is None else column_gap * float(np.median(maxs[:, 1] - mins[:, 1]))
-    if gap <= 0:  # no column splitting asked for, or flat (zero-height) boxes that any space would split
-        return _lines(idx, box[1], box[3], box[0])
-    return _order(idx, box, gap)
+    # gap 0: no column splitting asked for, or flat (zero-height) boxes that any space would split
+    lines = _lines(idx, box[1], box[3], box[0]) if gap <= 0 else _order(idx, box, gap)
+    return lines if line_gap is None else [part for line in lines for part in _cut(line, box, line_gap)]
+
+
+def _cut(line: list[int], box: tuple[np.ndarray, ...], line_gap: float) -> list[list[int]]:
+    """A line's words in runs whose neighbours are at most ``line_gap`` median word heights apart."""
+    x0, y0, x1, y1 = box
+    height = float(np.median(y1[line] - y0[line]))
+    parts = [[line[0]]]
+    for i in line[1:]:
+        if x0[i] - x1[parts[-1][-1]] > line_gap * height:
+            parts.append([i])
+        else:
+            parts[-1].append(i)
+    return parts
+
+
+def reading_order(polygons: np.ndarray | Sequence, column_gap: float | None = 1.5) -> list[int]:
+    """Indices of words in reading order, a permutation of ``range(N)``: :func:`reading_lines`' words, line after
+    line."""
+    return [i for line in reading_lines(polygons, column_gap, line_gap=None) for i in line]

@@ -224,6 +224,10 @@ def _add_model_pair(parser) -> None:
     parser.add_argument("--max-page-side", type=int, default=None, metavar="PX",
                         help="with auto, the longest side a page is read at, larger pages are scaled down to it "
                              "(a multiple of 32; default: the detector's --max-page-side)")
+    parser.add_argument("--read", choices=("words", "lines"), default="words",
+                        help="words: read each detected word's crop; lines: group the words into lines and read "
+                             "each line's crop at its own width (a recognizer trained with --max-width), each word "
+                             "read going to the box where it was read (default: words)")
 
 
 def _predict_pages(argv: list[str]) -> int:
@@ -253,7 +257,8 @@ def _predict_pages(argv: list[str]) -> int:
     for start in range(0, len(args.pages), args.batch_size):  # a batch at a time, so a big folder streams
         names = args.pages[start:start + args.batch_size]
         pages = [open_rgb(n) for n in names]
-        found = read_pages(detector, recognizer, pages, args.batch_size, det_size=args.det_size, max_side=max_side)
+        found = read_pages(detector, recognizer, pages, args.batch_size, det_size=args.det_size, max_side=max_side,
+                           read=args.read)
         for i, (name, page, words) in enumerate(zip(names, pages, found, strict=True)):
             say(json.dumps({"page": name, "words": words}))
             if overlays:
@@ -277,7 +282,7 @@ def _evaluate_pages(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     max_side = _page_side(args)
     detector, recognizer = _page_models(args)
-    m = evaluate_pages(detector, recognizer, args.folders, args.batch_size, args.det_size, max_side)
+    m = evaluate_pages(detector, recognizer, args.folders, args.batch_size, args.det_size, max_side, args.read)
     if args.json:
         say(json.dumps(m))
         return 0
@@ -286,7 +291,9 @@ def _evaluate_pages(argv: list[str]) -> int:
             ("detection recall", f"{m['recall']:.2%}"), ("detection precision", f"{m['precision']:.2%}"),
             ("detection mean IoU", f"{m['mean_iou']:.4f}"),
             ("word recall", f"{m['word_recall']:.2%}  (ignoring case {m['ci_word_recall']:.2%})"),
-            ("word precision", f"{m['word_precision']:.2%}  (ignoring case {m['ci_word_precision']:.2%})")]
+            ("word precision", f"{m['word_precision']:.2%}  (ignoring case {m['ci_word_precision']:.2%})"),
+            ("line CER", f"{m['line_cer']:.4f}  ({m['gt_lines']} true lines, read by {m['read']})"),
+            ("seconds per page", f"{m['seconds_per_page']:.3f}")]
     for name, value in rows:
         say(f"{name:<20} {value}")
     return 0

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from scale_ocr.boxes.order import LINE_GAP  # page OCR's lines are cut by the same rule
 from scale_ocr.data.pdf_text import PdfWord
-
-# Two words are on one line of text while the gap between them is under this many line heights: word spaces, even
-# justified, are well under one; a column's gutter, a table's next cell or a margin note are further.
-LINE_GAP = 1.5
 
 
 def _reading_frame(box: Sequence[float], turn: int) -> tuple[float, float, float, float]:

@@ -60,8 +60,9 @@ def pad_to_widest(images: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tenso
     border colour the transform padded with), and their widths."""
     widths = torch.tensor([im.shape[-1] for im in images], dtype=torch.long)
     widest = int(widths.max())
-    return torch.stack([im if im.shape[-1] == widest else F.pad(im[None], (0, widest - im.shape[-1], 0, 0), "replicate")[0]
-                        for im in images]), widths
+    padded = [F.pad(im[None], (0, widest - im.shape[-1], 0, 0), "replicate")[0] if im.shape[-1] < widest else im
+              for im in images]
+    return torch.stack(padded), widths
 
 
 class Collate:
@@ -251,20 +252,46 @@ class RecognitionTask(Task):
         return EvalResult({"val_loss": sums[0] / max(sums[-1], 1), **TextMetric.rates(sums[1:])}, examples)
 
     def recognize(self, model: nn.Module, crops: list, batch_size: int = 64) -> list[tuple[str, float]]:
-        """Texts and confidences for PIL crops (page OCR feeds the detector's crops here). Read at their own width,
-        crops are batched in order of width, so a batch pads little."""
+        """Texts and confidences for PIL crops (page OCR feeds the detector's crops here)."""
+        return self._read(model, crops, batch_size, lambda got, images, chunk: self.decode(got["logits"],
+                                                                                           got.get("lengths")))
+
+    def read_lines(self, model: nn.Module, crops: list, batch_size: int = 64
+                   ) -> list[list[tuple[str, float, float, float]]]:
+        """Each line crop's words, ``(word, confidence, x0, x1)``: x0 and x1 are fractions of the crop's width
+        where CTC reads its first character start and its last one end (page OCR by lines gives each word to the
+        detected box there). A model that fits every crop into one size does not read lines: refused in one line."""
+        from scale_ocr.data.transforms import ResizeHeight
+        from scale_ocr.models.recognition.ctc import ctc_word_spans
+
+        if not self.own_width:
+            h, w = self.input_size
+            raise UserError(f"{self.arch} fits every crop into {h}x{w} pixels, which would crush a line; reading "
+                            "lines needs a recognizer trained at its crops' own width (--max-width), or read words")
+        sizer = ResizeHeight(*self.input_size)
+
+        def words(got: dict, images: torch.Tensor, chunk: list[int]) -> list:
+            per_frame = images.shape[-1] / got["logits"].shape[1]  # input columns per CTC frame
+            spans = ctc_word_spans(got["logits"], self.vocab, got.get("lengths"))
+            return [[(w, c, min(1.0, f0 * per_frame / own), min(1.0, f1 * per_frame / own)) for w, c, f0, f1 in item]
+                    for item, own in zip(spans, [sizer.scaled(crops[j].size) for j in chunk], strict=True)]
+
+        return self._read(model, crops, batch_size, words)
+
+    def _read(self, model: nn.Module, crops: list, batch_size: int, finish: Callable) -> list:
+        """``finish(output, images, crop indices)`` of each batch of ``crops``, one result per crop in their order.
+        Read at their own width, crops are batched in order of width, so a batch pads little."""
         tf = self.transform(train=False)
         order = sorted(range(len(crops)), key=lambda i: crops[i].size[0] / max(1, crops[i].size[1])) \
             if self.own_width else list(range(len(crops)))
-        out: list[tuple[str, float]] = [("", 0.0)] * len(crops)
+        out: list = [None] * len(crops)
         with torch.no_grad():
             for i in range(0, len(order), batch_size):
                 chunk = order[i:i + batch_size]
                 tensors = [tf(crops[j]) for j in chunk]
                 images, widths = pad_to_widest(tensors) if self.own_width else (torch.stack(tensors), None)
-                got = read(model, images, widths)
-                for j, text in zip(chunk, self.decode(got["logits"], got.get("lengths")), strict=True):
-                    out[j] = text
+                for j, result in zip(chunk, finish(read(model, images, widths), images, chunk), strict=True):
+                    out[j] = result
         return out
 
 

@@ -64,7 +64,30 @@ def ctc_loss(logits: torch.Tensor, targets: torch.Tensor, target_lengths: torch.
     return losses.mean() if reduction == "mean" else losses
 
 
+Run = tuple[int, int, int, float]  # (class, first frame, last frame, probability at the first frame)
+
+
 @torch.no_grad()
+def ctc_greedy_runs(logits: torch.Tensor, lengths: torch.Tensor | None = None) -> list[list[Run]]:
+    """Best path per item (argmax per frame, of its ``lengths`` frames, all where None) as the characters it emits:
+    each run of one non-blank class, with its frames."""
+    probs = logits.float().softmax(-1)
+    best_p, best = probs.max(-1)  # (B, T)
+    ends = [logits.shape[1]] * logits.shape[0] if lengths is None else lengths.tolist()
+    out = []
+    for seq, p, end in zip(best.tolist(), best_p.tolist(), ends, strict=True):
+        runs: list[list] = []
+        prev = 0
+        for frame, (idx, prob) in enumerate(zip(seq[:end], p[:end], strict=True)):
+            if idx != prev and idx != 0:
+                runs.append([idx, frame, frame, prob])
+            elif idx == prev and idx != 0:
+                runs[-1][2] = frame
+            prev = idx
+        out.append([tuple(r) for r in runs])
+    return out
+
+
 def ctc_greedy_decode(logits: torch.Tensor, vocab: Vocab,
                       lengths: torch.Tensor | None = None) -> tuple[list[str], list[float]]:
     """Best-path decoding: argmax per frame, merge repeats, drop blanks; ``lengths``: each item's own frames (the
@@ -73,17 +96,23 @@ def ctc_greedy_decode(logits: torch.Tensor, vocab: Vocab,
     Returns the words and a confidence per word: the lowest probability among the frames that
     produced a character (docTR's convention), 0 for an empty word.
     """
-    probs = logits.float().softmax(-1)
-    best_p, best = probs.max(-1)  # (B, T)
-    ends = [logits.shape[1]] * logits.shape[0] if lengths is None else lengths.tolist()
-    words, confs = [], []
-    for seq, p, end in zip(best.tolist(), best_p.tolist(), ends, strict=True):
-        chars, kept, prev = [], [], 0
-        for idx, prob in zip(seq[:end], p[:end], strict=True):
-            if idx != prev and idx != 0:
-                chars.append(idx)
-                kept.append(prob)
-            prev = idx
-        words.append(vocab.decode(chars))
-        confs.append(min(kept) if kept else 0.0)
-    return words, confs
+    runs = ctc_greedy_runs(logits, lengths)
+    return [vocab.decode([r[0] for r in item]) for item in runs], [min((r[3] for r in item), default=0.0)
+                                                                   for item in runs]
+
+
+def ctc_word_spans(logits: torch.Tensor, vocab: Vocab, lengths: torch.Tensor | None = None
+                   ) -> list[list[tuple[str, float, int, int]]]:
+    """Each item's text as its words (parted by the vocabulary's space), each ``(word, confidence, first frame,
+    end frame)``: the frames from its first character's first to its last character's last, plus one."""
+    out = []
+    for item in ctc_greedy_runs(logits, lengths):
+        words: list[list[Run]] = [[]]
+        for run in item:
+            if vocab.chars[run[0] - 1] == " ":
+                words.append([])
+            else:
+                words[-1].append(run)
+        out.append([(vocab.decode([r[0] for r in w]), min(r[3] for r in w), w[0][1], w[-1][2] + 1)
+                    for w in words if w])
+    return out
