@@ -87,7 +87,7 @@ def _run(cmd: list[str], log: Path, timeout: int) -> tuple[int, float, str]:
     return rc, time.time() - t0, out
 
 
-def _commands(args: argparse.Namespace, work: Path) -> dict[str, list[str]]:
+def commands(args: argparse.Namespace, work: Path) -> dict[str, list[str]]:
     """Each stage's command line."""
     data, det, reco = work / "set", work / "det", work / "reco"
     cli = str(BIN / "scale-ocr")
@@ -109,7 +109,7 @@ def _commands(args: argparse.Namespace, work: Path) -> dict[str, list[str]]:
     }
 
 
-def _result(stage: str, work: Path, stdout: str) -> dict[str, Any]:
+def result(stage: str, work: Path, stdout: str) -> dict[str, Any]:
     """What a finished stage measured, from the files it wrote (or, for ``pages``, its JSON)."""
     if stage == "dataset":
         summary = json.loads((work / "set" / "summary.json").read_text())
@@ -127,7 +127,7 @@ def _result(stage: str, work: Path, stdout: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> None:
-    run_stages(args.out, MODULE, lambda work: _commands(args, work), _result, args.timeout)
+    run_stages(args.out, MODULE, lambda work: commands(args, work), result, args.timeout)
 
 
 def run_stages(out: Path, module: str, commands: Callable[[Path], dict[str, list[str]]],
@@ -201,8 +201,8 @@ def write_report(out_dir: Path) -> Path:
     return write_outputs(out_dir, summary, md)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = parser(MODULE, __doc__)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The set's, the detector's and the word recognizer's options (benchmarks.line_pages takes them too)."""
     p.add_argument("--pdfs", nargs="+", default=None, help=f"the documents (default: {REAL_PDFS}/*.pdf)")
     p.add_argument("--dpi", type=int, default=150)
     p.add_argument("--val-count", type=int, default=1, help="documents held out (default 1)")
@@ -215,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reco-batch", type=int, default=32, help="recognizer crops per rank and step (default 32)")
     p.add_argument("--reco-epochs", type=int, default=8)
     p.add_argument("--timeout", type=int, default=4 * 3600, help="seconds each stage may take")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(MODULE, __doc__)
+    add_arguments(p)
     args = p.parse_args(argv)
     return bench_main(MODULE, args, run, write_report)
 

@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--input-size", default=None, metavar="HxW",
                    help="model input (default: the model's task's; e.g. 128x128 keeps a DBNet check quick on CPU)")
+    p.add_argument("--max-width", type=int, default=None, metavar="PX",
+                   help="recognizers: read the words at their own width, up to PX (train.py's --max-width): batches "
+                        "of several widths, padded")
     p.add_argument("--output-dir", default=None, help="keep the runs here (default: a temporary folder)")
     p.add_argument("--extra", action="append", default=[], metavar="STRATEGY=ARGS",
                    help="extra train.py flags for one strategy, e.g. zero2='--lr 2e-3' (experiments, tests)")
@@ -87,7 +90,8 @@ def _train(strategy: str, args, out: Path, extra: list[str]) -> RunResult:
              "--val-samples", "8", "--max-chars", "5", "--no-augment", "--log-every", "1", "--lr", str(args.lr),
              "--seed", "0", "--save-every", str(n), "--keep-last", "1", "--wandb-mode", "disabled",
              "--resume", "none", "--output-dir", str(out),
-             *(["--input-size", args.input_size] if args.input_size else []), *extra]
+             *(["--input-size", args.input_size] if args.input_size else []),
+             *(["--max-width", str(args.max_width)] if args.max_width else []), *extra]
     logs = Path(tempfile.mkdtemp(prefix=f"{strategy}-output-", dir=out.parent))  # a folder no other run has
     returncode, output = _launch(train, args.world_size, args.nodes, logs)
     if returncode != 0:

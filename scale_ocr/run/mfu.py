@@ -185,8 +185,9 @@ class Utilization:
         devices: devices the job trains on (its ranks).
     """
 
-    def __init__(self, flops: FlopCount, peak: Peak, devices: int) -> None:
+    def __init__(self, flops: FlopCount, peak: Peak, devices: int, widest: tuple[int, int] | None = None) -> None:
         self.flops, self.peak, self.devices = flops, peak, devices
+        self.widest = widest  # inputs read at their own width: the count is at this widest (H, W), an upper bound
 
     @classmethod
     def for_run(cls, task, precision: str, dist: DistInfo) -> Utilization:
@@ -196,7 +197,8 @@ class Utilization:
         peak = device_peak(dist.device, precision) if dist.is_main else Peak(0.0, "")
         forward, backward, value = all_reduce_sum([flops.forward, flops.backward, peak.flops], dist.device)
         how, source = (flops.how, peak.source) if dist.is_main else ("rank 0's", "rank 0's")
-        return cls(FlopCount(int(forward), int(backward), how), Peak(value, source), dist.world_size)
+        widest = tuple(task.input_size) if getattr(task, "own_width", False) else None
+        return cls(FlopCount(int(forward), int(backward), how), Peak(value, source), dist.world_size, widest)
 
     @property
     def peak_total(self) -> float:
@@ -224,7 +226,8 @@ class Utilization:
         """metrics.json's fields: MFU over the timed steps, the FLOPs per sample and the peak with its source."""
         return {"mfu": self.mfu(samples_per_sec),
                 "flops_per_sample": {"forward": self.flops.forward, "backward": self.flops.backward,
-                                     "total": self.flops.total, "counted": self.flops.how},
+                                     "total": self.flops.total, "counted": self.flops.how,
+                                     **({"billed_at_widest": list(self.widest)} if self.widest else {})},
                 "peak_flops": {"per_device": self.peak.flops, "devices": self.devices, "source": self.peak.source}}
 
     def line(self) -> str:
@@ -232,7 +235,10 @@ class Utilization:
         counted = (f"{_flops_text(self.flops.total, 'FLOP')} per training sample "
                    f"({_flops_text(self.flops.forward, 'FLOP')} forward, counted)" if self.flops.total else
                    "FLOPs not counted")
-        return f"scale-ocr: MFU against {self.devices} x {_flops_text(self.peak.flops)} ({self.peak.source}); {counted}"
+        widest = (f"; every sample billed at the widest input, {self.widest[0]}x{self.widest[1]}: crops read at their "
+                  "own width are narrower, so MFU over-states the work") if self.widest and self.flops.total else ""
+        return (f"scale-ocr: MFU against {self.devices} x {_flops_text(self.peak.flops)} ({self.peak.source}); "
+                f"{counted}{widest}")
 
 
 @functools.cache

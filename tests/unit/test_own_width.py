@@ -100,7 +100,7 @@ def test_a_line_too_long_for_its_own_width_is_refused_or_skipped_and_counted(tmp
 
 def test_lines_train_and_are_measured_at_their_own_width(tmp_path, capsys):
     """A 2-step run on lines of several widths, then `scale-ocr evaluate` of its weights: the run's config.json
-    says the model reads at its own width, and the evaluation does."""
+    says the model reads at its own width, and the evaluation does; the MFU line says what it bills."""
     lines = ["a line", "another longer line of text", "ok", "text at its own width", "CTC frames", "x y z"]
     folder = make_folder(tmp_path / "lines", {f"{i}.png": w for i, w in enumerate(lines)})
     run = tmp_path / "run"
@@ -109,9 +109,9 @@ def test_lines_train_and_are_measured_at_their_own_width(tmp_path, capsys):
                        "--output-dir", str(run), "--wandb-mode", "disabled"]) == 0
     config = json.loads((run / "config.json").read_text())
     assert config["model"]["max_width"] == 512 and config["vocab"].endswith(" ")
+    assert "every sample billed at the widest input, 32x512" in capsys.readouterr().out  # MFU says its bound
     loaded = load_any(run / "last_model.pt")
     assert loaded.task.own_width
-    capsys.readouterr()
     assert cli_main(["evaluate", str(run / "last_model.pt"), str(folder), "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["samples"] == len(lines)
 

@@ -1,0 +1,105 @@
+"""Page OCR by lines against page OCR by words, on the real-document benchmark's documents (issue 57).
+
+    python -m benchmarks.line_pages --out benchmarks/results/line-pages-HOST-DATE
+    python -m benchmarks.line_pages --report DIR                                  # rebuild report.md
+
+benchmarks.real_documents' stages (its set, split by document: FreeFEM's manual trains, CamlIDL's is held out; its
+detector; its word recognizer), and a line recognizer: the same crnn_mobilenet_v3_small trained on the training
+pages' line crops at their own width (``--max-width``), validated on the held-out lines. Both pipelines then read
+the held-out pages with the same detector (``scale-ocr evaluate-pages --read words`` and ``--read lines``): word
+recall and precision, the CER per line, and the seconds per page. Each stage is one command whose line goes to
+``results.jsonl`` (an interrupted run resumes at the first without a line).
+
+The report checks issue 57's target: the line pipeline's page word recall >= the word pipeline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from benchmarks import real_documents
+from benchmarks.harness import TRAIN, bench_main, command_line, launch_command, load, parser, run_main, write_outputs
+
+MODULE = "line_pages"
+
+
+def commands(args: argparse.Namespace, work: Path) -> dict[str, list[str]]:
+    """Each stage's command line, in order: real_documents' set, detector and word recognizer, the line recognizer,
+    then each pipeline on the held-out pages."""
+    words = real_documents.commands(args, work)
+    data, det = work / "set", work / "det"
+    lines = work / "reco-lines"
+    pages = words.pop("pages")
+    return {
+        **words,
+        "line-recognizer": launch_command("torchrun", args.world_size, TRAIN, [
+            real_documents.RECOGNIZER, "--train-path", str(data / "lines" / "train"),
+            "--val-path", str(data / "lines" / "val"), "--max-width", str(args.max_width),
+            "-b", str(args.line_batch), "--epochs", str(args.line_epochs), "--output-dir", str(lines),
+            "--resume", "none", "--log-every", "25", "--wandb-mode", "offline"]),
+        "pages-words": [*pages[:-2], "--read", "words", *pages[-2:]],
+        "pages-lines": [*pages[:2], "--det", str(det / "last_model.pt"), "--reco", str(lines / "last_model.pt"),
+                        "--det-size", "auto", "--read", "lines", "--json", str(data / "detection" / "val")],
+    }
+
+
+def result(stage: str, work: Path, stdout: str) -> dict[str, Any]:
+    if stage == "line-recognizer":
+        import json
+
+        metrics = json.loads((work / "reco-lines" / "metrics.json").read_text())
+        keep = ("steps", "epochs", "global_batch", "samples_per_sec", "train_loss", "exact_match", "cer",
+                "wall_seconds")
+        return {k: metrics[k] for k in keep if k in metrics}
+    return real_documents.result("pages" if stage.startswith("pages-") else stage, work, stdout)
+
+
+def run(args: argparse.Namespace) -> None:
+    real_documents.run_stages(args.out, MODULE, lambda work: commands(args, work), result, args.timeout)
+
+
+def write_report(out_dir: Path) -> Path:
+    lines = {line["stage"]: line for line in load(out_dir, f"benchmarks.{MODULE}")}
+    first = next(iter(lines.values()))
+    hw, ver = first["hardware"], first["versions"]
+    md = ["# Page OCR by lines against by words: real documents' held-out pages", "",
+          f"Command: `{command_line(out_dir)}`  ",
+          f"Hardware: {hw['cpu']}, {hw['cores']} cores, GPUs: {', '.join(hw['gpus']) or 'none'}  ",
+          f"Versions: torch {ver.get('torch')}, scale-ocr {ver.get('scale-ocr')} at git {ver.get('git')}", "",
+          "## Recognizers (held-out crops of their kind)", "",
+          "| recognizer | steps | global batch | exact match | CER |", "|---|---:|---:|---:|---:|"]
+    for stage in ("recognizer", "line-recognizer"):
+        if stage in lines:
+            r = lines[stage]["result"]
+            md.append(f"| {stage} | {r['steps']} | {r.get('global_batch')} | {r['exact_match']:.3f} | {r['cer']:.3f} |")
+    md += ["", "## Pipelines on the held-out pages", "", "| read by | word recall | word precision | line CER | "
+           "detection recall / precision | seconds per page |", "|---|---:|---:|---:|---|---:|"]
+    pages = {s.split("-", 1)[1]: lines[s]["result"] for s in ("pages-words", "pages-lines") if s in lines}
+    for name, r in pages.items():
+        md.append(f"| {name} | {r['word_recall']:.3f} | {r['word_precision']:.3f} | {r['line_cer']:.3f} | "
+                  f"{r['recall']:.3f} / {r['precision']:.3f} | {r['seconds_per_page']:.2f} |")
+    md += ["", "## Stages", "", "| stage | wall time | command |", "|---|---|---|"]
+    md += [f"| {s} | {ln['wall_seconds']:.0f} s | `{ln['command']}` |" for s, ln in lines.items()]
+    verdicts = []
+    if len(pages) == 2:
+        w, ln = pages["words"]["word_recall"], pages["lines"]["word_recall"]
+        verdicts.append(f"page word recall by lines {ln:.3f} >= by words {w:.3f}: {'PASS' if ln >= w else 'FAIL'}")
+        md += ["", "## Target (issue 57)", "", *[f"- {v}" for v in verdicts]]
+    return write_outputs(out_dir, {"pipelines": pages, "verdicts": verdicts}, md)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(MODULE, __doc__)
+    real_documents.add_arguments(p)
+    p.add_argument("--max-width", type=int, default=1536, help="the line recognizer's widest input at height 32 "
+                   "(default 1,536: the held-out manual's longest line, 113 characters, is 1,493 px)")
+    p.add_argument("--line-batch", type=int, default=8, help="line crops per rank and step (default 8)")
+    p.add_argument("--line-epochs", type=int, default=8)
+    args = p.parse_args(argv)
+    return bench_main(MODULE, args, run, write_report)
+
+
+if __name__ == "__main__":
+    run_main(main)
