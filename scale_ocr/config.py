@@ -21,7 +21,7 @@ LR_SCALINGS = ("none", "linear", "sqrt")  # scale_ocr.optim.scale_factor says wh
 LR_ON_RESUME = ("keep", "rescale")
 SCHEDULES = ("cosine", "onecycle", "constant")
 BAD_SAMPLE_POLICIES = ("error", "skip")
-WORD_STYLES = ("line", "page")  # scale_ocr.data.synthetic.WORD_STYLES, named here so --help needs no Pillow
+WORD_STYLES = ("line", "page", "text")  # scale_ocr.data.synthetic.WORD_STYLES, named here so --help needs no Pillow
 COMPILE_BACKENDS = ("inductor", "aot_eager")  # torch.compile backends --compile accepts
 # Model-size overrides: config field -> the registry builder's keyword. A model takes those its builder accepts.
 MODEL_SIZE_FIELDS = {"model_width": "width", "model_depth": "depth", "model_heads": "heads", "mlp_ratio": "mlp_ratio"}
@@ -191,9 +191,9 @@ class DataConfig:
     min_chars: int = opt(3, "shortest synthetic word", aliases=("--min_chars",))
     max_chars: int = opt(8, "longest synthetic word", aliases=("--max_chars",))
     synthetic_words: str = opt(
-        "line", "how synthetic words are cut: line (the font's whole line, as in word-crop datasets) or page (as "
-        "page OCR cuts a detector's box from a page: page font sizes, ink, turn and noise); a recognizer for "
-        "page OCR trains on page", choices=WORD_STYLES)
+        "line", "how synthetic words are cut: line (the font's whole line, as in word-crop datasets), page (as page "
+        "OCR cuts a detector's box: page font sizes, ink, turn, noise; for page OCR) or text (words parted by spaces, "
+        "--min-chars to --max-chars in all, cut as line: for --max-width)", choices=WORD_STYLES)
     fonts: tuple[str, ...] = opt(
         ("installed",), "fonts synthetic words and pages are set in: installed (every text font here), classic (the "
         "records' DejaVu faces), family names or globs, folders or file globs; faces lacking a vocabulary character "

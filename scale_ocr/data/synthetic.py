@@ -17,6 +17,8 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from torch.utils.data import Dataset
 
+from scale_ocr.errors import UserError
+
 if TYPE_CHECKING:
     from scale_ocr.data.fonts import FontSet
 
@@ -76,9 +78,27 @@ def random_word(rng: np.random.Generator, charset: str, min_chars: int, max_char
         chars = list(rng.choice(upper, n))
     elif style < 0.7 and digits:
         chars = list(rng.choice(digits, n))
-    else:
-        chars = list(rng.choice(list(charset), n))
+    else:  # the space parts words (random_text); inside one it would be an invisible edge or a double space
+        chars = list(rng.choice([c for c in charset if c != " "], n))
     return "".join(chars)
+
+
+TEXT_WORD = (1, 12)  # characters of a word of a synthetic text line
+
+
+def random_text(rng: np.random.Generator, charset: str, min_chars: int, max_chars: int) -> str:
+    """Words of :func:`random_word`'s shapes parted by single spaces, ``min_chars`` to ``max_chars`` characters in
+    all: a line of text, for recognizers that read lines at their own width."""
+    n = int(rng.integers(min_chars, max_chars + 1))
+    words: list[str] = []
+    while sum(map(len, words)) + len(words) - 1 < n:
+        left = n - (sum(map(len, words)) + len(words))  # after the space before the next word
+        if left < 1:  # room for the space alone: the last word takes the character
+            words[-1] += random_word(rng, charset, 1, 1)
+            break
+        words.append(random_word(rng, charset, 1, max(1, min(TEXT_WORD[1], left))) if left < TEXT_WORD[1]
+                     else random_word(rng, charset, *TEXT_WORD))
+    return " ".join(words)
 
 
 def render_word(word: str, rng: np.random.Generator, fonts: tuple[str, ...], height: int = 32,
@@ -181,7 +201,8 @@ def render_page_word(word: str, rng: np.random.Generator, fonts: tuple[str, ...]
     return crop
 
 
-WORD_STYLES = {"line": render_word, "page": render_page_word}
+WORD_STYLES = {"line": render_word, "page": render_page_word, "text": render_word}
+TEXTS = {"line": random_word, "page": random_word, "text": random_text}  # what each style draws
 # Rendered words a dataset keeps (per process, as uint8 tensors: 12 KiB at 32x128, so about 21,000 words) when
 # its transform's first stage is deterministic, so later epochs and evaluations do not render them again.
 KEEP_BYTES = 256 * 2**20
@@ -206,7 +227,10 @@ class SyntheticWords(Dataset):
         self.transform = transform
         # the faces and letter spacing words are drawn in (scale_ocr.data.fonts); None: `classic`, as the records
         self.fonts, self.spacing = (fonts.paths, fonts.spacing) if fonts else (system_fonts(), (0.0, 0.0))
-        self.render = WORD_STYLES[style]
+        self.render, self.text = WORD_STYLES[style], TEXTS[style]
+        if style == "text" and " " not in charset:
+            raise UserError("--synthetic-words text parts words with spaces, which the vocabulary lacks; read crops "
+                            "at their own width (--max-width adds the space) or give a vocabulary with it")
         self.kept: dict[int, tuple] = {}
         self.kept_bytes = 0
 
@@ -216,13 +240,13 @@ class SyntheticWords(Dataset):
     def sample(self, index: int) -> tuple[Image.Image, str]:
         """The raw image and its word."""
         rng = np.random.default_rng([self.seed, index])
-        word = random_word(rng, self.charset, self.min_chars, self.max_chars)
+        word = self.text(rng, self.charset, self.min_chars, self.max_chars)
         return self.render(word, rng, self.fonts, spacing=self.spacing), word
 
     def label(self, index: int) -> str:
         """The word of sample ``index`` (without rendering it)."""
         rng = np.random.default_rng([self.seed, index])
-        return random_word(rng, self.charset, self.min_chars, self.max_chars)
+        return self.text(rng, self.charset, self.min_chars, self.max_chars)
 
     def __getitem__(self, index: int):
         kept = self.kept.get(index)

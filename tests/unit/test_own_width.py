@@ -122,3 +122,16 @@ def _png(img: Image.Image) -> bytes:
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return buf.getvalue()
+
+
+def test_synthetic_text_lines_part_words_with_single_spaces_and_need_the_space():
+    from scale_ocr.data.synthetic import SyntheticWords
+
+    lines = SyntheticWords("abcXYZ019-. ", 200, 5, 30, seed=1, style="text")
+    texts = [lines.label(i) for i in range(200)]
+    assert all(5 <= len(t) <= 30 and t == " ".join(t.split()) for t in texts)
+    assert sum(" " in t for t in texts) > 150 and lines.sample(3)[1] == texts[3]
+    words = SyntheticWords("abc ", 50, 3, 8, seed=1)  # a word never holds the space, even when the vocabulary has it
+    assert not any(" " in words.label(i) for i in range(50))
+    with pytest.raises(UserError, match="--synthetic-words text parts words with spaces"):
+        SyntheticWords("abc", 10, 3, 8, seed=1, style="text")
