@@ -24,7 +24,7 @@ def test_system_fonts_found():
 
 @pytest.mark.parametrize("style", WORD_STYLES)
 def test_synthetic_is_deterministic_per_seed_and_index(style):
-    charset = resolve_vocab("latin")
+    charset = resolve_vocab("latin") + " "  # the space: text parts its words with it
     a = SyntheticWords(charset, 50, 3, 8, seed=1, style=style)
     b = SyntheticWords(charset, 50, 3, 8, seed=1, style=style)
     c = SyntheticWords(charset, 50, 3, 8, seed=2, style=style)
