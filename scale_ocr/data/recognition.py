@@ -64,8 +64,8 @@ def own_frames_problem(word: str, size: tuple[int, int], input_size: tuple[int, 
 
 
 def _check(path: Path, name: str, word: object, vocab: Vocab, input_size: tuple[int, int] | None,
-           own_width: bool = False) -> tuple[Path | None, tuple[str, str] | None]:
-    """The image to read for one labels.json entry, or (None, (reason, sentence)) for a bad sample."""
+           own_width: bool = False) -> tuple[tuple[Path, tuple[int, int]] | None, tuple[str, str] | None]:
+    """The image to read for one labels.json entry and its size, or (None, (reason, sentence)) for a bad sample."""
     img_path, problem = resolve_image(path, name)
     problem = problem or _label_problem(path, name, word, vocab, input_size)
     if problem:
@@ -76,12 +76,14 @@ def _check(path: Path, name: str, word: object, vocab: Vocab, input_size: tuple[
     if own_width and input_size is not None and (short := own_frames_problem(word, img.size, input_size)):
         return None, ("too_long", f"{path / 'labels.json'}: the label {shown(word)} of {shown(name)} {short}; "
                                   "raise --max-width or pass --on-bad-sample skip")
-    return img_path, None
+    return (img_path, img.size), None
 
 
 def scan_folder(path: Path, vocab: Vocab, on_bad_sample: str, report: ScanReport,
-                input_size: tuple[int, int] | None = None, own_width: bool = False) -> list[tuple[Path, str]]:
-    """Check every labelled sample of a folder and return the usable ``(image path, word)`` pairs.
+                input_size: tuple[int, int] | None = None, own_width: bool = False,
+                sizes: list[tuple[int, int]] | None = None) -> list[tuple[Path, str]]:
+    """Check every labelled sample of a folder and return the usable ``(image path, word)`` pairs (``sizes``, when
+    given, gets each one's ``(width, height)``).
 
     A bad sample (characters outside ``vocab``, more CTC frames than ``input_size`` gives, or than the crop's own
     width gives when ``own_width``, a bad image) raises a :class:`UserError` (``on_bad_sample="error"``) or is
@@ -90,9 +92,11 @@ def scan_folder(path: Path, vocab: Vocab, on_bad_sample: str, report: ScanReport
     labels = read_labels(path, "recognition", "words")
     samples = []
     for name, word in labels.items():
-        img_path, problem = _check(path, name, word, vocab, input_size, own_width)
-        if problem is None:
-            samples.append((img_path, word))
+        found, problem = _check(path, name, word, vocab, input_size, own_width)
+        if found is not None:
+            samples.append((found[0], word))
+            if sizes is not None:
+                sizes.append(found[1])
             report.kept += 1
         else:
             reject(problem, on_bad_sample, report)
@@ -106,8 +110,9 @@ class RecognitionFolder(Dataset):
                  input_size: tuple[int, int] | None = None, own_width: bool = False) -> None:
         self.report = ScanReport()
         self.samples: list[tuple[Path, str]] = []
+        self.sizes: list[tuple[int, int]] = []  # each sample's (width, height), as the scan decoded it
         for p in paths:
-            self.samples += scan_folder(Path(p), vocab, on_bad_sample, self.report, input_size, own_width)
+            self.samples += scan_folder(Path(p), vocab, on_bad_sample, self.report, input_size, own_width, self.sizes)
         if not self.samples:
             raise UserError(f"no usable samples in {', '.join(paths)}; check labels.json and images/")
         self.transform = transform

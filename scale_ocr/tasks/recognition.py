@@ -83,6 +83,15 @@ class Collate:
         return WordBatch(stacked, targets, lengths, list(words), torch.tensor(valid), widths)
 
 
+def by_width(data, sizes: list[tuple[int, int]]):
+    """``data`` (a dataset with a scan report) in order of its crops' aspect ratios, its report kept."""
+    from torch.utils.data import Subset
+
+    ordered = Subset(data, sorted(range(len(sizes)), key=lambda i: sizes[i][0] / max(1, sizes[i][1])))
+    ordered.report = data.report
+    return ordered
+
+
 def read(model: nn.Module, images: torch.Tensor, widths: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """The model's output for a batch of images (``widths``: their own columns, when read at their own width)."""
     return model(images) if widths is None else model(images, widths=widths)
@@ -228,6 +237,9 @@ class RecognitionTask(Task):
 
         data = open_words(paths, self.vocab, on_bad_sample, self.transform(train=False), self.input_size, train=False,
                           own_width=self.own_width)
+        sizes = getattr(data, "sizes", None)
+        if self.own_width and sizes:  # measured in order of width, so a batch pads little (the sums do not change)
+            data = by_width(data, sizes)
         return data, Collate(self.vocab, self.own_width)
 
     @torch.no_grad()
