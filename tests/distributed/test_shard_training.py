@@ -66,10 +66,11 @@ def test_a_mix_trains_under_zero2_and_ddp_and_resumes_at_world_size_1_where_ever
     """A folder, the shard set and synthetic words at 1/2, 1/4, 1/4 (an epoch of 20 + 38 + 30 = 88 samples: 44, 22
     and 22 draws): ZeRO-2 at 2 ranks trains 2 steps and saves; DDP in one process finishes the epoch from there.
     Between them they train every draw once: each folder sample 2 or 3 times (its passes), 22 distinct shard samples;
-    both runs say the mix, and the second reports what the run drew from each source."""
+    both runs say the mix, and the second reports what the run drew from each source. Every crop is read at its own
+    width (--max-width: batches of several widths, padded), so the resume holds for own-width reading too."""
     folder = make_folder(tmp_path / "real", {f"{i}.png": f"fold{i:06d}" for i in range(20)})
     data = ["--train-path", f"{folder}=2", f"{shard_set}=1", "synthetic=1", "--train-samples", "30", "--max-chars",
-            "4", "--no-eval"]
+            "4", "--no-eval", "--max-width", "128"]
     first = tmp_path / "first"
     proc = torchrun_train([str(first), "--strategy", "zero2", *BASE, *data, "--max-steps", "2", "--save-every", "2",
                            "--output-dir", str(first)], script=KEYED)
