@@ -135,3 +135,26 @@ def test_synthetic_text_lines_part_words_with_single_spaces_and_need_the_space()
     assert not any(" " in words.label(i) for i in range(50))
     with pytest.raises(UserError, match="--synthetic-words text parts words with spaces"):
         SyntheticWords("abc", 10, 3, 8, seed=1, style="text")
+
+
+def test_docTRs_crnn_holds_a_line_model_built_for_its_widest_input():
+    """--format doctr's class: docTR's CRNN, built with the line model's vocabulary (the space in it) and input shape
+    (its widest), holds its weights and reads a full-width line as it does."""
+    import doctr.models as doctr_models
+
+    from scale_ocr.checkpoint.export import doctr_info
+    from scale_ocr.checkpoint.weights_io import doctr_state_dict
+
+    task = create_task(ModelConfig(arch="crnn_mobilenet_v3_small", input_size=(32, 512), max_width=512))
+    torch.manual_seed(0)
+    ours = task.build_model().eval()
+    arch, state = doctr_state_dict(ours, task.arch)
+    info = doctr_info(task)
+    assert info["input_shape"] == [3, 32, 512] and info["vocab"].endswith(" ")
+    theirs = getattr(doctr_models, arch)(pretrained=False, pretrained_backbone=False, vocab=info["vocab"],
+                                         input_shape=tuple(info["input_shape"])).eval()
+    theirs.load_state_dict(state, strict=True)
+    x = torch.randn(1, 3, 32, 512)
+    with torch.no_grad():
+        a, b = ours(x, widths=torch.tensor([512]))["logits"], theirs(x, return_model_output=True)["out_map"]
+    torch.testing.assert_close(torch.cat([a[..., 1:], a[..., :1]], -1), b, rtol=0, atol=1e-5)
