@@ -240,7 +240,7 @@ def _predict_pages(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(
         prog="scale-ocr predict", description="Page OCR: prints one JSON object per page, {\"page\": path, "
-        "\"words\": [{\"polygon\", \"text\", \"confidence\", \"box_score\"}, ...]} in reading order. "
+        "\"words\": [{\"polygon\", \"text\", \"confidence\", \"box_score\", \"line\"}, ...]} in reading order. "
         "(`scale-ocr predict MODEL IMAGE...` prints one model's own predictions.)")
     _add_model_pair(parser)
     parser.add_argument("pages", nargs="+", metavar="PAGE", help="page images")
