@@ -67,8 +67,10 @@ def run_summary(t: Trainer, wall: float) -> dict[str, Any]:
                                          timed / state.timed_steps if state.timed_steps else None,
                                          device, t.strategy.world_size),
         "noise_scale": t.noise.summary(),  # B_simple as last smoothed, and how it was measured
-        # samples drawn from each source of a mix (scale_ocr.data.mix), the whole run's; None for one source
-        "data_drawn": t.data.position.drawn(t.data_position()) if hasattr(t.data.position, "drawn") else None,
+        # samples drawn from each source of a mix (scale_ocr.data.mix), the whole run's, up to its last step (not
+        # the epoch the loop moved on to after it); None for one source
+        "data_drawn": t.data.position.drawn(getattr(t, "ended_at", None) or t.data_position())
+        if hasattr(t.data.position, "drawn") else None,
         "nonfinite_steps": state.skipped_steps,
         "wall_seconds": wall,
     }

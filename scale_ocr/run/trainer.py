@@ -122,6 +122,7 @@ class Trainer:
             say(self.ramp.plan_line(self.plan.total_samples))
         while self.state.epoch < self.plan.epochs and not self._done():
             self.train_epoch(bar)
+            self.ended_at = self.data_position()  # where the last step left the data: the run's draws
             self._stop_timing()
             self.end_epoch()
             self.state.epoch += 1

@@ -69,3 +69,19 @@ def test_a_mix_draws_at_its_weights_and_resumes_at_any_world_size_where_every_so
         with pytest.raises(UserError, match=words):
             parse(items)
     assert parse(["a/", "b/"]) is None  # folders read together, as before
+
+
+def test_a_run_stopped_mid_epoch_reports_the_draws_it_trained(tmp_path):
+    """--max-steps ends a mix's run inside its second epoch: data_drawn counts the samples its steps drew (the first
+    epoch whole, then the part of the second trained), not the epoch the loop would have gone on to."""
+    import json
+
+    from scale_ocr.train import main
+
+    folder = make_folder(tmp_path / "real", {f"{i}.png": f"w{i}" for i in range(8)})
+    run = tmp_path / "run"
+    assert main(["crnn_mobilenet_v3_small", "--strategy", "single", "--threads", "1", "--train-path", f"{folder}=1",
+                 "synthetic=1", "--train-samples", "8", "--max-chars", "4", "-b", "4", "--max-steps", "5", "--no-eval",
+                 "--no-save-model", "--output-dir", str(run), "--wandb-mode", "disabled"]) == 0
+    drawn = json.loads((run / "metrics.json").read_text())["data_drawn"]
+    assert sum(drawn.values()) == 5 * 4 and drawn[str(folder)] == drawn["synthetic"] == 10, drawn
