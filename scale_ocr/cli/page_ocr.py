@@ -28,7 +28,6 @@ from scale_ocr.data.files import WORD_LIMITS, open_rgb
 from scale_ocr.errors import UserError, printable
 
 LABEL_COLOUR = (220, 0, 0)
-READS = ("words", "lines")  # page OCR's pipelines: each word's crop, or each line's
 
 
 @torch.no_grad()
@@ -163,7 +162,7 @@ def read_pages(detector: LoadedModel, recognizer: LoadedModel, pages: Sequence[I
             words, so page OCR drops them; evaluation keeps them to score the detector on all its boxes.
         max_side: with ``auto``, the longest side a page is read at; None: the detector's ``--max-page-side``.
         read: ``words`` (each word's crop) or ``lines`` (each line's crop, with a recognizer that reads crops at
-            their own width), :data:`READS`.
+            their own width): a key of :data:`PIPELINES`.
 
     Returns:
         Per page, one ``{"polygon": [[x, y] x 4] (page pixels, 0.1 px), "text", "confidence", "box_score",
@@ -173,7 +172,7 @@ def read_pages(detector: LoadedModel, recognizer: LoadedModel, pages: Sequence[I
     """
     check_models(detector, recognizer)
     if read not in PIPELINES:
-        raise UserError(f"--read {read}: page OCR reads {' or '.join(READS)}")
+        raise UserError(f"--read {read}: page OCR reads {' or '.join(PIPELINES)}")
     results: list[list[dict[str, Any]]] = []
     for start in range(0, len(pages), batch_size):
         chunk = pages[start:start + batch_size]

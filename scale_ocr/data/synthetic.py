@@ -91,13 +91,14 @@ def random_text(rng: np.random.Generator, charset: str, min_chars: int, max_char
     all: a line of text, for recognizers that read lines at their own width."""
     n = int(rng.integers(min_chars, max_chars + 1))
     words: list[str] = []
-    while sum(map(len, words)) + len(words) - 1 < n:
-        left = n - (sum(map(len, words)) + len(words))  # after the space before the next word
+    length = -1  # of the words joined so far; -1: none yet, so the first takes no space before it
+    while length < n:
+        left = n - length - 1  # characters after the space before the next word
         if left < 1:  # room for the space alone: the last word takes the character
             words[-1] += random_word(rng, charset, 1, 1)
             break
-        words.append(random_word(rng, charset, 1, max(1, min(TEXT_WORD[1], left))) if left < TEXT_WORD[1]
-                     else random_word(rng, charset, *TEXT_WORD))
+        words.append(random_word(rng, charset, TEXT_WORD[0], min(TEXT_WORD[1], left)))
+        length += len(words[-1]) + 1
     return " ".join(words)
 
 

@@ -55,14 +55,23 @@ class WordBatch:
         return len(self.words)
 
 
-def pad_to_widest(images: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(C, H, W_i) images as one (B, C, H, max W_i) batch, each padded on the right with its own last column (the
-    border colour the transform padded with), and their widths."""
+def stack(images: list[torch.Tensor], own_width: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(C, H, W_i) images as one batch and their widths: read at their own width (``own_width``), padded on the right
+    to the widest, each with its own last column (the border colour the transform padded with); else all of one
+    size, stacked, and None."""
+    if not own_width:
+        return torch.stack(images), None
     widths = torch.tensor([im.shape[-1] for im in images], dtype=torch.long)
     widest = int(widths.max())
     padded = [F.pad(im[None], (0, widest - im.shape[-1], 0, 0), "replicate")[0] if im.shape[-1] < widest else im
               for im in images]
     return torch.stack(padded), widths
+
+
+def by_aspect(sizes: list[tuple[int, int]]) -> list[int]:
+    """Indices of ``(width, height)`` crops from the narrowest to the widest for their height: read at their own
+    width in that order, a batch pads little."""
+    return sorted(range(len(sizes)), key=lambda i: sizes[i][0] / max(1, sizes[i][1]))
 
 
 class Collate:
@@ -79,7 +88,7 @@ class Collate:
         targets = torch.zeros(len(encoded), max(1, int(lengths.max())), dtype=torch.long)
         for i, e in enumerate(encoded):
             targets[i, : len(e)] = e
-        stacked, widths = pad_to_widest(list(images)) if self.own_width else (torch.stack(images), None)
+        stacked, widths = stack(list(images), self.own_width)
         return WordBatch(stacked, targets, lengths, list(words), torch.tensor(valid), widths)
 
 
@@ -87,7 +96,7 @@ def by_width(data, sizes: list[tuple[int, int]]):
     """``data`` (a dataset with a scan report) in order of its crops' aspect ratios, its report kept."""
     from torch.utils.data import Subset
 
-    ordered = Subset(data, sorted(range(len(sizes)), key=lambda i: sizes[i][0] / max(1, sizes[i][1])))
+    ordered = Subset(data, by_aspect(sizes))
     ordered.report = data.report
     return ordered
 
@@ -294,14 +303,13 @@ class RecognitionTask(Task):
         """``finish(output, images, crop indices)`` of each batch of ``crops``, one result per crop in their order.
         Read at their own width, crops are batched in order of width, so a batch pads little."""
         tf = self.transform(train=False)
-        order = sorted(range(len(crops)), key=lambda i: crops[i].size[0] / max(1, crops[i].size[1])) \
-            if self.own_width else list(range(len(crops)))
+        order = by_aspect([c.size for c in crops]) if self.own_width else list(range(len(crops)))
         out: list = [None] * len(crops)
         with torch.no_grad():
             for i in range(0, len(order), batch_size):
                 chunk = order[i:i + batch_size]
                 tensors = [tf(crops[j]) for j in chunk]
-                images, widths = pad_to_widest(tensors) if self.own_width else (torch.stack(tensors), None)
+                images, widths = stack(tensors, self.own_width)
                 for j, result in zip(chunk, finish(read(model, images, widths), images, chunk), strict=True):
                     out[j] = result
         return out
