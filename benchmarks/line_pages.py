@@ -30,9 +30,8 @@ def commands(args: argparse.Namespace, work: Path) -> dict[str, list[str]]:
     """Each stage's command line, in order: real_documents' set, detector and word recognizer, the line recognizer,
     then each pipeline on the held-out pages."""
     words = real_documents.commands(args, work)
-    data, det = work / "set", work / "det"
-    lines = work / "reco-lines"
-    pages = words.pop("pages")
+    data, det, lines = work / "set", work / "det", work / "reco-lines"
+    del words["pages"]  # read by both pipelines below
     return {
         **words,
         "line-recognizer": launch_command("torchrun", args.world_size, TRAIN, [
@@ -41,9 +40,8 @@ def commands(args: argparse.Namespace, work: Path) -> dict[str, list[str]]:
             "-b", str(args.line_batch), "--max-steps", str(args.line_steps), "--epochs", "100000",
             "--eval-every", str(max(1, args.line_steps // 4)), "--output-dir", str(lines),
             "--resume", "none", "--log-every", "25", "--wandb-mode", "offline"]),
-        "pages-words": [*pages[:-2], "--read", "words", *pages[-2:]],
-        "pages-lines": [*pages[:2], "--det", str(det / "last_model.pt"), "--reco", str(lines / "last_model.pt"),
-                        "--det-size", "auto", "--read", "lines", "--json", str(data / "detection" / "val")],
+        "pages-words": real_documents.pages_command(det, work / "reco", data, "--read", "words"),
+        "pages-lines": real_documents.pages_command(det, lines, data, "--read", "lines"),
     }
 
 
@@ -59,12 +57,7 @@ def line_sources(args: argparse.Namespace, lines: Path) -> list[str]:
 
 def result(stage: str, work: Path, stdout: str) -> dict[str, Any]:
     if stage == "line-recognizer":
-        import json
-
-        metrics = json.loads((work / "reco-lines" / "metrics.json").read_text())
-        keep = ("steps", "epochs", "global_batch", "samples_per_sec", "train_loss", "exact_match", "cer",
-                "wall_seconds")
-        return {k: metrics[k] for k in keep if k in metrics}
+        return real_documents.trained(work / "reco-lines")
     return real_documents.result("pages" if stage.startswith("pages-") else stage, work, stdout)
 
 

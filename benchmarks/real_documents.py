@@ -104,9 +104,15 @@ def commands(args: argparse.Namespace, work: Path) -> dict[str, list[str]]:
             RECOGNIZER, "--train-path", str(data / "recognition" / "train"),
             "--val-path", str(data / "recognition" / "val"), "-b", str(args.reco_batch),
             "--epochs", str(args.reco_epochs), "--output-dir", str(reco), *common]),
-        "pages": [cli, "evaluate-pages", "--det", str(det / "last_model.pt"), "--reco", str(reco / "last_model.pt"),
-                  "--det-size", "auto", "--json", str(data / "detection" / "val")],
+        "pages": pages_command(det, reco, data),
     }
+
+
+def pages_command(det: Path, reco: Path, data: Path, *more: str) -> list[str]:
+    """``scale-ocr evaluate-pages`` of the last models of the runs ``det`` and ``reco`` on the set ``data``'s
+    held-out pages, read whole at their own scale; ``more``: its further flags."""
+    return [str(BIN / "scale-ocr"), "evaluate-pages", "--det", str(det / "last_model.pt"), "--reco",
+            str(reco / "last_model.pt"), "--det-size", "auto", *more, "--json", str(data / "detection" / "val")]
 
 
 def result(stage: str, work: Path, stdout: str) -> dict[str, Any]:
@@ -117,13 +123,17 @@ def result(stage: str, work: Path, stdout: str) -> dict[str, Any]:
                   for name, split in summary["splits"].items()}
         return {"splits": splits, "words": summary["words"], "dpi": summary["options"]["dpi"]}
     if stage in ("detector", "recognizer"):
-        run = work / ("det" if stage == "detector" else "reco")
-        metrics = json.loads((run / "metrics.json").read_text())
-        keep = ("steps", "epochs", "global_batch", "samples_per_sec", "train_loss", "exact_match", "cer",
-                "best_exact_match", "wall_seconds")
-        config = json.loads((run / "config.json").read_text())
-        return {**{k: metrics[k] for k in keep if k in metrics}, "lr_plan": config.get("lr_plan")}
+        return trained(work / ("det" if stage == "detector" else "reco"))
     return json.loads(stdout.strip().splitlines()[-1])
+
+
+def trained(run: Path) -> dict[str, Any]:
+    """What a training run's metrics.json and config.json say of it."""
+    metrics = json.loads((run / "metrics.json").read_text())
+    keep = ("steps", "epochs", "global_batch", "samples_per_sec", "train_loss", "exact_match", "cer",
+            "best_exact_match", "wall_seconds")
+    config = json.loads((run / "config.json").read_text())
+    return {**{k: metrics[k] for k in keep if k in metrics}, "lr_plan": config.get("lr_plan")}
 
 
 def run(args: argparse.Namespace) -> None:
