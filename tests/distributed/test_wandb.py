@@ -50,7 +50,7 @@ def test_broken_wandb_install_degrades_to_jsonl(tmp_path):
 
 @pytest.mark.slow
 def test_unreachable_server_in_online_mode_falls_back_offline(tmp_path):
-    env = _wandb_env(WANDB_API_KEY="x" * 40, WANDB_BASE_URL="http://127.0.0.1:9", WANDB_INIT_TIMEOUT="8",
+    env = _wandb_env(WANDB_API_KEY="x" * 40, WANDB_BASE_URL="http://127.0.0.1:9", WANDB_INIT_TIMEOUT="3",
                      HOME=str(tmp_path))
     run_dir = tmp_path / "run"
     proc = python_train(["--strategy", "single", *TINY, "--output-dir", str(run_dir), "--wandb-mode", "online"],
