@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from scale_ocr.errors import UserError, shown
+from scale_ocr.errors import UserError, path_problem, shown
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adam", "lamb")
@@ -82,31 +82,12 @@ def check_max_page_side(side: int | None, flag: str = "--max-page-side") -> None
                         f"stride) from 32 to {PAGE_SIDE_LIMIT}, e.g. {near}")
 
 
-NAME_MAX, PATH_MAX = 255, 4096  # bytes: the longest file name and path Linux file systems take (ext4, XFS, Btrfs)
-
-
-def _path_problem(path: str) -> str | None:
-    """Why no file system can name ``path`` (os calls would raise ValueError or ENAMETOOLONG on it), or None."""
-    if "\x00" in path:
-        return "holds a NUL character, which no file name can"
-    try:
-        raw = path.encode("utf-8")
-    except UnicodeEncodeError:
-        return "holds a lone surrogate (a \\ud800-style escape), which no file name can"
-    longest = max(len(part) for part in raw.split(b"/"))
-    if longest > NAME_MAX:
-        return f"has a name of {longest} bytes, longer than the {NAME_MAX} a file system allows"
-    if len(raw) >= PATH_MAX:
-        return f"is {len(raw)} bytes long, longer than the {PATH_MAX - 1} a path may be"
-    return None
-
-
 def _require_paths(section: Any, *names: str) -> None:
     """Refuse a path field (or any path of a list field) that no file system can name, before anything opens it."""
     for name in names:
         value = getattr(section, name)
         for path in value if isinstance(value, tuple) else (value,):
-            if isinstance(path, str) and (problem := _path_problem(path)):
+            if isinstance(path, str) and (problem := path_problem(path)):
                 raise UserError(f"--{name.replace('_', '-')} {shown(path)} {problem}; give a path a file system "
                                 "can hold")
 
@@ -213,6 +194,9 @@ class DataConfig:
                                    nargs="+", metavar="NAME=P")
     data_cache: str | None = opt(None, "train and validate on a pre-rendered image cache held in memory (no "
                                  "augmentation; `python -m scale_ocr.data.cache` builds one; benchmarks use it)")
+    batch_pixels: int | None = opt(None, "with --max-width: fill each training micro-batch with crops of like width "
+                                   "up to PX padded pixels (crops x widest x height) instead of -b crops; every rank "
+                                   "takes as many micro-batches, of near-equal pixels (docs/data.md)", metavar="PX")
 
     def __post_init__(self) -> None:
         if self.min_chars < 1 or self.max_chars < self.min_chars:
@@ -222,8 +206,9 @@ class DataConfig:
         if (self.train_samples is not None and self.train_samples < 1) or \
                 (self.val_samples is not None and self.val_samples < 1):
             raise UserError("--train-samples and --val-samples must be at least 1")
-        if self.workers is not None and self.workers < 0:
-            raise UserError(f"--workers {self.workers}: use 0 or more")
+        for name, low in (("workers", 0), ("batch_pixels", 1)):
+            if getattr(self, name) is not None and getattr(self, name) < low:
+                raise UserError(f"--{name.replace('_', '-')} {getattr(self, name)}: use {low} or more")
         if self.data_cache and (self.train_path or self.val_path):
             raise UserError("--data-cache replaces --train-path/--val-path; give one or the other")
         _require_paths(self, "train_path", "val_path", "data_cache")
@@ -484,6 +469,12 @@ class RunConfig:
         if self.strategy.static_graph and accumulates:  # torch 2.14: an internal assert in backward
             raise UserError(f"--static-graph cannot be combined with {accumulates}: DDP's static graph does not "
                             "support skipping the all-reduce between micro-batches; drop one of them")
+        if self.data.batch_pixels and self.model.max_width is None:
+            raise UserError("--batch-pixels fills micro-batches by the width each crop is read at, which --max-width "
+                            "PX turns on; add --max-width, or drop --batch-pixels for -b crops a micro-batch")
+        if self.data.batch_pixels and (self.train.batch_ramp != "off" or self.train.noise_every):
+            raise UserError("--batch-pixels varies the crops a micro-batch holds, and the noise scale (--noise-every, "
+                            "--batch-ramp auto) compares batches of fixed sizes; drop one of them")
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved configuration as plain JSON-ready data."""

@@ -339,3 +339,22 @@ def report_user_errors(main: F) -> F:
             return _interrupted(interrupt_inside(exc))
 
     return wrapper  # type: ignore[return-value]
+
+
+NAME_MAX, PATH_MAX = 255, 4096  # bytes: the longest file name and path Linux file systems take (ext4, XFS, Btrfs)
+
+
+def path_problem(path: str) -> str | None:
+    """Why no file system can name ``path`` (os calls would raise ValueError or ENAMETOOLONG on it), or None."""
+    if "\x00" in path:
+        return "holds a NUL character, which no file name can"
+    try:
+        raw = path.encode("utf-8")
+    except UnicodeEncodeError:
+        return "holds a lone surrogate (a \\ud800-style escape), which no file name can"
+    longest = max(len(part) for part in raw.split(b"/"))
+    if longest > NAME_MAX:
+        return f"has a name of {longest} bytes, longer than the {NAME_MAX} a file system allows"
+    if len(raw) >= PATH_MAX:
+        return f"is {len(raw)} bytes long, longer than the {PATH_MAX - 1} a path may be"
+    return None

@@ -7,6 +7,7 @@ tear the process group down.
 from __future__ import annotations
 
 import gc
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -95,6 +96,15 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
     model = strategy.build_model(task.model_factory(load), cfg.train.seed)  # same initial weights on every rank
     torch.manual_seed(cfg.train.seed + 1 + dist.rank)  # per-rank augmentation randomness
     data = task.build_data(cfg.data, cfg.train.batch_size, cfg.train.seed, dist)
+    if data.micro_batch is not None:  # --batch-pixels: the rate rule and the run's length at the mean sample count,
+        micro = math.ceil(data.micro_batch)  # rounded up: an epoch's samples never end the run before its last round
+        lr = run_lr(cfg, dist.world_size, micro)  # the schedule sets it on the engine's optimizer at each step
+        ramp = BatchRamp(cfg.train, dist.world_size, lr, micro)
+        if dist.is_main:
+            say(f"scale-ocr: --batch-pixels {cfg.data.batch_pixels}: {data.micro_batch:.1f} crops a micro-batch on "
+                f"average, a global batch of about {lr.global_batch} crops and at most "
+                f"{cfg.data.batch_pixels * dist.world_size * cfg.train.grad_accum} pixels; the rate's rule and the "
+                "run's length count it as that many crops")
     wrapped, optimizer = strategy.setup(model, build_optimizer_spec(strategy.optim))  # the rate at this batch
     if cfg.strategy.compile:
         strategy.compile(wrapped)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -135,6 +136,15 @@ class Data:
     speedup_hint: str = ""  # what would make loading faster, for a run that waited on it
     val_labels_sha256: str | None = None  # of the validation folders' labels.json (shards.json); None: synthetic
     sources: list[dict] | None = None  # a mix's sources, weights, sizes and draws an epoch (scale_ocr.data.mix)
+    # --batch-pixels: the micro-batches' sample counts vary; (first, count) -> the samples every rank together took in
+    # those micro-batches of the epoch (None: -b samples each), and a rank's mean samples per micro-batch
+    step_samples: Callable[[int, int], int] | None = None
+    micro_batch: float | None = None
+
+    def taken(self, first: int, count: int, fixed: int) -> int:
+        """Samples every rank together took in micro-batches ``first`` to ``first + count - 1`` of the epoch's order:
+        ``fixed`` (a step of -b samples a micro-batch), or where they vary what the position dealt."""
+        return fixed if self.step_samples is None else self.step_samples(first, count)
 
     def identity(self) -> dict[str, str | None]:
         """What a checkpoint records of its data, so a resume can tell the same from another (None: seeded synthetic
@@ -174,21 +184,28 @@ def _workers(cfg: DataConfig, dist: DistInfo) -> int:
 
 
 def build_loaders(train_ds: Dataset, val_ds: Dataset, collate, cfg: DataConfig, batch_size: int, seed: int,
-                  dist: DistInfo, skipped: dict[str, int], labels_sha256: str | None) -> Data:
+                  dist: DistInfo, skipped: dict[str, int], labels_sha256: str | None,
+                  widths: tuple[Sequence[int], int] | None = None) -> Data:
     """This rank's train and validation loaders over a task's datasets (items: ``(input, target)`` pairs; ``collate``
-    takes ``(input, target, valid)`` items)."""
-    if len(train_ds) < batch_size * dist.world_size:
-        raise UserError(
-            f"{len(train_ds)} training samples cannot fill one batch of {batch_size} on each of "
-            f"{dist.world_size} ranks; add samples or lower --batch-size"
-        )
+    takes ``(input, target, valid)`` items). ``widths``: each training sample's width as the model reads it, and the
+    model's input height, for micro-batches filled to ``cfg.batch_pixels``."""
     workers = _workers(cfg, dist)
     common = dict(collate_fn=collate, num_workers=workers, pin_memory=dist.device.type == "cuda",
                   persistent_workers=workers > 0)
     # The loader draws its workers' base seed from this generator rather than the global RNG, so
     # starting an epoch's iterator does not shift the augmentation stream a resumed run restores.
     gen = torch.Generator().manual_seed(seed * 1000 + dist.rank)
-    if hasattr(train_ds, "position"):  # a streamed set: its position is the batch sampler
+    varying = {}
+    if widths is not None:  # --batch-pixels: the sampler is the position (scale_ocr.data.pixel_batches)
+        position = _pixel_position(len(train_ds), cfg.batch_pixels, seed, dist, *widths)
+        train_loader = DataLoader(WithValid(train_ds), batch_sampler=position, generator=gen, **common)
+        varying = {"step_samples": position.samples, "micro_batch": position.mean_samples()}
+    elif len(train_ds) < batch_size * dist.world_size:
+        raise UserError(
+            f"{len(train_ds)} training samples cannot fill one batch of {batch_size} on each of "
+            f"{dist.world_size} ranks; add samples or lower --batch-size"
+        )
+    elif hasattr(train_ds, "position"):  # a streamed set: its position is the batch sampler
         position = train_ds.position(seed, dist.world_size, dist.rank, workers, batch_size, dist.rank == 0)
         train_loader = DataLoader(WithValid(train_ds), batch_sampler=position, generator=gen, **common)
     else:
@@ -202,4 +219,21 @@ def build_loaders(train_ds: Dataset, val_ds: Dataset, collate, cfg: DataConfig, 
     describe = getattr(train_ds, "describe", None)  # a mix says its sources
     return Data(train_loader, val_loader, position, len(train_ds), len(val_ds), skipped, labels_sha256,
                 speedup_hint(workers, dist.local_world_size), labels_digest(cfg.val_path) if cfg.val_path else None,
-                describe() if describe else None)
+                describe() if describe else None, **varying)
+
+
+def _pixel_position(samples: int, budget: int, seed: int, dist: DistInfo, widths: Sequence[int], height: int):
+    """The :class:`~scale_ocr.data.pixel_batches.PixelPosition` of ``samples`` crops ``widths`` wide at ``height``,
+    within ``budget`` pixels a micro-batch; a budget or set that cannot fill one is refused in one line."""
+    from scale_ocr.data.pixel_batches import PixelPlan, PixelPosition
+
+    widest = max(widths) * height
+    if budget < widest:
+        raise UserError(f"--batch-pixels {budget} cannot hold the widest training crop, {max(widths)} x {height} = "
+                        f"{widest} pixels; give at least {widest}, or a smaller --max-width")
+    position = PixelPosition(PixelPlan(widths, height, budget, dist.world_size, seed), dist.rank)
+    if len(position) == 0:
+        raise UserError(f"{samples} training crops cannot fill one micro-batch of --batch-pixels {budget} on each of "
+                        f"{dist.world_size} ranks; add crops or lower --batch-pixels")
+    return position
+

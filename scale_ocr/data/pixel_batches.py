@@ -9,16 +9,19 @@ pool cannot deal out whole to every rank go to the front of the next pool; what 
 epoch's tail, left out and counted.
 
 Every rank plans the same epoch and takes its own micro-batch of each round, so every rank takes as many
-micro-batches and near-equal pixels. What an epoch consumed is a set of positions of its permutation, kept as ranges
+micro-batches and near-equal pixels. What an epoch consumed is a set of positions of its permutation, kept as a bitmap
 (:meth:`PixelPlan.consumed`): it holds no world size, so a run resumed at another one plans the rest of the epoch
 anew from the samples not yet consumed, and trains each of them once.
 """
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+
+from scale_ocr.errors import UserError
 
 POOL = 4096  # samples planned together: enough widths for rounds of like micro-batches, few enough to shuffle well
 Round = list[list[int]]  # one micro-batch (sample indices) per rank
@@ -83,22 +86,78 @@ class PixelPlan:
         where[self.order(epoch)] = np.arange(len(self.widths))
         return [int(where[i]) for rnd in rounds for batch in rnd for i in batch]
 
-    @staticmethod
-    def consumed(positions: Iterable[int]) -> list[list[int]]:
-        """Positions as sorted ``[start, stop)`` ranges (a checkpoint stays short: pools are consumed whole)."""
-        ranges: list[list[int]] = []
-        for p in sorted(set(positions)):
-            if ranges and ranges[-1][1] == p:
-                ranges[-1][1] = p + 1
-            else:
-                ranges.append([p, p + 1])
-        return ranges
+    def consumed(self, positions: Iterable[int]) -> str:
+        """Positions as a bitmap of the permutation, base64 (a checkpoint holds N/8 bytes, whatever the rounds'
+        shuffle scattered)."""
+        bits = np.zeros(len(self.widths), dtype=bool)
+        bits[list(positions)] = True
+        return base64.b64encode(np.packbits(bits).tobytes()).decode("ascii")
 
-    @staticmethod
-    def expand(ranges: Iterable[Sequence[int]]) -> list[int]:
-        """The positions ``[start, stop)`` ranges hold."""
-        return [p for a, b in ranges for p in range(int(a), int(b))]
+    def expand(self, bitmap: str) -> list[int]:
+        """The positions :meth:`consumed`'s bitmap holds ("": none); a bitmap of another length is refused
+        (ValueError)."""
+        if not bitmap:
+            return []
+        raw = np.frombuffer(base64.b64decode(bitmap.encode("ascii"), validate=True), dtype=np.uint8)
+        if len(raw) != -(-len(self.widths) // 8):
+            raise ValueError(f"a bitmap of {len(raw) * 8} positions for {len(self.widths)} samples")
+        return [int(p) for p in np.flatnonzero(np.unpackbits(raw)[:len(self.widths)])]
 
     def pixels(self, batch: Sequence[int]) -> int:
         """A micro-batch's padded pixels."""
         return len(batch) * int(self.widths[list(batch)].max()) * self.height if len(batch) else 0
+
+
+class PixelPosition:
+    """The batch sampler of a run with ``--batch-pixels`` and its :class:`~scale_ocr.data.loader.Position`: rank
+    ``rank``'s micro-batch of each round of :class:`PixelPlan`, from where the epoch stands.
+
+    The loader hands the batches out in the sampler's order (its workers too), so after ``m`` micro-batches every
+    rank took the first ``m`` rounds: what the epoch consumed is known on every rank without a collective, and so is
+    every step's global sample count (:meth:`samples`)."""
+
+    def __init__(self, plan: PixelPlan, rank: int) -> None:
+        self.plan, self.rank = plan, rank
+        self.epoch, self.rounds, self.before = 0, [], []  # the set epoch's rounds, and positions consumed before them
+        self.restored: tuple[int, list[int]] | None = None
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.before = self.restored[1] if self.restored is not None and self.restored[0] == epoch else []
+        self.restored, self.epoch = None, epoch
+        self.rounds, self.tail = self.plan.rounds(epoch, self.before)
+
+    def __iter__(self):
+        return iter([rnd[self.rank] for rnd in self.rounds])
+
+    def __len__(self) -> int:
+        return len(self.rounds)
+
+    def samples(self, first: int, count: int) -> int:
+        """Samples every rank together took in micro-batches ``first`` to ``first + count - 1`` since the epoch was
+        set."""
+        return sum(len(b) for rnd in self.rounds[first:first + count] for b in rnd)
+
+    def mean_samples(self) -> float:
+        """A rank's mean samples per micro-batch over the set epoch's rounds."""
+        return self.samples(0, len(self.rounds)) / max(1, len(self.rounds) * self.plan.world)
+
+    def state(self, epoch: int, consumed_batches: int) -> dict:
+        if epoch != self.epoch:
+            return {"kind": "pixels", "epoch": epoch, "samples_in_epoch": 0, "consumed": ""}
+        done = self.before + self.plan.positions(epoch, self.rounds[:consumed_batches])
+        return {"kind": "pixels", "epoch": epoch, "samples_in_epoch": len(done), "consumed": self.plan.consumed(done)}
+
+    def restore(self, epoch: int, samples_in_epoch: int, state: dict | None) -> None:
+        if state is not None and state.get("kind") == "pixels":
+            try:
+                self.restored = (epoch, self.plan.expand(state.get("consumed") or ""))
+            except (ValueError, TypeError) as bad:
+                raise UserError(f"the checkpoint's --batch-pixels position does not fit this training set ({bad}); "
+                                "resume with the set it trained on") from None
+        elif samples_in_epoch:  # a checkpoint of batches of -b samples: its order is not this one's
+            raise UserError(f"the checkpoint stopped {samples_in_epoch} samples into epoch {epoch + 1} with batches "
+                            "of -b samples, whose order --batch-pixels does not continue; resume it without "
+                            "--batch-pixels, or from a checkpoint at an epoch's end")
+        else:
+            self.restored = (epoch, [])

@@ -61,11 +61,13 @@ class BatchRamp:
     """The accumulation, and so the global batch, each optimizer step takes: ``--grad-accum`` throughout, or grown
     by ``--batch-ramp auto`` (:meth:`propose`, :meth:`grow`)."""
 
-    def __init__(self, train: TrainConfig, world_size: int, lr: LRPlan | None = None) -> None:
+    def __init__(self, train: TrainConfig, world_size: int, lr: LRPlan | None = None,
+                 micro_batch: int | None = None) -> None:
         """A ramp's settings that cannot work are refused here (:class:`~scale_ocr.errors.UserError`), before the
         run builds anything. ``lr``: the run's rate plan at its starting batch, which a grown batch's rate is carried
-        from (None: the rate is never carried, as in tests of the batch alone)."""
-        self.per_accum = train.batch_size * world_size  # samples one more accumulated micro-batch adds to a step
+        from (None: the rate is never carried, as in tests of the batch alone). ``micro_batch``: a rank's mean
+        samples per micro-batch where they vary (``--batch-pixels``), else ``-b``."""
+        self.per_accum = (micro_batch or train.batch_size) * world_size  # samples one more micro-batch adds
         self.start_accum = self.accum = train.grad_accum
         self.auto = train.batch_ramp == "auto"
         self.limit = train.ramp_limit

@@ -32,15 +32,16 @@ if TYPE_CHECKING:
     from scale_ocr.tracking import FanOut, NullLogger
 
 
-def global_batch(train: TrainConfig, world_size: int) -> int:
-    """Samples in one optimizer step: ranks x micro-batch x accumulation."""
-    return train.batch_size * train.grad_accum * world_size
+def global_batch(train: TrainConfig, world_size: int, micro_batch: int | None = None) -> int:
+    """Samples in one optimizer step: ranks x micro-batch (``-b``, or ``micro_batch``: ``--batch-pixels``' mean) x
+    accumulation."""
+    return (micro_batch or train.batch_size) * train.grad_accum * world_size
 
 
-def run_lr(cfg: RunConfig, world_size: int) -> LRPlan:
+def run_lr(cfg: RunConfig, world_size: int, micro_batch: int | None = None) -> LRPlan:
     """The run's peak rate: the resolved rate carried to this run's global batch by its rule; a scaled rate a float
     cannot hold is refused naming the rule that made it."""
-    lr = plan_lr(cfg.optim, global_batch(cfg.train, world_size))
+    lr = plan_lr(cfg.optim, global_batch(cfg.train, world_size, micro_batch))
     if not math.isfinite(lr.peak_lr):
         raise UserError(f"--lr {lr.base_lr:g} scaled by --lr-scaling {lr.rule} to this run's global batch "
                         f"{lr.global_batch} (x {lr.factor:g}: global batch / --lr-reference-batch "

@@ -55,7 +55,7 @@ class Trainer:
         self.first_step = 0  # the step this job began at (fit() sets it: a resumed job's is its checkpoint's)
         self.recorded_norm: float | None = None  # the weight norm a resumed checkpoint's trainer.json records
         self.control = parts.control or StepControl(StopSignal(), None, self.strategy.is_main)
-        self.segment_start = 0  # the epoch's optimizer step at which the loader's current order began
+        self.segment_start, self.epoch_batches = 0, plan.epoch_batches  # the order's first micro-batch; the epoch's
         self.device = self.strategy.dist.device
         self.autocast = autocast_factory(self.cfg.precision, self.device)
         self.gemm = gemm_factory(self.cfg.precision, self.device)  # the backward's products, as the forward's
@@ -68,8 +68,8 @@ class Trainer:
                                       self.strategy.is_main) if self.cfg.profile_steps else None)
         self.clock = StepClock(self.device)  # data, compute, optimizer and other time of each step
         self.activations = ActivationProbe()  # bytes saved for backward by the first micro-batch
-        self.noise = NoiseMeter(self.strategy, self.cfg.noise_every, self.cfg.noise_smoothing, self.cfg.batch_size,
-                                plan.global_batch, self.device)
+        self.noise = NoiseMeter(self.strategy, 0 if self.data.step_samples else self.cfg.noise_every,  # fixed sizes
+                                self.cfg.noise_smoothing, self.cfg.batch_size, plan.global_batch, self.device)
         self.state = RunState()
         self.weights = WeightCheck(self.strategy.weight_norm, self.cfg.max_weight_growth)  # measured again in fit()
         # Where the weights fit() starts from came from, and what to do should they be unfit (train.py sets it).
@@ -92,7 +92,9 @@ class Trainer:
         return self.state.step + -(-left // self.ramp.global_batch)
 
     def _done(self) -> bool:
-        """Whether the run trained the samples it was asked for (``--epochs`` or ``--max-steps`` worth)."""
+        """Whether the run trained the samples asked for (``--epochs``/``--max-steps`` worth; --batch-pixels: steps)."""
+        if self.data.step_samples is not None:
+            return self.cfg.max_steps is not None and self.state.step >= self.cfg.max_steps
         return self.state.samples >= self.plan.total_samples
 
     def _start_timing(self) -> None:
@@ -135,8 +137,7 @@ class Trainer:
         return {
             "step": self.state.step, "epoch": self.state.epoch, "epoch_step": self.state.epoch_step,
             "samples_in_epoch": self.state.epoch_micro * self.ramp.per_accum, "global_batch": self.ramp.global_batch,
-            "samples": self.state.samples, "batch_ramp": self.ramp.state_dict(),
-            "data_position": self.data_position(),
+            "samples": self.state.samples, "batch_ramp": self.ramp.state_dict(), "data_position": self.data_position(),
             "steps_per_epoch": self.plan.steps_per_epoch,
             "schedule": self.schedule.state_dict(), "best": list(self.state.best) if self.state.best else None,
             "metrics_records": self.logger.records(),  # lines of metrics.jsonl this state accounts for
@@ -219,7 +220,8 @@ class Trainer:
             measured = self.noise.due(self.state.step + 1)  # a collective, on every rank at the same steps
             read = measured and self.noise.record(stats.grad_norm,
                                                   not (agreed.nonfinite or agreed.bad_weights or stats.skipped))
-            lr, batch = self.schedule.lr, self.ramp.global_batch  # the rate and batch this step used
+            first = self.state.epoch_micro - self.segment_start  # micro-batches of the loader's order taken before
+            lr, batch = self.schedule.lr, self.data.taken(first, self.ramp.accum, self.ramp.global_batch)  # this step's
             self._advance(batch)
             if agreed.nonfinite or agreed.bad_weights:
                 self._bad_step(stats, agreed.nonfinite)
@@ -261,6 +263,7 @@ class Trainer:
         self.data.position.set_epoch(self.state.epoch)
         left = len(self.data.train_loader)  # micro-batches of this epoch each rank takes from here
         self.state.epoch_micro = self.segment_start = max(0, self.plan.epoch_batches - left)
+        self.epoch_batches = self.state.epoch_micro + left  # --batch-pixels: each epoch has its own count
         self.state.epoch_step = max(0, self.plan.steps_per_epoch - left // self.ramp.accum)
         self.model.train()
         self.state.epoch_loss = []
@@ -285,7 +288,7 @@ class Trainer:
 
     def _epoch_has_step(self) -> bool:
         """Whether the epoch holds another whole optimizer step for each rank (a rest smaller than one is left)."""
-        return self.plan.epoch_batches - self.state.epoch_micro >= self.ramp.accum
+        return self.epoch_batches - self.state.epoch_micro >= self.ramp.accum
 
     def _checkpoint(self, window: Window) -> None:
         """A checkpoint of this step, unless in a non-finite streak (the last good checkpoint stays the newest)."""

@@ -144,7 +144,7 @@ class RecognitionTask(Task):
         """CTC needs one frame per character plus a blank between repeated ones, and synthetic words may
         repeat every character ("aaaa"), so the longest needs 2 * max_chars - 1 frames. Real folders are
         checked word by word at start-up, so only runs that render words are held to it."""
-        from scale_ocr.data.mix import draws_synthetic
+        from scale_ocr.data.mix import draws_synthetic, parse
         from scale_ocr.models.recognition.ctc import ctc_frames
 
         d = cfg.data
@@ -152,6 +152,10 @@ class RecognitionTask(Task):
             raise UserError("--data-cache holds images of one size, and --max-width reads crops at their own width; "
                             "drop one of them")
         synthetic = draws_synthetic(d)
+        if d.batch_pixels and (not d.train_path or parse(d.train_path)):
+            raise UserError("--batch-pixels plans each epoch's micro-batches from every crop's size, which docTR "
+                            "folders given to --train-path say up front (synthetic words and mixes do not); train "
+                            "on folders, or use -b")
         frames, worst = ctc_frames(cfg.model.input_size), 2 * d.max_chars - 1
         if synthetic and worst > frames:
             raise UserError(
@@ -237,7 +241,20 @@ class RecognitionTask(Task):
             val_ds = SyntheticWords(self.vocab.chars, cfg.val_samples, cfg.min_chars, cfg.max_chars,
                                     seed + VAL_SEED_OFFSET, val_tf, cfg.synthetic_words, fonts)
         return build_loaders(train_ds, val_ds, Collate(self.vocab, self.own_width), cfg, batch_size, seed, dist,
-                             dict(report.skipped), digest)
+                             dict(report.skipped), digest, self.read_widths(train_ds) if cfg.batch_pixels else None)
+
+    def read_widths(self, train_ds) -> tuple[list[int], int]:
+        """Each training crop's width as the model reads it (padding included), and the input height: what
+        ``--batch-pixels`` plans micro-batches from."""
+        from scale_ocr.data.transforms import ResizeHeight
+
+        sizes = getattr(train_ds, "sizes", None)
+        if not sizes or len(sizes) != len(train_ds):  # a shard set: its crops are decoded as they stream
+            raise UserError("--batch-pixels plans each epoch's micro-batches from every crop's size, which docTR "
+                            "folders say up front and a shard set does not; train on its folders, or use -b")
+        height, widest = self.input_size
+        resize = ResizeHeight(height, widest)
+        return [resize.width(size) for size in sizes], height
 
     def eval_set(self, paths: tuple[str, ...], on_bad_sample: str = "error"):
         """Labelled crops to measure on (recognition folders or a shard set) and the collate :meth:`evaluate`'s

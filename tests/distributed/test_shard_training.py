@@ -91,3 +91,41 @@ def test_a_mix_trains_under_zero2_and_ddp_and_resumes_at_world_size_1_where_ever
     sources = json.loads((second / "config.json").read_text())["dataset"]["sources"]
     assert [(s["source"], s["weight"], s["draws_per_epoch"]) for s in sources] == [
         (str(folder), 0.5, 44), (str(shard_set), 0.25, 22), ("synthetic", 0.25, 22)]
+
+
+@pytest.mark.slow
+def test_pixel_batches_resume_at_world_size_1_with_every_line_once(tmp_path):
+    """--batch-pixels: crops 77 to 256 px wide (at height 32) in micro-batches of up to 32 x 1,024 pixels. DDP at 2
+    ranks trains 2 steps and saves; one process finishes the epoch from that checkpoint. Each rank took its
+    micro-batch of each round of the plan, and between them the runs trained every crop the epoch's plan deals out
+    once: the plan at 2 ranks for the first 2 rounds, then the plan at 1 rank over the crops not yet trained."""
+    from PIL import Image
+
+    from scale_ocr.data.pixel_batches import PixelPlan
+    from scale_ocr.data.transforms import ResizeHeight
+
+    labels = {f"{i}.png": ("ab" * 6)[: 2 + i % 11] + f"{i:03d}" for i in range(60)}  # 5 to 16 characters
+    folder = make_folder(tmp_path / "lines", labels)
+    data = ["--train-path", str(folder), "--no-eval", "--max-width", "256", "--batch-pixels", str(32 * 1024)]
+    first = tmp_path / "first"
+    proc = torchrun_train([str(first), "--strategy", "ddp", *BASE, *data, "--max-steps", "2", "--save-every", "2",
+                           "--output-dir", str(first)], script=KEYED)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--batch-pixels 32768: " in proc.stdout and "crops a micro-batch on average" in proc.stdout
+    second = tmp_path / "second"
+    proc = python_train([str(second), "--strategy", "ddp", *BASE, *data, "--output-dir", str(second),
+                         "--resume", str(first / "checkpoints" / "step_00000002")], script=KEYED)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    names = list(labels)
+    widths = [ResizeHeight(32, 256).width(Image.open(folder / "images" / n).size) for n in names]
+    two = PixelPlan(widths, 32, 32 * 1024, world=2, seed=0)
+    rounds = two.rounds(0)[0][:2]
+    for rank in range(2):
+        took = (first / f"keys-rank{rank}.txt").read_text().split()
+        assert took == [labels[names[i]] for rnd in rounds for i in rnd[rank]]
+    one = PixelPlan(widths, 32, 32 * 1024, world=1, seed=0)
+    rest, tail = one.rounds(0, two.positions(0, rounds))
+    assert _keys(second) == [labels[names[i]] for rnd in rest for i in rnd[0]]
+    trained = _keys(first) + _keys(second)
+    assert len(trained) == len(set(trained)) == 60 - tail and tail < 10

@@ -31,9 +31,9 @@ def test_micro_batches_fill_the_budget_and_ranks_get_near_equal_pixels(widths):
 def test_a_resume_at_another_world_size_trains_every_sample_once(widths):
     two = PixelPlan(widths, HEIGHT, BUDGET, world=2, seed=3, pool=1024)
     rounds, _ = two.rounds(0)
-    ranges = PixelPlan.consumed(two.positions(0, rounds[:17]))
+    bitmap = two.consumed(two.positions(0, rounds[:17]))
     one = PixelPlan(widths, HEIGHT, BUDGET, world=1, seed=3, pool=1024)
-    rest, tail = one.rounds(0, PixelPlan.expand(ranges))
+    rest, tail = one.rounds(0, one.expand(bitmap))
     before = [i for r in rounds[:17] for b in r for i in b]
     after = [i for r in rest for b in r for i in b]
     assert len(before) + len(after) + tail == len(set(before + after)) + tail == len(widths)
