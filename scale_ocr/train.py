@@ -96,15 +96,8 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
     model = strategy.build_model(task.model_factory(load), cfg.train.seed)  # same initial weights on every rank
     torch.manual_seed(cfg.train.seed + 1 + dist.rank)  # per-rank augmentation randomness
     data = task.build_data(cfg.data, cfg.train.batch_size, cfg.train.seed, dist)
-    if data.micro_batch is not None:  # --batch-pixels: the rate rule and the run's length at the mean sample count,
-        micro = math.ceil(data.micro_batch)  # rounded up: an epoch's samples never end the run before its last round
-        lr = run_lr(cfg, dist.world_size, micro)  # the schedule sets it on the engine's optimizer at each step
-        ramp = BatchRamp(cfg.train, dist.world_size, lr, micro)
-        if dist.is_main:
-            say(f"scale-ocr: --batch-pixels {cfg.data.batch_pixels}: {data.micro_batch:.1f} crops a micro-batch on "
-                f"average, a global batch of about {lr.global_batch} crops and at most "
-                f"{cfg.data.batch_pixels * dist.world_size * cfg.train.grad_accum} pixels; the rate's rule and the "
-                "run's length count it as that many crops")
+    if data.micro_batch is not None:
+        lr, ramp = at_mean_batch(cfg, data.micro_batch, dist)
     wrapped, optimizer = strategy.setup(model, build_optimizer_spec(strategy.optim))  # the rate at this batch
     if cfg.strategy.compile:
         strategy.compile(wrapped)
@@ -151,6 +144,20 @@ def train(cfg: RunConfig, lr: LRPlan, strategy: Strategy, task: Task, checkpoint
     finally:
         logger.close()
     return summary
+
+
+def at_mean_batch(cfg: RunConfig, mean: float, dist: DistInfo) -> tuple[LRPlan, BatchRamp]:
+    """``--batch-pixels``: the rate's rule and the run's length at ``mean`` crops a micro-batch, rounded up (an
+    epoch's crops then never end the run before its last round), said in one line. The schedule sets the rate on
+    the engine's optimizer at each step."""
+    micro = math.ceil(mean)
+    lr = run_lr(cfg, dist.world_size, micro)
+    if dist.is_main:
+        say(f"scale-ocr: --batch-pixels {cfg.data.batch_pixels}: {mean:.1f} crops a micro-batch on average, a global "
+            f"batch of about {lr.global_batch} crops and at most "
+            f"{cfg.data.batch_pixels * dist.world_size * cfg.train.grad_accum} pixels; the rate's rule and the run's "
+            "length count it as that many crops")
+    return lr, BatchRamp(cfg.train, dist.world_size, lr, micro)
 
 
 def initial_weights(model_cfg) -> Callable[[torch.nn.Module], str]:

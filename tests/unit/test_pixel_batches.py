@@ -3,10 +3,14 @@ and resumable at another world size with every sample trained once."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
-from scale_ocr.data.pixel_batches import PixelPlan
+from scale_ocr.data.pixel_batches import PixelPlan, PixelPosition
+from scale_ocr.errors import UserError
+from scale_ocr.train import main as train_main
 
 HEIGHT, BUDGET = 32, 32 * 1024 * 16  # 16 of the widest lines
 
@@ -42,3 +46,35 @@ def test_a_resume_at_another_world_size_trains_every_sample_once(widths):
 def test_a_budget_below_the_widest_sample_is_refused(widths):
     with pytest.raises(ValueError, match="cannot hold the widest sample's"):
         PixelPlan(widths, HEIGHT, 1000, world=2, seed=0)
+
+
+def test_the_position_continues_at_another_world_size_and_counts_each_steps_samples(widths):
+    """What a checkpoint stores (a bitmap of the consumed crops) takes a 1-rank job on from where 2 ranks stopped;
+    each step's samples are what every rank took; a checkpoint of -b batches mid-epoch is refused in one line."""
+    two = PixelPosition(PixelPlan(widths, HEIGHT, BUDGET, world=2, seed=3, pool=1024), rank=1)
+    two.set_epoch(0)
+    assert two.samples(0, 2) == sum(len(b) for rnd in two.rounds[:2] for b in rnd)
+    state = json.loads(json.dumps(two.state(0, 5)))  # as trainer.json holds it
+    assert state["samples_in_epoch"] == two.samples(0, 5) and len(state["consumed"]) == 4 * -(-len(widths) // 24)
+    one = PixelPosition(PixelPlan(widths, HEIGHT, BUDGET, world=1, seed=3, pool=1024), rank=0)
+    one.restore(0, state["samples_in_epoch"], state)
+    one.set_epoch(0)
+    before = {i for rnd in two.rounds[:5] for b in rnd for i in b}
+    after = [i for b in one for i in b]
+    assert not before & set(after) and len(before) + len(after) + one.tail == len(widths)
+    with pytest.raises(UserError, match="batches of -b samples, whose order --batch-pixels does not continue"):
+        one.restore(0, 64, {"kind": "folder", "epoch": 0, "samples_in_epoch": 64})
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--batch-pixels", "40000"], "which --max-width PX turns on"),
+    (["--max-width", "256", "--batch-pixels", "40000"], "synthetic words and mixes do not"),
+    (["--max-width", "256", "--batch-pixels", "40000", "--noise-every", "5"], "compares batches of fixed sizes"),
+    (["--max-width", "256", "--batch-pixels", "0"], "--batch-pixels 0: use 1 or more"),
+    (["--max-width", "256", "--batch-pixels", "1000", "--train-path", "FOLDER"], "cannot hold the widest training"),
+])
+def test_what_pixel_batches_cannot_do_is_refused_in_one_line(argv, says, word_folder, tmp_path, capsys):
+    argv = [str(word_folder) if a == "FOLDER" else a for a in argv]
+    assert train_main([*argv, "--output-dir", str(tmp_path / "run"), "--wandb-mode", "disabled"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
