@@ -291,7 +291,12 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
 
 def all_reduce_max(value: float, device: torch.device) -> float:
     """Max of one float over ranks."""
-    t = torch.tensor([value], dtype=torch.float64, device=device)
+    return all_reduce_maxes([value], device)[0]
+
+
+def all_reduce_maxes(values: list[float], device: torch.device) -> list[float]:
+    """Each float's max over ranks (identity when no process group is running)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+    return t.tolist()

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.autograd.profiler import record_function
 
-from scale_ocr.distributed.process_group import all_reduce_max, all_reduce_sum
+from scale_ocr.distributed.process_group import all_reduce_max, all_reduce_maxes, all_reduce_sum
 
 PHASES = ("data", "compute", "optimizer", "other")
 NEXT = dict(zip(PHASES, PHASES[1:], strict=False))
@@ -37,6 +37,7 @@ class StepClock:
         self._step = dict.fromkeys(PHASES, 0.0)
         self._mark: Any = None
         self._timed = False
+        self.forward: collections.defaultdict[int, float] = collections.defaultdict(float)  # per timed step: seconds
         self._range: record_function | None = None
         # On GPU: (phase, start event, end event, timed) waiting to complete.
         self._pending: collections.deque = collections.deque()
@@ -67,6 +68,17 @@ class StepClock:
         self._mark = now
         self._open(then or NEXT.get(phase, "other"))
 
+    def forward_done(self) -> None:
+        """A micro-batch's forward is over: the time since its compute began is the step's forward work (a timed
+        step's, for :func:`straggler_share`); the compute phase goes on."""
+        if self._mark is None or not self._timed:
+            return
+        now, step = self._stamp(), ("forward", self.timed_steps)
+        if self.cuda:
+            self._pending.append((step, self._mark, now, True))
+        else:
+            self._add(step, now - self._mark, True)
+
     def end_step(self) -> None:
         """The step is over: the rest since the optimizer step was "other"."""
         self.lap("other", then="")
@@ -75,8 +87,10 @@ class StepClock:
             self.timed_steps += 1
         self._settle(wait=False)
 
-    def _add(self, phase: str, seconds: float, timed: bool) -> None:
-        if timed:
+    def _add(self, phase: str | tuple[str, int], seconds: float, timed: bool) -> None:
+        if isinstance(phase, tuple):  # ("forward", timed step)
+            self.forward[phase[1]] += seconds
+        elif timed:
             self.totals[phase] += seconds
 
     def _settle(self, wait: bool) -> None:
@@ -149,7 +163,24 @@ def time_breakdown(clock: StepClock, comm: dict[str, Any] | None, step_seconds: 
         "exposed_comm_share_max": worst if have_comm else None,  # the rank that waited most
         "comm_in_flight_share": summed[len(keys) + 1] / world_size if have_comm else None,
         "profiled_steps": comm["steps"] if have_comm else 0,
+        # waiting for the slowest rank's compute (its share of the step time; 0 on one rank)
+        "straggler_share": straggler_share(clock, mean["compute"] / max(sum(mean[k] for k in PHASES), 1e-12), device,
+                                           world_size),
     }
+
+
+def straggler_share(clock: StepClock, compute_share: float, device: torch.device, world_size: int) -> float | None:
+    """The share of a timed step each rank waits for the slowest, on average: the step's compute imbalance (a rank's
+    forward seconds against the slowest rank's, step by step: a backward costs its forward's multiple on every rank)
+    times the share of step time compute takes. A collective: every rank calls it (None: one rank, or no timed
+    step)."""
+    clock._settle(wait=True)
+    steps = clock.timed_steps  # the same on every rank: they time the same steps
+    if not steps or world_size == 1:
+        return None
+    mine = [clock.forward.get(i, 0.0) for i in range(steps)]
+    slowest, summed = sum(all_reduce_maxes(mine, device)), all_reduce_sum([sum(mine)], device)[0]
+    return (1 - summed / world_size / slowest) * compute_share if slowest > 0 else 0.0
 
 
 def compact(breakdown: dict[str, Any] | None) -> str | None:
@@ -159,8 +190,10 @@ def compact(breakdown: dict[str, Any] | None) -> str | None:
     total = breakdown["sum_seconds"]
     names = (("compute", "compute"), ("exposed_comm", "comm"), ("data", "data"), ("optimizer", "opt"),
              ("other", "other"))
-    return " ".join(f"{short} {breakdown[key] / total:.0%}" if breakdown.get(key) is not None else f"{short} n/a"
+    line = " ".join(f"{short} {breakdown[key] / total:.0%}" if breakdown.get(key) is not None else f"{short} n/a"
                     for key, short in names)
+    wait = breakdown.get("straggler_share")
+    return f"{line}; straggler {wait:.1%}" if wait is not None else line
 
 
 def memory_breakdown(local: dict[str, int | None], rank: int, device: torch.device) -> dict[str, Any]:

@@ -26,6 +26,16 @@ class RunState:
     skipped_steps: int = 0  # all such steps in this run
     best: tuple[float, float] | None = None  # Task.score: (headline metric, -val_loss)
     last_eval: dict[str, float] = field(default_factory=dict)
+    timing_start: tuple[float, int, int] | None = None  # (time, step, samples) where the open timed stretch began
+
+    def stop_timing(self, now: float) -> None:
+        """Close the open timed stretch, if any: its seconds, steps and samples count toward samples/s."""
+        if self.timing_start is not None:
+            t0, step0, samples0 = self.timing_start
+            self.timed_seconds += now - t0
+            self.timed_steps += self.step - step0
+            self.timed_samples += self.samples - samples0
+            self.timing_start = None
 
 
 class Window:

@@ -61,7 +61,6 @@ class Trainer:
         self.gemm = gemm_factory(self.cfg.precision, self.device)  # the backward's products, as the forward's
         # Steps up to this one are allocator/engine warm-up and are not timed for samples/s.
         self.warmup_steps = min(5, max(0, self.plan.total_steps // 4))
-        self.timing_start: tuple[float, int, int] | None = None
         # The last --profile-steps steps are profiled, and left out of samples/s (the profiler slows them).
         self.timing_end = self.plan.total_steps - self.cfg.profile_steps
         self.profiler = (StepProfiler(self.plan.run_dir, self.timing_end + 1, self.plan.total_steps, self.device,
@@ -98,17 +97,13 @@ class Trainer:
         return self.state.samples >= self.plan.total_samples
 
     def _start_timing(self) -> None:
-        if self.warmup_steps <= self.state.step < self.timing_end and self.timing_start is None:
-            self.timing_start = (self._now(), self.state.step, self.state.samples)
+        if self.warmup_steps <= self.state.step < self.timing_end and self.state.timing_start is None:
+            self.state.timing_start = (self._now(), self.state.step, self.state.samples)
 
     def _stop_timing(self) -> None:
         """Close the timed stretch (before evaluation, which is not training throughput)."""
-        if self.timing_start is not None:
-            t0, step0, samples0 = self.timing_start
-            self.state.timed_seconds += self._now() - t0
-            self.state.timed_steps += self.state.step - step0
-            self.state.timed_samples += self.state.samples - samples0
-            self.timing_start = None
+        if self.state.timing_start is not None:  # no wait for the device otherwise
+            self.state.stop_timing(self._now())
 
     def fit(self) -> dict[str, Any]:
         start = time.perf_counter()
@@ -209,10 +204,10 @@ class Trainer:
                 if self.state.step == self.timing_end:
                     self._stop_timing()
                 self.profiler.before_step(self.state.step + 1)
-            self.clock.begin(timed=self.timing_start is not None)
+            self.clock.begin(timed=self.state.timing_start is not None)
             loss, waited = self.train_step(batches)
             window.data_seconds += waited
-            if self.timing_start is not None:
+            if self.state.timing_start is not None:
                 self.state.timed_data_seconds += waited
             stats = self.strategy.step()
             self.clock.lap("optimizer")
@@ -354,6 +349,7 @@ class Trainer:
             with self.strategy.no_sync() if not sync else contextlib.nullcontext():
                 with self.autocast(), self.activations.watch(self.model):
                     out = self.model(*batch.inputs)
+                self.clock.forward_done()  # the straggler share compares each rank's forward work
                 loss = out["loss"]
                 with self.gemm():
                     self.strategy.backward(loss)

@@ -56,16 +56,19 @@ def test_phases_tile_the_step_and_exposed_communication_moves_out_of_them():
         clock.begin(timed)
         for micro in range(2):
             clock.lap("data")
+            clock.forward_done()  # each micro-batch's forward: the straggler share's work, per timed step
             clock.lap("compute", then="optimizer" if micro else "data")
         clock.lap("optimizer")
         clock.end_step()
     totals, steps = clock.timed_totals()
     assert steps == 2 and set(totals) == set(PHASES) and all(v >= 0 for v in totals.values())
+    assert sorted(clock.forward) == [0, 1] and 0 < sum(clock.forward.values()) <= totals["compute"]
     parts = split_exposed({"data": 1.0, "compute": 6.0, "optimizer": 2.0, "other": 1.0},
                           {"data": 0.0, "compute": 0.5, "optimizer": 0.25, "other": 0.0})
     assert parts == {"data": 1.0, "compute": 3.0, "optimizer": 1.5, "other": 1.0, "exposed_comm": 3.5}
     assert sum(parts.values()) == 10.0  # the parts still add up to the step
     assert compact({**parts, "sum_seconds": 10.0}) == "compute 30% comm 35% data 10% opt 15% other 10%"
+    assert compact({**parts, "sum_seconds": 10.0, "straggler_share": 0.021}).endswith("other 10%; straggler 2.1%")
     assert split_exposed(totals, None)["exposed_comm"] is None
 
 
