@@ -11,9 +11,9 @@ SLOW_LOADER = REPO / "tests" / "helpers" / "slow_loader_train.py"
 @pytest.mark.slow
 def test_a_ddp_run_says_where_its_step_time_and_memory_went(tmp_path):
     """8 steps: 2 of warm-up, 4 timed, 2 profiled. The parts of a timed step add up to the step time samples/s
-    reports, within 10%, and the straggler share is measured. Rank 1's loader waits 50 ms for each batch: that is data wait on rank 1, and rank 0 waits
-    as long for it inside DDP's all-reduce, as exposed communication. The peak resident set splits into runtime,
-    model state, engine buffers, activations and heap exactly."""
+    reports, within 10%, and the straggler share is measured. Rank 1's loader waits 50 ms for each batch: that is
+    data wait on rank 1, and rank 0 waits as long for it inside DDP's all-reduce, as exposed communication. The peak
+    resident set splits into runtime, model state, engine buffers, activations and heap exactly."""
     out = tmp_path / "run"
     proc = torchrun_train(["0.05", "--strategy", "ddp", "--max-steps", "8", "--train-samples", "128", "-b", "8",
                            "--log-every", "4", "--max-chars", "5", "--no-eval", "--no-save-model",
