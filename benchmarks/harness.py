@@ -346,15 +346,17 @@ def refuse_written(out: Path | None) -> None:
         raise UserError(f"{out} already holds results; give a new --out (results folders are never rewritten)")
 
 
-def write_folder(path: Path, n: int, chars: str, seed: int = 0) -> Path:
-    """``n`` synthetic words as PNG files in a docTR recognition folder (written once, then reused)."""
+def write_folder(path: Path, n: int, chars: str, seed: int = 0, lengths: tuple[int, int] = (3, 8),
+                 style: str = "line") -> Path:
+    """``n`` synthetic words (``lengths``: characters, fewest and most; ``style``: how they are cut, as
+    ``--synthetic-words``) as PNG files in a docTR recognition folder (written once, then reused)."""
     from scale_ocr.data.synthetic import SyntheticWords
 
     if (path / "labels.json").is_file():
         return path
     tmp = path.with_name(path.name + ".tmp")
     (tmp / "images").mkdir(parents=True, exist_ok=True)
-    words = SyntheticWords(chars, n, 3, 8, seed, transform=lambda image: image)
+    words = SyntheticWords(chars, n, *lengths, seed, transform=lambda image: image, style=style)
     labels = {}
     for i in range(n):
         image, word = words[i]
