@@ -40,14 +40,12 @@ from benchmarks.harness import (
     REPO,
     TRAIN,
     bench_main,
-    command_line,
     launch_command,
-    load,
     parser,
     run_main,
     write_outputs,
 )
-from benchmarks.real_documents import DETECTOR, REAL_PDFS, RECOGNIZER, pdfs, run_stages
+from benchmarks.real_documents import DETECTOR, REAL_PDFS, RECOGNIZER, pdfs, run_stages, staged_report, stages_table
 from scale_ocr.data.degrade import CANDIDATE
 
 MODULE = "cross_documents"
@@ -164,13 +162,8 @@ def verdicts(row: dict[str, Any]) -> list[str]:
 
 
 def write_report(out_dir: Path) -> Path:
-    lines = {line["stage"]: line for line in load(out_dir, f"benchmarks.{MODULE}")}
-    first = next(iter(lines.values()))
-    hw, ver = first["hardware"], first["versions"]
-    md = ["# Documents in fonts the training never saw", "", f"Command: `{command_line(out_dir)}`  ",
-          f"Hardware: {hw['cpu']}, {hw['cores']} cores, GPUs: {', '.join(hw['gpus']) or 'none'}  ",
-          f"Versions: torch {ver.get('torch')}, scale-ocr {ver.get('scale-ocr')} at git {ver.get('git')}", "",
-          "## The sets", "", "| set | split | documents | pages |", "|---|---|---|---|"]
+    lines, md = staged_report(out_dir, MODULE, "Documents in fonts the training never saw")
+    md += ["## The sets", "", "| set | split | documents | pages |", "|---|---|---|---|"]
     for name in ("train-set", "unseen-set"):
         for split, s in (lines.get(name, {}).get("result", {}).get("splits") or {}).items():
             md.append(f"| {name} | {split} | {', '.join(s['documents'])} | {s['pages']} |")
@@ -187,8 +180,7 @@ def write_report(out_dir: Path) -> Path:
                   f"{f(r['unseen_exact_match'])} | "
                   f"{f(r.get('gap') and r['gap'] * 100, '+.1f')} | {f(r['unseen_cer'])} | "
                   f"{f(r.get('recall'))} / {f(r.get('precision'))} | {f(r.get('word_recall'))} |")
-    md += ["", "## Stages", "", "| stage | wall time | command |", "|---|---|---|"]
-    md += [f"| {s} | {ln['wall_seconds']:.0f} s | `{ln['command']}` |" for s, ln in lines.items()]
+    md += stages_table(lines)
     ship = next((r for r in table if (r["recipe"], r["detector"]) == SHIPPED), None)
     said = verdicts(ship) if ship else []
     alone = next((r for r in table if r["recipe"] == SHIPPED[0]), None)  # its crops, before its pages are read

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import real_documents
-from benchmarks.harness import TRAIN, bench_main, command_line, launch_command, load, parser, run_main, write_outputs
+from benchmarks.harness import TRAIN, bench_main, launch_command, parser, run_main, write_outputs
 
 MODULE = "line_pages"
 
@@ -66,14 +66,9 @@ def run(args: argparse.Namespace) -> None:
 
 
 def write_report(out_dir: Path) -> Path:
-    lines = {line["stage"]: line for line in load(out_dir, f"benchmarks.{MODULE}")}
-    first = next(iter(lines.values()))
-    hw, ver = first["hardware"], first["versions"]
-    md = ["# Page OCR by lines against by words: real documents' held-out pages", "",
-          f"Command: `{command_line(out_dir)}`  ",
-          f"Hardware: {hw['cpu']}, {hw['cores']} cores, GPUs: {', '.join(hw['gpus']) or 'none'}  ",
-          f"Versions: torch {ver.get('torch')}, scale-ocr {ver.get('scale-ocr')} at git {ver.get('git')}", "",
-          "## Recognizers (held-out crops of their kind)", "",
+    lines, md = real_documents.staged_report(out_dir, MODULE, "Page OCR by lines against by words: real documents' "
+                                             "held-out pages")
+    md += ["## Recognizers (held-out crops of their kind)", "",
           "| recognizer | steps | global batch | exact match | CER |", "|---|---:|---:|---:|---:|"]
     for stage in ("recognizer", "line-recognizer"):
         if stage in lines:
@@ -85,8 +80,7 @@ def write_report(out_dir: Path) -> Path:
     for name, r in pages.items():
         md.append(f"| {name} | {r['word_recall']:.3f} | {r['word_precision']:.3f} | {r['line_cer']:.3f} | "
                   f"{r['recall']:.3f} / {r['precision']:.3f} | {r['seconds_per_page']:.2f} |")
-    md += ["", "## Stages", "", "| stage | wall time | command |", "|---|---|---|"]
-    md += [f"| {s} | {ln['wall_seconds']:.0f} s | `{ln['command']}` |" for s, ln in lines.items()]
+    md += real_documents.stages_table(lines)
     verdicts = []
     if len(pages) == 2:
         w, ln = pages["words"]["word_recall"], pages["lines"]["word_recall"]

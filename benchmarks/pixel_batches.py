@@ -29,9 +29,7 @@ from typing import Any
 from benchmarks.harness import (
     TRAIN,
     bench_main,
-    command_line,
     launch_command,
-    load,
     parser,
     run_main,
     work_dir,
@@ -116,16 +114,13 @@ def verdicts(fixed: dict[str, Any], pixels: dict[str, Any]) -> list[str]:
 
 
 def write_report(out_dir: Path) -> Path:
-    lines = {line["stage"]: line for line in load(out_dir, f"benchmarks.{MODULE}")}
-    first = next(iter(lines.values()))
-    hw, ver = first["hardware"], first["versions"]
+    from benchmarks.real_documents import staged_report, stages_table
+
+    lines, md = staged_report(out_dir, MODULE, "Micro-batches filled to a pixel budget against fixed batches: text "
+                              "lines of many widths")
     data = json.loads((out_dir / "set.json").read_text()) if (out_dir / "set.json").is_file() else {}
     pixels_per_line = HEIGHT * data.get("mean_width", 0.0)
-    md = ["# Micro-batches filled to a pixel budget against fixed batches: text lines of many widths", "",
-          f"Command: `{command_line(out_dir)}`  ",
-          f"Hardware: {hw['cpu']}, {hw['cores']} cores, GPUs: {', '.join(hw['gpus']) or 'none'}  ",
-          f"Versions: torch {ver.get('torch')}, scale-ocr {ver.get('scale-ocr')} at git {ver.get('git')}", "",
-          f"Set: {data.get('train_lines')} training and {data.get('val_lines')} validation lines, "
+    md += [f"Set: {data.get('train_lines')} training and {data.get('val_lines')} validation lines, "
           f"{data.get('mean_width', 0):.0f} px wide on average at height {HEIGHT} (at most {data.get('max_width')}).",
           "", "| batches | steps | global batch | lines/s | useful pixels/s | straggler share | CER | exact match |",
           "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -136,8 +131,7 @@ def write_report(out_dir: Path) -> Path:
             md.append(f"| {stage} | {r['steps']} | {r['global_batch']} | {r['samples_per_sec']:.1f} | "
                       f"{r['samples_per_sec'] * pixels_per_line / 1e6:.2f} M | {wait} | {r['cer']:.3f} | "
                       f"{r['exact_match']:.3f} |")
-    md += ["", "## Stages", "", "| stage | wall time | command |", "|---|---|---|"]
-    md += [f"| {s} | {ln['wall_seconds']:.0f} s | `{ln['command']}` |" for s, ln in lines.items()]
+    md += stages_table(lines)
     said = verdicts(lines["fixed"]["result"], lines["pixels"]["result"]) if len(lines) == 2 else []
     if said:
         md += ["", "## Targets (issue 57)", "", *[f"- {v}" for v in said]]

@@ -167,6 +167,23 @@ def run_stages(out: Path, module: str, commands: Callable[[Path], dict[str, list
         print(f"{module}: {stage} done in {wall:.0f} s", flush=True)
 
 
+def staged_report(out_dir: Path, module: str, title: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """A staged benchmark's lines by stage (:func:`run_stages`' ``results.jsonl``) and its report's head: the title,
+    the command, the hardware and versions of its first stage."""
+    lines = {line["stage"]: line for line in load(out_dir, f"benchmarks.{module}")}
+    first = next(iter(lines.values()))
+    hw, ver = first["hardware"], first["versions"]
+    return lines, [f"# {title}", "", f"Command: `{command_line(out_dir)}`  ",
+                   f"Hardware: {hw['cpu']}, {hw['cores']} cores, GPUs: {', '.join(hw['gpus']) or 'none'}  ",
+                   f"Versions: torch {ver.get('torch')}, scale-ocr {ver.get('scale-ocr')} at git {ver.get('git')}", ""]
+
+
+def stages_table(lines: dict[str, dict[str, Any]]) -> list[str]:
+    """The report's section of every stage's wall time and command."""
+    return ["", "## Stages", "", "| stage | wall time | command |", "|---|---|---|",
+            *[f"| {s} | {ln['wall_seconds']:.0f} s | `{ln['command']}` |" for s, ln in lines.items()]]
+
+
 def _verdicts(pages: dict[str, Any]) -> list[str]:
     return [f"{key.replace('_', ' ')} {pages[key]:.3f} (target >= {target}): "
             f"{'PASS' if pages[key] >= target else 'FAIL'}" for key, target in TARGETS.items()]
