@@ -14,7 +14,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 INDEX = RESULTS / "README.md"
 SECTIONS = ("scaling", "overhead", "ddp_vs_dp", "convergence", "max_model", "large_model", "loader", "engine_knobs",
             "compute", "real_documents", "time_check", "scale_accuracy", "noise_scale", "critical_batch",
-            "batch_ramp", "plan_check", "cross_documents", "line_pages")
+            "batch_ramp", "plan_check", "cross_documents", "line_pages", "pixel_batches")
 RENAMED = {"overhead-vm-20261202-4610dcf": "overhead-vm-20261202"}  # renamed after the run; recorded --out
 NO_RECORDED_OUT = {"quick-vm-20261130", "max-model-vm-20261201-b4", "max-model-vm-20261201-b8",
                    "large-model-vm-20261201", "compute-vm-20261202"}  # runs that predate command.txt
