@@ -37,7 +37,12 @@ class StepClock:
         self._step = dict.fromkeys(PHASES, 0.0)
         self._mark: Any = None
         self._timed = False
-        self.forward: collections.defaultdict[int, float] = collections.defaultdict(float)  # per timed step: seconds
+        self._phase = ""  # the open phase
+        # Each timed step's compute work, for straggler_share: on CPU the training thread's CPU time over every
+        # micro-batch's forward and backward (a wait in a collective blocks the thread and takes none of it); on a GPU
+        # the forwards' device time (a backward costs its forward's multiple on every rank).
+        self.work: collections.defaultdict[int, float] = collections.defaultdict(float)
+        self._cpu_mark = 0.0  # the training thread's CPU time when the open compute phase began
         self._range: record_function | None = None
         # On GPU: (phase, start event, end event, timed) waiting to complete.
         self._pending: collections.deque = collections.deque()
@@ -65,19 +70,18 @@ class StepClock:
             self._pending.append((phase, self._mark, now, self._timed))
         else:
             self._add(phase, now - self._mark, self._timed)
+            if phase == "compute" and self._timed:
+                self.work[self.timed_steps] += time.thread_time() - self._cpu_mark
         self._mark = now
         self._open(then or NEXT.get(phase, "other"))
+        if self._phase == "compute" and not self.cuda:
+            self._cpu_mark = time.thread_time()
 
     def forward_done(self) -> None:
-        """A micro-batch's forward is over: the time since its compute began is the step's forward work (a timed
-        step's, for :func:`straggler_share`); the compute phase goes on."""
-        if self._mark is None or not self._timed:
-            return
-        now, step = self._stamp(), ("forward", self.timed_steps)
-        if self.cuda:
-            self._pending.append((step, self._mark, now, True))
-        else:
-            self._add(step, now - self._mark, True)
+        """A micro-batch's forward is over: on a GPU, the device time since its compute began is the step's work
+        (a timed step's, for :func:`straggler_share`); the compute phase goes on."""
+        if self.cuda and self._mark is not None and self._timed:
+            self._pending.append((("work", self.timed_steps), self._mark, self._stamp(), True))
 
     def end_step(self) -> None:
         """The step is over: the rest since the optimizer step was "other"."""
@@ -88,8 +92,8 @@ class StepClock:
         self._settle(wait=False)
 
     def _add(self, phase: str | tuple[str, int], seconds: float, timed: bool) -> None:
-        if isinstance(phase, tuple):  # ("forward", timed step)
-            self.forward[phase[1]] += seconds
+        if isinstance(phase, tuple):  # ("work", timed step)
+            self.work[phase[1]] += seconds
         elif timed:
             self.totals[phase] += seconds
 
@@ -105,6 +109,7 @@ class StepClock:
 
     def _open(self, phase: str) -> None:
         """While torch.profiler runs, each phase is a named range in its trace (so communication can be split)."""
+        self._phase = phase
         self._close()
         if phase and torch.autograd._profiler_enabled():
             self._range = record_function(RANGE_PREFIX + phase)
@@ -170,15 +175,14 @@ def time_breakdown(clock: StepClock, comm: dict[str, Any] | None, step_seconds: 
 
 
 def straggler_share(clock: StepClock, compute_share: float, device: torch.device, world_size: int) -> float | None:
-    """The share of a timed step each rank waits for the slowest, on average: the step's compute imbalance (a rank's
-    forward seconds against the slowest rank's, step by step: a backward costs its forward's multiple on every rank)
-    times the share of step time compute takes. A collective: every rank calls it (None: one rank, or no timed
-    step)."""
+    """The share of a timed step each rank waits for the slowest, on average: the compute imbalance (each rank's work,
+    :attr:`StepClock.work`, against the slowest rank's, step by step) times the share of step time compute takes. A
+    collective: every rank calls it (None: one rank, or no timed step)."""
     clock._settle(wait=True)
     steps = clock.timed_steps  # the same on every rank: they time the same steps
     if not steps or world_size == 1:
         return None
-    mine = [clock.forward.get(i, 0.0) for i in range(steps)]
+    mine = [clock.work.get(i, 0.0) for i in range(steps)]
     slowest, summed = sum(all_reduce_maxes(mine, device)), all_reduce_sum([sum(mine)], device)[0]
     return (1 - summed / world_size / slowest) * compute_share if slowest > 0 else 0.0
 

@@ -349,7 +349,7 @@ class Trainer:
             with self.strategy.no_sync() if not sync else contextlib.nullcontext():
                 with self.autocast(), self.activations.watch(self.model):
                     out = self.model(*batch.inputs)
-                self.clock.forward_done()  # the straggler share compares each rank's forward work
+                self.clock.forward_done()  # on a GPU, the straggler share compares each rank's forward work
                 loss = out["loss"]
                 with self.gemm():
                     self.strategy.backward(loss)

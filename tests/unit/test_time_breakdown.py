@@ -3,6 +3,7 @@ peak-memory breakdown (memory/meter.py), on hand-made profiles and tiny modules:
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -56,13 +57,15 @@ def test_phases_tile_the_step_and_exposed_communication_moves_out_of_them():
         clock.begin(timed)
         for micro in range(2):
             clock.lap("data")
-            clock.forward_done()  # each micro-batch's forward: the straggler share's work, per timed step
+            clock.forward_done()  # on a GPU, the forward's device time; on CPU, the thread's time over the compute
+            sum(i * i for i in range(20000))  # compute the thread spends CPU time on: the step's work
+            time.sleep(0.03)  # a wait, as in a collective for a slower rank: compute's wall time, none of its work
             clock.lap("compute", then="optimizer" if micro else "data")
         clock.lap("optimizer")
         clock.end_step()
     totals, steps = clock.timed_totals()
     assert steps == 2 and set(totals) == set(PHASES) and all(v >= 0 for v in totals.values())
-    assert sorted(clock.forward) == [0, 1] and 0 < sum(clock.forward.values()) <= totals["compute"]
+    assert sorted(clock.work) == [0, 1] and 0 < sum(clock.work.values()) < totals["compute"] - 0.1  # 4 waits of 30 ms
     parts = split_exposed({"data": 1.0, "compute": 6.0, "optimizer": 2.0, "other": 1.0},
                           {"data": 0.0, "compute": 0.5, "optimizer": 0.25, "other": 0.0})
     assert parts == {"data": 1.0, "compute": 3.0, "optimizer": 1.5, "other": 1.0, "exposed_comm": 3.5}
