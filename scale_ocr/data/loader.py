@@ -227,11 +227,13 @@ def _pixel_position(samples: int, budget: int, seed: int, dist: DistInfo, widths
     within ``budget`` pixels a micro-batch; a budget or set that cannot fill one is refused in one line."""
     from scale_ocr.data.pixel_batches import PixelPlan, PixelPosition
 
-    widest = max(widths) * height
-    if budget < widest:
+    try:
+        plan = PixelPlan(widths, height, budget, dist.world_size, seed)
+    except ValueError:  # the plan's one check: a budget under the widest crop
+        widest = max(widths) * height
         raise UserError(f"--batch-pixels {budget} cannot hold the widest training crop, {max(widths)} x {height} = "
-                        f"{widest} pixels; give at least {widest}, or a smaller --max-width")
-    position = PixelPosition(PixelPlan(widths, height, budget, dist.world_size, seed), dist.rank)
+                        f"{widest} pixels; give at least {widest}, or a smaller --max-width") from None
+    position = PixelPosition(plan, dist.rank)
     if len(position) == 0:
         raise UserError(f"{samples} training crops cannot fill one micro-batch of --batch-pixels {budget} on each of "
                         f"{dist.world_size} ranks; add crops or lower --batch-pixels")

@@ -120,12 +120,15 @@ class PixelPosition:
         self.plan, self.rank = plan, rank
         self.epoch, self.rounds, self.before = 0, [], []  # the set epoch's rounds, and positions consumed before them
         self.restored: tuple[int, list[int]] | None = None
+        self.planned: tuple[int, list[int]] | None = None  # the epoch and consumed positions self.rounds are for
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
         self.before = self.restored[1] if self.restored is not None and self.restored[0] == epoch else []
         self.restored, self.epoch = None, epoch
-        self.rounds, self.tail = self.plan.rounds(epoch, self.before)
+        if self.planned != (epoch, self.before):  # the loader's first epoch was planned when it was built
+            self.rounds, self.tail = self.plan.rounds(epoch, self.before)
+            self.planned = (epoch, self.before)
 
     def __iter__(self):
         return iter([rnd[self.rank] for rnd in self.rounds])

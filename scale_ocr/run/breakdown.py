@@ -37,7 +37,6 @@ class StepClock:
         self._step = dict.fromkeys(PHASES, 0.0)
         self._mark: Any = None
         self._timed = False
-        self._phase = ""  # the open phase
         # Each timed step's compute work, for straggler_share: on CPU the training thread's CPU time over every
         # micro-batch's forward and backward (a wait in a collective blocks the thread and takes none of it); on a GPU
         # the forwards' device time (a backward costs its forward's multiple on every rank).
@@ -73,8 +72,9 @@ class StepClock:
             if phase == "compute" and self._timed:
                 self.work[self.timed_steps] += time.thread_time() - self._cpu_mark
         self._mark = now
-        self._open(then or NEXT.get(phase, "other"))
-        if self._phase == "compute" and not self.cuda:
+        following = then or NEXT.get(phase, "other")
+        self._open(following)
+        if following == "compute" and not self.cuda:
             self._cpu_mark = time.thread_time()
 
     def forward_done(self) -> None:
@@ -109,7 +109,6 @@ class StepClock:
 
     def _open(self, phase: str) -> None:
         """While torch.profiler runs, each phase is a named range in its trace (so communication can be split)."""
-        self._phase = phase
         self._close()
         if phase and torch.autograd._profiler_enabled():
             self._range = record_function(RANGE_PREFIX + phase)
