@@ -95,7 +95,8 @@ def is_peer_lost(exc: BaseException) -> bool:
                                    "waiting for clients"))  # rank 0's store: a rank never came (srun: it exited)
 
 
-SHOWN_LIMIT = 80  # characters of a user's string (a label, a file name) quoted in a message
+SHOWN_LIMIT = 80  # characters of a user's string (a label, a name) quoted in a message
+PATH_LIMIT = 400  # characters of a path (an os.PathLike) in a message: its file name is at its end
 LINE_LIMIT = 2000  # characters of one printed error line; beyond, it is cut and its length stated
 
 
@@ -110,10 +111,13 @@ def printable(text: str, limit: int | None = None) -> str:
     return safe if cut is text else f"{safe} ({len(text)} characters)"
 
 
-def shown(value: object, limit: int = SHOWN_LIMIT) -> str:
+def shown(value: object, limit: int | None = None) -> str:
     """A user-supplied value as a message shows it: a string quoted as ``repr`` quotes it, anything else (a path,
-    a number) as ``str`` writes it; control characters escaped and cut to ``limit`` characters, e.g.
-    ``'abc…' (1000000 characters)``. Use it for every file name, label and config value put in a message."""
+    a number) as ``str`` writes it; control characters escaped and cut to ``limit`` characters (by default
+    SHOWN_LIMIT, PATH_LIMIT for a path), e.g. ``'abc…' (1000000 characters)``. Use it for every file name, label and
+    config value put in a message."""
+    if limit is None:
+        limit = PATH_LIMIT if isinstance(value, os.PathLike) else SHOWN_LIMIT
     if not isinstance(value, str):
         return printable(str(value), limit)
     cut = value if len(value) <= limit else value[:limit] + "…"

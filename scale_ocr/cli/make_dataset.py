@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _print_summary(summary: dict, out: Path) -> None:
-    from scale_ocr.data.files import PATH_LIMIT
+    from scale_ocr.errors import PATH_LIMIT
 
     pages, words = summary["pages"], summary["words"]
     skipped = ", ".join(f"{n} {r}" for r, n in sorted(pages["skipped"].items())) or "none"

@@ -19,7 +19,6 @@ from torch.utils.data import Dataset
 from scale_ocr.data.files import (
     IMAGE_FILE_LIMIT,
     PAGE_LIMITS,
-    PATH_LIMIT,
     BadSample,
     ScanReport,
     decode_listed,
@@ -31,7 +30,7 @@ from scale_ocr.data.files import (
 )
 from scale_ocr.data.images import quarter_turned
 from scale_ocr.disk import read_user_bytes
-from scale_ocr.errors import UserError, shown
+from scale_ocr.errors import PATH_LIMIT, UserError, shown
 
 TOLERANCE = 1.0  # pixels a point may lie outside the image (rounding in labelling tools) before it is refused
 MIN_AREA = 1e-2  # square pixels: below this a polygon has no area (collinear or repeated points)

@@ -18,7 +18,7 @@ from PIL import Image, UnidentifiedImageError
 
 from scale_ocr.data.images import exif_orientation, to_rgb
 from scale_ocr.disk import GiB, read_user_text
-from scale_ocr.errors import JSON_ERRORS, UserError, first_line, json_problem, printable, shown
+from scale_ocr.errors import JSON_ERRORS, PATH_LIMIT, UserError, first_line, json_problem, printable, shown
 
 # struct.error: a malformed EXIF block, read for the orientation. TypeError: a TIFF tag of the wrong type (a
 # rational where a count belongs), which Pillow's TIFF reader does not check. UserWarning: Pillow read past a damaged
@@ -29,7 +29,6 @@ DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFEr
 Problem = tuple[str, str]  # (skip-count reason, the one-line sentence shown under --on-bad-sample error)
 LABELS_LIMIT = 2 * GiB  # a labels.json: a million pages with their polygons is well under this
 IMAGE_FILE_LIMIT = 2 * GiB  # an image file: 2**26 pixels (a page's bound) in any format is under this
-PATH_LIMIT = 400  # characters of an image path in a message (a labels.json key may be any length)
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from scale_ocr.data.detection import SKIP, stored_page
-from scale_ocr.data.files import PATH_LIMIT, BadSample
+from scale_ocr.data.files import BadSample
 from scale_ocr.disk import JSON_LIMIT, GiB, open_user_file, read_user_bytes, refuse_json_constant
-from scale_ocr.errors import JSON_ERRORS, UserError, json_problem, printable, shown
+from scale_ocr.errors import JSON_ERRORS, PATH_LIMIT, UserError, json_problem, printable, shown
 from scale_ocr.models.recognition.ctc import ctc_frames_needed
 
 INDEX = "shards.json"

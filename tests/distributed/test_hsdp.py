@@ -2,8 +2,8 @@
 checkpoint that resumes under another engine, world size and layout.
 
 One `scale-ocr verify` run trains ddp, hsdp and zero3_hpz as two torchrun agents (--nnodes 2) of 2 ranks each on
-127.0.0.1, with zero2 at a doubled learning rate beside them (verify must fail it: an engine that does other maths
-is caught); its run folders are then read for the memory and the checkpoint checks, so the 4-rank jobs run once.
+127.0.0.1 (that verify fails an engine whose maths differ: tests/unit/test_hybrid.py); its run folders are then read
+for the memory and the checkpoint checks, so the 4-rank jobs run once.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ STEPS, BATCH, WORLD = 4, 4, 4  # verify's global batch: 4 ranks x 4
 def test_hsdp_and_zero3_hpz_on_two_nodes_match_ddp_and_resume_under_another_engine(tmp_path):
     root = tmp_path / "verify"
     proc = run_cmd([sys.executable, "-m", "scale_ocr", "verify", "--world-size", str(WORLD), "--nodes", "2",
-                    "--steps", str(STEPS), "-b", str(BATCH), "--strategies", "ddp,hsdp,zero3_hpz,zero2",
-                    "--extra", "zero2=--lr 2e-3", "--output-dir", str(root)], timeout=900)
-    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # zero2's injected difference
+                    "--steps", str(STEPS), "-b", str(BATCH), "--strategies", "ddp,hsdp,zero3_hpz",
+                    "--output-dir", str(root)], timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {ln.split()[0]: ln for ln in proc.stdout.splitlines() if ln.split()}
-    assert rows["ddp"].endswith("reference") and rows["zero2"].endswith("FAIL"), proc.stdout
+    assert rows["ddp"].endswith("reference"), proc.stdout
     assert rows["hsdp"].endswith("pass") and rows["zero3_hpz"].endswith("pass"), proc.stdout
     assert "training hsdp on 4 ranks (2 nodes x 2)" in proc.stdout
 

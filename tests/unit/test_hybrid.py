@@ -123,3 +123,22 @@ def test_verify_refuses_nodes_that_do_not_split_the_world_evenly():
 
     with pytest.raises(UserError, match="--world-size 3 is not a multiple of --nodes 2"):
         verify_main(["--world-size", "3", "--nodes", "2", "--strategies", "ddp"])
+
+
+def test_verify_fails_an_engine_whose_maths_differ_and_passes_float_noise():
+    """What verify's table says of an engine: float noise from another reduction order passes; a run whose losses
+    or weights moved as a doubled learning rate moves them (2-5% by step 4, tests/distributed/test_hsdp.py runs the
+    engines for real) fails, and so does a run that logged fewer steps."""
+    from scale_ocr.cli.verify import RunResult, compare, format_table
+
+    weights = {"w": torch.linspace(-1, 1, 64), "b": torch.ones(8)}
+    ref = RunResult([5.0, 4.8, 4.6, 4.4], [2.0, 1.6, 1.3, 1.1], weights)
+    noise = RunResult([5.0, 4.8 * (1 + 1e-6), 4.6, 4.4 * (1 - 2e-5)], [2.0, 1.6 * (1 + 1e-4), 1.3, 1.1],
+                      {k: v * (1 + 1e-6) for k, v in weights.items()})
+    doubled = RunResult([5.0, 4.7, 4.45, 4.2], [2.0, 1.55, 1.25, 1.0], {k: v * 1.03 for k, v in weights.items()})
+    short = RunResult(ref.losses[:3], ref.norms[:3], weights)
+    rows = [compare("ddp", ref, ref), compare("fsdp", noise, ref), compare("zero2", doubled, ref),
+            compare("zero3", short, ref)]
+    assert [r.passed for r in rows] == [True, True, False, False], rows
+    verdicts = [ln.split()[-1] for ln in format_table(rows, "ddp").splitlines()[2:6]]
+    assert verdicts == ["reference", "pass", "FAIL", "FAIL"], format_table(rows, "ddp")

@@ -90,12 +90,12 @@ def victim(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name", [".curves.png.tmp.png", f".curves.png.tmp{os.getpid()}"])
+@pytest.mark.parametrize("name", [".curves.png.tmp.png", ".curves.png.tmp{pid}"])  # {pid}: this process's, at run time
 def test_a_planted_link_beside_the_plot_is_never_written_through(tmp_path, capsys, victim, name):
     """U01: the plot goes to a temp file opened O_EXCL|O_NOFOLLOW and renamed, not to a predictable name through a
     link; the link's target keeps its bytes and curves.png is a real PNG, not the link."""
     run = write_run(tmp_path / "run")
-    (run / name).symlink_to(victim)
+    (run / name.format(pid=os.getpid())).symlink_to(victim)
     code, _, _ = _summary(capsys, str(run))
     assert code == 0 and victim.read_text() == "precious\n"
     assert not (run / "curves.png").is_symlink() and (run / "curves.png").read_bytes()[:4] == b"\x89PNG"
