@@ -6,7 +6,8 @@ in the table, from square ``torch.mm`` products measured on one thread by that t
 a shared host do not lower it), times the run's threads, cached in ``$XDG_CACHE_HOME/scale_ocr/peak_flops.json``.
 The count is cached beside it (``flop_counts.json``), keyed by the model and the code that counted it: counting
 runs the model's forward and backward under torch's FLOP counter, a few seconds of every start on a small CPU.
-Each rank counts as one device. How to read it: docs/mfu.md.
+Each rank counts as one device. Inputs read at their own width (``--max-width``) are billed batch by batch at the
+width each was padded to (:class:`WidthCost`). How to read it: docs/mfu.md.
 """
 
 from __future__ import annotations
@@ -176,58 +177,105 @@ def device_peak(device: torch.device, precision: str) -> Peak:
     return measured_peak(device, precision)
 
 
+@dataclass(frozen=True)
+class WidthCost:
+    """Training FLOPs per sample against the width of inputs read at their own width: counted at three widths (the
+    narrowest, the widest and one between) and passed through them by a quadratic, which is exact for these models:
+    a convolution's or a recurrent layer's work is affine in the width, a ViT's is affine in its tokens plus its
+    attention's, quadratic in them, and its tokens are affine in the width."""
+
+    widths: tuple[int, ...]
+    totals: tuple[int, ...]  # forward + backward FLOPs per sample at each of ``widths``
+
+    def __call__(self, width: int) -> float:
+        xs, ys = self.widths, self.totals
+        return float(sum(y * _lagrange(xs, i, width) for i, y in enumerate(ys)))
+
+
+def _lagrange(xs: tuple[int, ...], i: int, x: float) -> float:
+    out = 1.0
+    for j, xj in enumerate(xs):
+        if j != i:
+            out *= (x - xj) / (xs[i] - xj)
+    return out
+
+
+def count_widths(height: int, widest: int) -> tuple[int, ...]:
+    """The widths :class:`WidthCost` counts at: the height (the narrowest input), the widest, and a multiple of the
+    height near halfway (a valid input width for every model: a CRNN's stride and a ViTSTR's patch divide it)."""
+    middle = height * max(1, round((height + widest) / 2 / height))
+    return tuple(sorted({height, min(middle, widest), widest}))
+
+
 class Utilization:
-    """A run's MFU: its counted FLOPs per sample against ``devices`` x one device's peak.
+    """A run's MFU: its counted FLOPs against ``devices`` x one device's peak.
 
     Args:
-        flops: the model's training FLOPs per sample.
+        flops: the model's training FLOPs per sample (at the task's input size: for inputs read at their own width,
+            the widest).
         peak: one device's peak FLOP/s and its source.
         devices: devices the job trains on (its ranks).
+        cost: inputs read at their own width: FLOPs per sample by width, so each batch is billed at its own.
     """
 
-    def __init__(self, flops: FlopCount, peak: Peak, devices: int, widest: tuple[int, int] | None = None) -> None:
-        self.flops, self.peak, self.devices = flops, peak, devices
-        self.widest = widest  # inputs read at their own width: the count is at this widest (H, W), an upper bound
+    def __init__(self, flops: FlopCount, peak: Peak, devices: int, cost: WidthCost | None = None) -> None:
+        self.flops, self.peak, self.devices, self.cost = flops, peak, devices, cost
 
     @classmethod
     def for_run(cls, task, precision: str, dist: DistInfo) -> Utilization:
         """Count the run's model and measure the peak on rank 0 alone; the other ranks wait in the all-reduce that
         hands them the figures (so they neither repeat the count nor share the cores with the measurement)."""
-        flops = _count(task, precision) if dist.is_main else FlopCount(0, 0, "")
+        widths = count_widths(*task.input_size) if getattr(task, "own_width", False) else ()
+        counts: list[FlopCount] = []
+        for width in widths if dist.is_main else ():  # the widest last: the count metrics.json states
+            counts.append(_count(task, precision, width))
+            if not counts[-1].total:  # not countable: said once
+                break
+        flops = (counts[-1] if counts else _count(task, precision)) if dist.is_main else FlopCount(0, 0, "")
         peak = device_peak(dist.device, precision) if dist.is_main else Peak(0.0, "")
-        forward, backward, value = all_reduce_sum([flops.forward, flops.backward, peak.flops], dist.device)
+        totals = [c.total for c in counts] + [0] * (len(widths) - len(counts))
+        forward, backward, value, *totals = all_reduce_sum([flops.forward, flops.backward, peak.flops, *totals],
+                                                           dist.device)
         how, source = (flops.how, peak.source) if dist.is_main else ("rank 0's", "rank 0's")
-        widest = tuple(task.input_size) if getattr(task, "own_width", False) else None
-        return cls(FlopCount(int(forward), int(backward), how), Peak(value, source), dist.world_size, widest)
+        cost = WidthCost(widths, tuple(int(t) for t in totals)) if widths and all(t > 0 for t in totals) else None
+        return cls(FlopCount(int(forward), int(backward), how), Peak(value, source), dist.world_size, cost)
 
     @property
     def peak_total(self) -> float:
         """Peak FLOP/s of the whole job."""
         return self.peak.flops * self.devices
 
-    def mfu(self, samples_per_sec: float) -> float | None:
-        """Model FLOP/s at ``samples_per_sec`` over the job's peak (None without a rate or a count)."""
-        if not samples_per_sec > 0 or not self.peak_total > 0 or not self.flops.total > 0:
-            return None
-        return self.flops.total * samples_per_sec / self.peak_total
+    def billed(self, samples: int, width: int | None) -> float:
+        """Training FLOPs of a micro-batch of ``samples`` inputs padded to ``width`` (None: the task's input size)."""
+        if not self.flops.total:
+            return 0.0
+        return samples * (self.cost(width) if self.cost is not None and width is not None else self.flops.total)
 
-    def metrics(self, samples_per_sec: float) -> dict[str, float | None]:
+    def mfu(self, flops_per_sec: float) -> float | None:
+        """Model FLOP/s (the billed FLOPs over the seconds they took) over the job's peak (None without a rate or a
+        count)."""
+        if not flops_per_sec > 0 or not self.peak_total > 0 or not self.flops.total > 0:
+            return None
+        return flops_per_sec / self.peak_total
+
+    def metrics(self, flops_per_sec: float) -> dict[str, float | None]:
         """The per-log-line fields (metrics.jsonl, W&B): MFU and the FLOP/s on both sides of it."""
-        achieved = self.flops.total * samples_per_sec if samples_per_sec > 0 and self.flops.total > 0 else None
-        return {"train/mfu": self.mfu(samples_per_sec), "train/model_flops_per_sec": achieved,
+        achieved = flops_per_sec if flops_per_sec > 0 and self.flops.total > 0 else None
+        return {"train/mfu": self.mfu(flops_per_sec), "train/model_flops_per_sec": achieved,
                 "train/peak_flops_per_sec": self.peak_total}
 
-    def describe(self, samples_per_sec: float) -> str:
+    def describe(self, flops_per_sec: float) -> str:
         """``mfu=3.1% of 2x310 GFLOP/s``: the log line's part (the source is in metrics.json and the first line)."""
-        mfu = self.mfu(samples_per_sec)
+        mfu = self.mfu(flops_per_sec)
         return f"mfu={mfu:.2%} of {self.devices}x{_flops_text(self.peak.flops)}" if mfu is not None else "mfu=n/a"
 
-    def summary(self, samples_per_sec: float) -> dict[str, Any]:
+    def summary(self, flops_per_sec: float) -> dict[str, Any]:
         """metrics.json's fields: MFU over the timed steps, the FLOPs per sample and the peak with its source."""
-        return {"mfu": self.mfu(samples_per_sec),
+        by_width = {"by_width": dict(zip(map(str, self.cost.widths), self.cost.totals, strict=True))} \
+            if self.cost is not None else {}
+        return {"mfu": self.mfu(flops_per_sec),
                 "flops_per_sample": {"forward": self.flops.forward, "backward": self.flops.backward,
-                                     "total": self.flops.total, "counted": self.flops.how,
-                                     **({"billed_at_widest": list(self.widest)} if self.widest else {})},
+                                     "total": self.flops.total, "counted": self.flops.how, **by_width},
                 "peak_flops": {"per_device": self.peak.flops, "devices": self.devices, "source": self.peak.source}}
 
     def line(self) -> str:
@@ -235,10 +283,13 @@ class Utilization:
         counted = (f"{_flops_text(self.flops.total, 'FLOP')} per training sample "
                    f"({_flops_text(self.flops.forward, 'FLOP')} forward, counted)" if self.flops.total else
                    "FLOPs not counted")
-        widest = (f"; every sample billed at the widest input, {self.widest[0]}x{self.widest[1]}: crops read at their "
-                  "own width are narrower, so MFU over-states the work") if self.widest and self.flops.total else ""
+        if self.cost is not None and self.flops.total:
+            w = self.cost.widths
+            counted = (f"{_flops_text(self.cost.totals[0], 'FLOP')} to {_flops_text(self.cost.totals[-1], 'FLOP')} "
+                       f"per training sample {w[0]} to {w[-1]} px wide (counted at {', '.join(map(str, w))} px); each "
+                       "micro-batch billed at the width it is padded to")
         return (f"scale-ocr: MFU against {self.devices} x {_flops_text(self.peak.flops)} ({self.peak.source}); "
-                f"{counted}{widest}")
+                f"{counted}")
 
 
 @functools.cache
@@ -259,11 +310,12 @@ def _code_version() -> str:
     return digest.hexdigest()
 
 
-def _count_key(task, precision: str) -> str | None:
-    """What the count of ``task``'s model depends on, as one digest; None for a task that cannot say."""
+def _count_key(task, precision: str, width: int | None = None) -> str | None:
+    """What the count of ``task``'s model (at inputs ``width`` wide) depends on, as one digest; None for a task that
+    cannot say."""
     try:
         facts = [type(task).__qualname__, task.identity(), repr(task.model_kwargs()),
-                 repr(task.cfg.size_overrides()), precision, _code_version()]
+                 repr(task.cfg.size_overrides()), precision, _code_version(), *([width] if width else [])]
     except (AttributeError, OSError, TypeError):
         return None
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=repr).encode()).hexdigest()
@@ -285,16 +337,17 @@ def _keep_count(path: Path, key: str, count: FlopCount) -> None:
     write_cache(path, dict(list(counts.items())[-COUNTS_KEPT:]))  # newest last
 
 
-def _count(task, precision: str) -> FlopCount:
-    """The run's count (from the cache when this model and code were counted before), or none with one warning
-    line: a model torch cannot run to count (an operator with no meta kernel and a forward that fails on the CPU)
-    trains as it would, without MFU."""
-    key, path = _count_key(task, precision), cache_path(COUNTS_NAME)
+def _count(task, precision: str, width: int | None = None) -> FlopCount:
+    """The run's count (``width``: at inputs that wide; from the cache when this model and code were counted before),
+    or none with one warning line: a model torch cannot run to count (an operator with no meta kernel and a forward
+    that fails on the CPU) trains as it would, without MFU."""
+    key, path = _count_key(task, precision, width), cache_path(COUNTS_NAME)
     cached = _cached_count(path, key) if key is not None else None
     if cached is not None:
         return cached
+    inputs = task.dummy_inputs if width is None else functools.partial(task.dummy_inputs, width=width)
     try:
-        count = flops_per_sample(task.create_model, task.dummy_inputs, precision)
+        count = flops_per_sample(task.create_model, inputs, precision)
     except Exception as exc:  # noqa: BLE001 - counting is a measurement; it never stops the run it measures
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
         say(f"scale-ocr: warning: could not count {task.arch}'s FLOPs ({reason}); the run trains without MFU "

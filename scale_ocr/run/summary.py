@@ -34,7 +34,7 @@ def run_summary(t: Trainer, wall: float) -> dict[str, Any]:
     local = float(torch.stack(state.epoch_loss).sum()) if state.epoch_loss else 0.0
     timed = state.timed_seconds
     share = state.timed_data_seconds / timed if timed > 0 else 0.0
-    loss_sum, n, share_sum = all_reduce_sum([local, len(state.epoch_loss), share], device)
+    loss_sum, n, share_sum, flops = all_reduce_sum([local, len(state.epoch_loss), share, state.timed_flops], device)
     sps = state.timed_samples / timed if timed > 0 else float("nan")
     data_share = share_sum / t.strategy.world_size if timed > 0 else None
     if data_share is not None and data_share >= DATA_SHARE_NOTE and t.strategy.is_main:
@@ -53,7 +53,7 @@ def run_summary(t: Trainer, wall: float) -> dict[str, Any]:
         **{k: ev.get(k) for k in t.task.metric_names},
         f"best_{t.task.metric_names[0]}": state.best[0] if state.best else None,
         "samples_per_sec": sps,
-        **t.plan.utilization.summary(sps),  # mfu, flops_per_sample, peak_flops (with its source)
+        **t.plan.utilization.summary(flops / timed if timed > 0 else float("nan")),  # mfu, flops_per_sample, peak
         "data_share": data_share,
         "peak_memory_bytes": int(peak),
         "peak_reserved_bytes": (int(all_reduce_max(torch.cuda.max_memory_reserved(device), device))

@@ -97,8 +97,8 @@ class Trainer:
         return self.state.samples >= self.plan.total_samples
 
     def _start_timing(self) -> None:
-        if self.warmup_steps <= self.state.step < self.timing_end and self.state.timing_start is None:
-            self.state.timing_start = (self._now(), self.state.step, self.state.samples)
+        if self.warmup_steps <= self.state.step < self.timing_end:
+            self.state.start_timing(self._now())
 
     def _stop_timing(self) -> None:
         """Close the timed stretch (before evaluation, which is not training throughput)."""
@@ -198,7 +198,7 @@ class Trainer:
     def train_epoch(self, bar: tqdm) -> None:
         batches = self._begin_epoch()
         self._start_timing()
-        window = Window(self._now())
+        window = Window(self._now(), self.state.flops)
         while self._epoch_has_step() and not self._done():
             if self.profiler is not None:
                 if self.state.step == self.timing_end:
@@ -234,7 +234,7 @@ class Trainer:
                 self.ramp.apply(self.strategy, self.noise, self.schedule)
             if self.state.step % self.cfg.log_every == 0 or self._last_step():
                 self.log_window(window, bar)  # before a save, so the checkpoint accounts for this record
-                window = Window(self._now())
+                window = Window(self._now(), self.state.flops)
             if change is not None and self.strategy.is_main:
                 say(self.ramp.describe(change, self.schedule.line))  # after the line of the step it follows
             self.clock.end_step()  # saves and validation below are not step time
@@ -344,6 +344,7 @@ class Trainer:
             t0 = time.perf_counter()
             batch = next(batches).to(self.device)
             waited += time.perf_counter() - t0
+            self.state.flops += self.plan.utilization.billed(len(batch), self.task.input_width(batch))
             self.clock.lap("data")
             sync = micro == accum - 1
             with self.strategy.no_sync() if not sync else contextlib.nullcontext():
@@ -366,7 +367,8 @@ class Trainer:
         mem = peak_memory_bytes(self.device)
         local = float(torch.stack(window.losses).sum()) if window.losses else 0.0
         share = window.data_seconds / max(elapsed, 1e-9)
-        loss_sum, n, mem_sum, share_sum = all_reduce_sum([local, n_steps, mem, share], self.device)
+        loss_sum, n, mem_sum, share_sum, flops = all_reduce_sum(
+            [local, n_steps, mem, share, self.state.flops - window.flops_before], self.device)
         stats = window.stats
         if stats is None:  # every step of the window was non-finite and skipped (reported as such)
             return
@@ -380,7 +382,7 @@ class Trainer:
             "train/epoch": self.state.epoch,
             "memory/peak_bytes_max": all_reduce_max(mem, self.device),
             "memory/peak_bytes_mean": mem_sum / self.strategy.world_size,
-            **self.plan.utilization.metrics(window.samples / max(elapsed, 1e-9)),
+            **self.plan.utilization.metrics(flops / max(elapsed, 1e-9)),
             **self.noise.metrics(),  # B_simple and its parts, as smoothed up to this step
             **({"train/global_batch": window.batch} if self.ramp.auto else {}),  # the batch the ramp reached
         }
@@ -392,7 +394,7 @@ class Trainer:
             say(f"step {self.state.step}/{self.total_steps} loss={metrics['train/loss']:.4f} "
                 f"lr={metrics['train/lr']:.2e} grad_norm={metrics['train/grad_norm']:.3f} "
                 f"samples/s={metrics['train/samples_per_sec']:.1f} "
-                f"{self.plan.utilization.describe(metrics['train/samples_per_sec'])} {self.noise.describe()}".rstrip())
+                f"{self.plan.utilization.describe(flops / max(elapsed, 1e-9))} {self.noise.describe()}".rstrip())
         if self.watchdog is not None:
             self.watchdog.printed()
 

@@ -108,7 +108,13 @@ class Task(ABC):
 
     @abstractmethod
     def dummy_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
-        """A training batch's model arguments with random images (memory and FLOP measurements)."""
+        """A training batch's model arguments with random images (memory and FLOP measurements). A task whose models
+        read their own width also takes ``width=``: images that wide."""
+
+    def input_width(self, batch) -> int | None:
+        """The width a training batch's inputs are padded to, where the task's models read their own width (MFU
+        bills the batch at it); None: every batch is of the task's input size."""
+        return None
 
     @abstractmethod
     def build_data(self, cfg: DataConfig, batch_size: int, seed: int, dist: DistInfo):

@@ -6,6 +6,7 @@ padding frame into the loss or the decoding."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from scale_ocr.config import DataConfig, ModelConfig
+from scale_ocr.data.pixel_batches import bucketed
 from scale_ocr.data.transforms import MEAN, STD
 from scale_ocr.distributed.process_group import DistInfo, all_reduce_sum
 from scale_ocr.errors import UserError
@@ -55,14 +57,15 @@ class WordBatch:
         return len(self.words)
 
 
-def stack(images: list[torch.Tensor], own_width: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def stack(images: list[torch.Tensor], own_width: bool,
+          pad: Callable[[int], int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(C, H, W_i) images as one batch and their widths: read at their own width (``own_width``), padded on the right
-    to the widest, each with its own last column (the border colour the transform padded with); else all of one
-    size, stacked, and None."""
+    to the widest (``pad``: to the columns it gives for the widest), each with its own last column (the border colour
+    the transform padded with); else all of one size, stacked, and None."""
     if not own_width:
         return torch.stack(images), None
     widths = torch.tensor([im.shape[-1] for im in images], dtype=torch.long)
-    widest = int(widths.max())
+    widest = int(widths.max()) if pad is None else pad(int(widths.max()))
     padded = [F.pad(im[None], (0, widest - im.shape[-1], 0, 0), "replicate")[0] if im.shape[-1] < widest else im
               for im in images]
     return torch.stack(padded), widths
@@ -75,11 +78,11 @@ def by_aspect(sizes: list[tuple[int, int]]) -> list[int]:
 
 
 class Collate:
-    """Stacks images (``own_width``: padded to the batch's widest, with their widths) and pads encoded words into a
-    (B, L) target tensor."""
+    """Stacks images (``own_width``: padded to the batch's widest, or to the columns ``pad`` gives for it, with their
+    widths) and pads encoded words into a (B, L) target tensor."""
 
-    def __init__(self, vocab: Vocab, own_width: bool = False) -> None:
-        self.vocab, self.own_width = vocab, own_width
+    def __init__(self, vocab: Vocab, own_width: bool = False, pad: Callable[[int], int] | None = None) -> None:
+        self.vocab, self.own_width, self.pad = vocab, own_width, pad
 
     def __call__(self, items) -> WordBatch:
         images, words, valid = zip(*items, strict=True)
@@ -88,7 +91,7 @@ class Collate:
         targets = torch.zeros(len(encoded), max(1, int(lengths.max())), dtype=torch.long)
         for i, e in enumerate(encoded):
             targets[i, : len(e)] = e
-        stacked, widths = stack(list(images), self.own_width)
+        stacked, widths = stack(list(images), self.own_width, self.pad)
         return WordBatch(stacked, targets, lengths, list(words), torch.tensor(valid), widths)
 
 
@@ -170,9 +173,13 @@ class RecognitionTask(Task):
     def identity(self) -> dict[str, Any]:
         return {**super().identity(), "vocab": self.vocab.chars}
 
-    def dummy_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
-        return torch.randn(batch, 3, *self.input_size), torch.ones(batch, 1, dtype=torch.long), \
+    def dummy_inputs(self, batch: int, width: int | None = None) -> tuple[torch.Tensor, ...]:
+        height, widest = self.input_size
+        return torch.randn(batch, 3, height, width or widest), torch.ones(batch, 1, dtype=torch.long), \
             torch.ones(batch, dtype=torch.long)
+
+    def input_width(self, batch: WordBatch) -> int | None:
+        return batch.images.shape[-1] if self.own_width else None
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "vocab": self.vocab.chars}
@@ -240,12 +247,13 @@ class RecognitionTask(Task):
         else:
             val_ds = SyntheticWords(self.vocab.chars, cfg.val_samples, cfg.min_chars, cfg.max_chars,
                                     seed + VAL_SEED_OFFSET, val_tf, cfg.synthetic_words, fonts)
-        return build_loaders(train_ds, val_ds, Collate(self.vocab, self.own_width), cfg, batch_size, seed, dist,
+        pad = functools.partial(bucketed, widest=self.input_size[1]) if cfg.batch_pixels else None
+        return build_loaders(train_ds, val_ds, Collate(self.vocab, self.own_width, pad), cfg, batch_size, seed, dist,
                              dict(report.skipped), digest, self.read_widths(train_ds) if cfg.batch_pixels else None)
 
     def read_widths(self, train_ds) -> tuple[list[int], int]:
-        """Each training crop's width as the model reads it (padding included), and the input height: what
-        ``--batch-pixels`` plans micro-batches from."""
+        """Each training crop's width as its micro-batch pads it (:func:`~scale_ocr.data.pixel_batches.bucketed`),
+        and the input height: what ``--batch-pixels`` plans micro-batches from."""
         from scale_ocr.data.transforms import ResizeHeight
 
         sizes = getattr(train_ds, "sizes", None)
@@ -254,7 +262,7 @@ class RecognitionTask(Task):
                             "folders say up front and a shard set does not; train on its folders, or use -b")
         height, widest = self.input_size
         resize = ResizeHeight(height, widest)
-        return [resize.width(size) for size in sizes], height
+        return [bucketed(resize.width(size), widest) for size in sizes], height
 
     def eval_set(self, paths: tuple[str, ...], on_bad_sample: str = "error"):
         """Labelled crops to measure on (recognition folders or a shard set) and the collate :meth:`evaluate`'s

@@ -116,3 +116,25 @@ def test_a_count_is_cached_for_its_model_and_code_and_counted_again_when_they_ch
     path.write_text("{not json")
     assert mfu._count(task, "fp32") == first and len(counted) == 4
     assert len(json.loads(path.read_text())) == 1  # rewritten whole
+
+
+@pytest.mark.parametrize("arch", ["crnn_mobilenet_v3_small", "vitstr_tiny"])
+def test_inputs_read_at_their_own_width_are_billed_at_each_batchs_width(arch, tmp_path, monkeypatch):
+    """Issue 57: counted at three widths, the FLOPs per sample of a CRNN (affine in the width) and of a ViTSTR (its
+    attention quadratic in its tokens) at any other width are what a count there gives, so a micro-batch is billed
+    at the width it is padded to, not at the widest."""
+    from scale_ocr.config import ModelConfig
+    from scale_ocr.tasks import create_task
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(mfu, "device_peak", lambda device, precision: mfu.Peak(1e11, "test"))
+    dist = DistInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"),
+                    backend="gloo", launcher="python")
+    task = create_task(ModelConfig(arch=arch, input_size=(32, 512), max_width=512))  # as resolve.input_size makes it
+    use = mfu.Utilization.for_run(task, "fp32", dist)
+    assert use.cost.widths == (32, 256, 512) and use.flops.total == use.cost.totals[-1]
+    for width in (96, 416):  # counted anew
+        assert use.cost(width) == pytest.approx(mfu._count(task, "fp32", width).total, rel=1e-6), width
+    assert use.billed(3, 96) == pytest.approx(3 * use.cost(96)) and use.billed(3, 96) < use.billed(3, 512) / 3
+    assert use.billed(2, None) == 2 * use.flops.total  # a batch of the task's input size
+    assert "counted at 32, 256, 512 px" in use.line() and use.summary(1.0)["flops_per_sample"]["by_width"]["256"] > 0

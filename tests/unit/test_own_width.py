@@ -109,7 +109,7 @@ def test_lines_train_and_are_measured_at_their_own_width(tmp_path, capsys):
                        "--output-dir", str(run), "--wandb-mode", "disabled"]) == 0
     config = json.loads((run / "config.json").read_text())
     assert config["model"]["max_width"] == 512 and config["vocab"].endswith(" ")
-    assert "every sample billed at the widest input, 32x512" in capsys.readouterr().out  # MFU says its bound
+    assert "(counted at 32, 256, 512 px); each micro-batch billed at the width" in capsys.readouterr().out
     loaded = load_any(run / "last_model.pt")
     assert loaded.task.own_width
     assert cli_main(["evaluate", str(run / "last_model.pt"), str(folder), "--json"]) == 0

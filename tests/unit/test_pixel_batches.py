@@ -3,12 +3,14 @@ and resumable at another world size with every sample trained once."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
 import pytest
+import torch
 
-from scale_ocr.data.pixel_batches import PixelPlan, PixelPosition
+from scale_ocr.data.pixel_batches import WIDTH_BUCKET, PixelPlan, PixelPosition, bucketed
 from scale_ocr.errors import UserError
 from scale_ocr.train import main as train_main
 
@@ -41,6 +43,28 @@ def test_a_resume_at_another_world_size_trains_every_sample_once(widths):
     before = [i for r in rounds[:17] for b in r for i in b]
     after = [i for r in rest for b in r for i in b]
     assert len(before) + len(after) + tail == len(set(before + after)) + tail == len(widths)
+
+
+def test_micro_batches_pad_to_width_buckets_so_their_shapes_are_few(widths):
+    """Planned from bucketed widths, a round's micro-batches come in a few dozen (samples, columns) shapes, not one
+    per width; the collate pads each to the bucket the plan counted, never past the model's widest input, and keeps
+    every crop's own width for the masks."""
+    from scale_ocr.tasks.recognition import Collate
+    from scale_ocr.vocab import Vocab
+
+    def shapes(plan_widths) -> set[tuple[int, int]]:
+        plan = PixelPlan(plan_widths, HEIGHT, BUDGET, world=2, seed=3, pool=1024)
+        return {(len(b), max(plan_widths[i] for i in b)) for r in plan.rounds(0)[0] for b in r}
+
+    padded = [bucketed(int(w), 1024) for w in widths]
+    assert set(padded) == set(range(WIDTH_BUCKET, 1025, WIDTH_BUCKET))  # 32 widths, the last one the cap
+    few, many = shapes(padded), shapes([int(w) for w in widths])
+    assert len(few) <= 2 * len(set(padded)) and 2 * len(few) < len(many), (len(few), len(many))  # 33 and 88
+    pad = functools.partial(bucketed, widest=1000)
+    images = [torch.zeros(3, HEIGHT, w) for w in (70, 100)]
+    batch = Collate(Vocab("ab"), own_width=True, pad=pad)([(im, "ab", True) for im in images])
+    assert batch.images.shape[-1] == 128 and batch.widths.tolist() == [70, 100]
+    assert pad(999) == 1000  # a bucket past the widest input stops at it
 
 
 def test_a_budget_below_the_widest_sample_is_refused(widths):
