@@ -75,7 +75,9 @@ def commands(args: argparse.Namespace, work: Path, train: Path, val: Path, width
     budget = round(HEIGHT * width * args.batch)
     return {"fixed": launch_command("torchrun", args.world_size, TRAIN, [*common, "--output-dir", str(work / "fixed")]),
             "pixels": launch_command("torchrun", args.world_size, TRAIN, [
-                *common, "--batch-pixels", str(budget), "--output-dir", str(work / "pixels")])}
+                *common, "--batch-pixels", str(budget), *(["--width-bucket", str(args.width_bucket)]
+                                                          if args.width_bucket else []),
+                "--output-dir", str(work / "pixels")])}
 
 
 def result(stage: str, work: Path, stdout: str) -> dict[str, Any]:
@@ -147,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-width", type=int, default=1024)
     p.add_argument("--batch", type=int, default=8, help="lines a micro-batch in the fixed stage, and the pixel "
                    "stage's budget in lines of the mean width (default 8)")
+    p.add_argument("--width-bucket", type=int, default=None, help="the pixel stage's --width-bucket (default: "
+                   "train.py's, 4; the record of 2026-12-07 with buckets of 32 was made when that was the default)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)

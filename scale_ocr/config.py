@@ -197,6 +197,9 @@ class DataConfig:
     batch_pixels: int | None = opt(None, "with --max-width: fill each training micro-batch with crops of like width "
                                    "up to PX padded pixels (crops x widest x height) instead of -b crops; every rank "
                                    "takes as many micro-batches, of near-equal pixels (docs/data.md)", metavar="PX")
+    width_bucket: int | None = opt(None, "with --batch-pixels: pad each micro-batch to a multiple of PX columns, so "
+                                   "that its shapes repeat (kernel caches, cuDNN's autotuning); default 4, the frame "
+                                   "multiple: to its widest crop (docs/models.md)", metavar="PX")
 
     def __post_init__(self) -> None:
         if self.min_chars < 1 or self.max_chars < self.min_chars:
@@ -206,9 +209,11 @@ class DataConfig:
         if (self.train_samples is not None and self.train_samples < 1) or \
                 (self.val_samples is not None and self.val_samples < 1):
             raise UserError("--train-samples and --val-samples must be at least 1")
-        for name, low in (("workers", 0), ("batch_pixels", 1)):
+        for name, low in (("workers", 0), ("batch_pixels", 1), ("width_bucket", 4)):
             if getattr(self, name) is not None and getattr(self, name) < low:
                 raise UserError(f"--{name.replace('_', '-')} {getattr(self, name)}: use {low} or more")
+        if (self.width_bucket or 4) % 4:
+            raise UserError(f"--width-bucket {self.width_bucket}: use a multiple of 4, the columns a frame reads")
         if self.data_cache and (self.train_path or self.val_path):
             raise UserError("--data-cache replaces --train-path/--val-path; give one or the other")
         _require_paths(self, "train_path", "val_path", "data_cache")
@@ -472,6 +477,8 @@ class RunConfig:
         if self.data.batch_pixels and self.model.max_width is None:
             raise UserError("--batch-pixels fills micro-batches by the width each crop is read at, which --max-width "
                             "PX turns on; add --max-width, or drop --batch-pixels for -b crops a micro-batch")
+        if self.data.width_bucket and not self.data.batch_pixels:
+            raise UserError("--width-bucket pads the micro-batches --batch-pixels fills; add --batch-pixels or drop it")
         if self.data.batch_pixels and (self.train.batch_ramp != "off" or self.train.noise_every):
             raise UserError("--batch-pixels varies the crops a micro-batch holds, and the noise scale (--noise-every, "
                             "--batch-ramp auto) compares batches of fixed sizes; drop one of them")

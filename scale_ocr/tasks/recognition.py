@@ -247,13 +247,14 @@ class RecognitionTask(Task):
         else:
             val_ds = SyntheticWords(self.vocab.chars, cfg.val_samples, cfg.min_chars, cfg.max_chars,
                                     seed + VAL_SEED_OFFSET, val_tf, cfg.synthetic_words, fonts)
-        pad = functools.partial(bucketed, widest=self.input_size[1]) if cfg.batch_pixels else None
-        return build_loaders(train_ds, val_ds, Collate(self.vocab, self.own_width, pad), cfg, batch_size, seed, dist,
-                             dict(report.skipped), digest, self.read_widths(train_ds) if cfg.batch_pixels else None)
+        pad = functools.partial(bucketed, widest=self.input_size[1], bucket=cfg.width_bucket or 4)
+        return build_loaders(train_ds, val_ds, Collate(self.vocab, self.own_width, pad if cfg.batch_pixels else None),
+                             cfg, batch_size, seed, dist, dict(report.skipped), digest,
+                             self.read_widths(train_ds, pad) if cfg.batch_pixels else None)
 
-    def read_widths(self, train_ds) -> tuple[list[int], int]:
-        """Each training crop's width as its micro-batch pads it (:func:`~scale_ocr.data.pixel_batches.bucketed`),
-        and the input height: what ``--batch-pixels`` plans micro-batches from."""
+    def read_widths(self, train_ds, pad: Callable[[int], int]) -> tuple[list[int], int]:
+        """Each training crop's width as its micro-batch pads it (``pad``: to ``--width-bucket``), and the input
+        height: what ``--batch-pixels`` plans micro-batches from."""
         from scale_ocr.data.transforms import ResizeHeight
 
         sizes = getattr(train_ds, "sizes", None)
@@ -262,7 +263,7 @@ class RecognitionTask(Task):
                             "folders say up front and a shard set does not; train on its folders, or use -b")
         height, widest = self.input_size
         resize = ResizeHeight(height, widest)
-        return [bucketed(resize.width(size), widest) for size in sizes], height
+        return [pad(resize.width(size)) for size in sizes], height
 
     def eval_set(self, paths: tuple[str, ...], on_bad_sample: str = "error"):
         """Labelled crops to measure on (recognition folders or a shard set) and the collate :meth:`evaluate`'s

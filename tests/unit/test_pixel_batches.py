@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from scale_ocr.data.pixel_batches import WIDTH_BUCKET, PixelPlan, PixelPosition, bucketed
+from scale_ocr.data.pixel_batches import PixelPlan, PixelPosition, bucketed
 from scale_ocr.errors import UserError
 from scale_ocr.train import main as train_main
 
@@ -56,11 +56,11 @@ def test_micro_batches_pad_to_width_buckets_so_their_shapes_are_few(widths):
         plan = PixelPlan(plan_widths, HEIGHT, BUDGET, world=2, seed=3, pool=1024)
         return {(len(b), max(plan_widths[i] for i in b)) for r in plan.rounds(0)[0] for b in r}
 
-    padded = [bucketed(int(w), 1024) for w in widths]
-    assert set(padded) == set(range(WIDTH_BUCKET, 1025, WIDTH_BUCKET))  # 32 widths, the last one the cap
+    padded = [bucketed(int(w), 1024, 32) for w in widths]  # --width-bucket 32
+    assert set(padded) == set(range(32, 1025, 32))  # 32 widths, the last one the cap
     few, many = shapes(padded), shapes([int(w) for w in widths])
     assert len(few) <= 2 * len(set(padded)) and 2 * len(few) < len(many), (len(few), len(many))  # 33 and 88
-    pad = functools.partial(bucketed, widest=1000)
+    pad = functools.partial(bucketed, widest=1000, bucket=32)
     images = [torch.zeros(3, HEIGHT, w) for w in (70, 100)]
     batch = Collate(Vocab("ab"), own_width=True, pad=pad)([(im, "ab", True) for im in images])
     assert batch.images.shape[-1] == 128 and batch.widths.tolist() == [70, 100]
@@ -95,6 +95,8 @@ def test_the_position_continues_at_another_world_size_and_counts_each_steps_samp
     (["--max-width", "256", "--batch-pixels", "40000"], "synthetic words and mixes do not"),
     (["--max-width", "256", "--batch-pixels", "40000", "--noise-every", "5"], "compares batches of fixed sizes"),
     (["--max-width", "256", "--batch-pixels", "0"], "--batch-pixels 0: use 1 or more"),
+    (["--max-width", "256", "--batch-pixels", "40000", "--width-bucket", "6"], "--width-bucket 6: use a multiple of 4"),
+    (["--max-width", "256", "--width-bucket", "32"], "--width-bucket pads the micro-batches --batch-pixels fills"),
     (["--max-width", "256", "--batch-pixels", "1000", "--train-path", "FOLDER"], "cannot hold the widest training"),
 ])
 def test_what_pixel_batches_cannot_do_is_refused_in_one_line(argv, says, word_folder, tmp_path, capsys):
