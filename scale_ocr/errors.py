@@ -219,6 +219,20 @@ def terminal_safe(text: str) -> str:
     return "\n".join("\t".join(printable(cell) for cell in line.split("\t")) for line in text.split("\n"))
 
 
+def require_installed(needed: tuple[str, ...] = ("torch", "torchvision")) -> None:
+    """Exit with one line when this Python cannot import what scale-ocr is built on (a command run by the system's
+    Python, where torch is in the project's .venv): called by the entry points before their first import of torch,
+    so the user reads which Python and what to run, not an import traceback."""
+    import importlib.util
+
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing:
+        say(f"scale-ocr: error: {sys.executable} cannot import {' or '.join(missing)}: run scale-ocr with the Python "
+            "it is installed in (.venv/bin/python after `make install`, or activate .venv), or install it into this "
+            "one (pip install -e .)", err=True)
+        raise SystemExit(EXIT_USER_ERROR)
+
+
 def say(*parts: object, err: bool = False, every_rank: bool = True, end: str = "\n") -> None:
     """The one way the package writes to the terminal: ``parts`` joined by spaces, each line escaped
     (:func:`terminal_safe`), so no file name, label or config value a command prints can move the cursor, set the

@@ -22,6 +22,10 @@ if __package__ in (None, ""):
     # imports by name and its modules cannot shadow top-level ones.
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+from scale_ocr.errors import require_installed
+
+require_installed()  # before torch: a Python without it ends in one line
+
 import torch
 
 from scale_ocr.checkpoint.manager import CheckpointManager

@@ -190,3 +190,14 @@ def test_a_flag_argparse_refuses_is_one_line(capsys, out):
     err = capsys.readouterr().err.splitlines()
     assert err == ["scale-ocr: error: unrecognized arguments: --batch-sise; `scale-ocr train --help` lists the "
                    "flags"], err
+
+
+@pytest.mark.parametrize("entry", [["scale_ocr/train.py", "--help"], ["-m", "scale_ocr", "models"],
+                                   ["-m", "benchmarks.pixel_batches", "--help"]])
+def test_a_python_that_cannot_import_torch_ends_in_one_line(entry):
+    """Run by a Python without torch (the system's, where torch is in .venv; here the venv's own under -S, which
+    leaves site-packages out), the launch script, ``python -m scale_ocr`` and the benchmarks say so in one line."""
+    proc = run_cmd([sys.executable, "-S", *entry], timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.startswith("scale-ocr: error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert "cannot import torch or torchvision: run scale-ocr with the Python it is installed in" in proc.stderr
