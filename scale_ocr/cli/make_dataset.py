@@ -63,7 +63,7 @@ def _print_summary(summary: dict, out: Path) -> None:
 
     pages, words = summary["pages"], summary["words"]
     skipped = ", ".join(f"{n} {r}" for r, n in sorted(pages["skipped"].items())) or "none"
-    say(f"scale-ocr: wrote {shown(out, PATH_LIMIT)}: {len(summary['documents'])} documents, {pages['written']} of "
+    say(f"scale-ocr: wrote {shown(out)}: {len(summary['documents'])} documents, {pages['written']} of "
         f"{pages['in_documents']} pages (skipped: {skipped})")
     say(f"  words in the text layer {words['in_text_layer']}, in detection labels {words['detection']}, "
         f"word crops {words['recognition']}, line crops {words['lines']}")

@@ -30,7 +30,7 @@ from scale_ocr.data.files import (
 )
 from scale_ocr.data.images import quarter_turned
 from scale_ocr.disk import read_user_bytes
-from scale_ocr.errors import PATH_LIMIT, UserError, shown
+from scale_ocr.errors import UserError, shown
 
 TOLERANCE = 1.0  # pixels a point may lie outside the image (rounding in labelling tools) before it is refused
 MIN_AREA = 1e-2  # square pixels: below this a polygon has no area (collinear or repeated points)
@@ -172,7 +172,7 @@ def check_page(path: Path, name: str, entry: object) -> Page:
         page = read_user_bytes(img_path, what="the page", limit=IMAGE_FILE_LIMIT, follow=True)
         if hashlib.sha256(page).hexdigest() != digest.lower():
             raise BadSample("hash_mismatch", f"{labels}: \"img_hash\" of {shown(name)} is not the SHA-256 of "
-                                             f"{shown(path / 'images' / name, PATH_LIMIT)}, so the labels describe "
+                                             f"{shown(path / 'images' / name)}, so the labels describe "
                                              f"another image; relabel it or fix the hash, {SKIP}")
     polygons = page_quads(points, w, h, lambda: _turned(img_path))
     return Page(img_path, polygons, list(words) if words is not None else [], (w, h))

@@ -18,7 +18,7 @@ from PIL import Image, UnidentifiedImageError
 
 from scale_ocr.data.images import exif_orientation, to_rgb
 from scale_ocr.disk import GiB, read_user_text
-from scale_ocr.errors import JSON_ERRORS, PATH_LIMIT, UserError, first_line, json_problem, printable, shown
+from scale_ocr.errors import JSON_ERRORS, UserError, first_line, json_problem, printable, shown
 
 # struct.error: a malformed EXIF block, read for the orientation. TypeError: a TIFF tag of the wrong type (a
 # rational where a count belongs), which Pillow's TIFF reader does not check. UserWarning: Pillow read past a damaged
@@ -166,7 +166,7 @@ def resolve_image(path: Path, name: str) -> tuple[Path | None, Problem | None]:
 def decode_listed(path: Path, name: str, img_path: Path,
                   limits: ImageLimits) -> tuple[Image.Image | None, Problem | None]:
     """Decode the image of an already contained key, or (None, problem) if it is missing or unusable."""
-    as_listed = shown(path / "images" / name, PATH_LIMIT)  # as the user wrote it, not as symlinks resolve
+    as_listed = shown(path / "images" / name)  # as the user wrote it, not as symlinks resolve
     try:
         listed = img_path.is_file()
     except OSError as exc:  # ENAMETOOLONG: a name or path longer than the file system allows
@@ -186,7 +186,7 @@ def reload_image(path: Path, limits: ImageLimits) -> Image.Image:
     try:
         return load_image(path, limits)
     except BadImage as exc:
-        raise UserError(f"{shown(path, PATH_LIMIT)} {exc} although it passed the start-up check; it changed during the "
+        raise UserError(f"{shown(path)} {exc} although it passed the start-up check; it changed during the "
                         "run, restore it and resume from the last checkpoint") from None
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from scale_ocr.data.detection import SKIP, stored_page
 from scale_ocr.data.files import BadSample
 from scale_ocr.disk import JSON_LIMIT, GiB, open_user_file, read_user_bytes, refuse_json_constant
-from scale_ocr.errors import JSON_ERRORS, PATH_LIMIT, UserError, json_problem, printable, shown
+from scale_ocr.errors import JSON_ERRORS, UserError, json_problem, printable, shown
 from scale_ocr.models.recognition.ctc import ctc_frames_needed
 
 INDEX = "shards.json"
@@ -68,7 +68,7 @@ class ShardSet:
 
 def path_text(path: Path) -> str:
     """A shard's path for a message (long paths are shortened, odd characters escaped)."""
-    return shown(path, PATH_LIMIT)
+    return shown(path)  # a path: up to errors.PATH_LIMIT characters
 
 
 def is_shard_set(path: str | Path) -> bool:
