@@ -50,7 +50,7 @@ class Window:
     """Steps since the last log line. Losses and grad norms stay on the device until logged, so
     the loop never waits on the GPU between steps."""
 
-    def __init__(self, start: float, flops: float = 0.0) -> None:
+    def __init__(self, start: float, flops: float) -> None:
         self.start, self.losses, self.stats, self.lr = start, [], None, 0.0
         self.flops_before = flops  # the rank's RunState.flops when the window opened
         self.data_seconds = 0.0  # waiting for the loader
