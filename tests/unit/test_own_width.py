@@ -49,6 +49,29 @@ def test_a_crop_reads_the_same_alone_and_padded_in_a_batch(arch):
     torch.testing.assert_close(batch["logits"][0, :16], alone["logits"][0], atol=1e-4, rtol=1e-4)
 
 
+def test_the_crnns_lstm_reads_own_lengths_as_a_packed_sequence_does_forward_and_backward():
+    """OwnLengthLSTM (padded batch, each direction one fused call) gives a packed sequence's outputs, zeros after each
+    length, and the same gradients; without lengths it is nn.LSTM, with nn.LSTM's weight names."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    from scale_ocr.models.recognition.crnn import OwnLengthLSTM
+
+    torch.manual_seed(0)
+    ours = OwnLengthLSTM(12, 6, num_layers=2, bidirectional=True, batch_first=True)
+    ref = torch.nn.LSTM(12, 6, num_layers=2, bidirectional=True, batch_first=True)
+    ref.load_state_dict(ours.state_dict())
+    x, lengths = torch.randn(4, 9, 12, requires_grad=True), torch.tensor([9, 3, 6, 1])
+    got, _ = ours(x, lengths)
+    packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    want, _ = pad_packed_sequence(ref(packed)[0], batch_first=True, total_length=9)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    assert got[1, 3:].abs().max() == 0
+    for a, b in zip(torch.autograd.grad(got.square().sum(), [x, *ours.parameters()]),
+                    torch.autograd.grad(want.square().sum(), [x, *ref.parameters()]), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(ours(x)[0], ref(x)[0])
+
+
 def test_ctc_loss_and_decoding_read_no_frame_after_an_items_length():
     torch.manual_seed(0)
     vocab = Vocab("ab ")

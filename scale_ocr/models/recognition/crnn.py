@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 from einops import rearrange
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from torchvision import models as tvm
 
 from scale_ocr.models.keys import key_prefix
@@ -40,6 +39,50 @@ def rectify_strides(features: nn.Module, keep_square: int = 2) -> None:
 # steps; training is unchanged, as it normalises with each batch's own statistics.
 BN_MOMENTUM = 0.1
 
+class OwnLengthLSTM(nn.LSTM):
+    """A batch-first bidirectional LSTM that also reads a right-padded batch at each item's own length
+    (``forward(seq, lengths)``): its outputs are a packed sequence's, without packing.
+
+    torch's LSTM on a packed sequence steps through time on its own code, one small product per frame, and on CPU
+    its time varied up to 3x between batches of the same shape and about the same lengths (issue 57: the two ranks
+    of a round waited for each other 15% of each step). Here every layer and direction is one call of the fused
+    kernel (oneDNN's on CPU, cuDNN's on a GPU) over the padded batch: the forward direction reads the padding only
+    after an item's own frames; the backward direction reads each item reversed within its own frames, so it
+    starts at the item's last frame. Frames after an item's length come out 0, as ``pad_packed_sequence`` gives.
+    The weights, their names and what ``forward(seq)`` gives are nn.LSTM's."""
+
+    def forward(self, seq, lengths: torch.Tensor | None = None):  # type: ignore[override]
+        if lengths is None:
+            return super().forward(seq)
+        if not (self.batch_first and self.bidirectional and self.proj_size == 0):
+            raise ValueError("OwnLengthLSTM reads own lengths for batch-first bidirectional LSTMs without projection")
+        frames = torch.arange(seq.shape[1], device=seq.device)
+        lengths = lengths.to(seq.device)
+        valid = frames[None, :] < lengths[:, None]  # (B, T)
+        # each item reversed within its own frames; padding stays where it is (an involution: it also undoes)
+        flip = torch.where(valid, lengths[:, None] - 1 - frames[None, :], frames[None, :])
+        zeros = seq.new_zeros(1, seq.shape[0], self.hidden_size)
+        kinds = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")[:4 if self.bias else 2]
+        x = seq
+        for layer in range(self.num_layers):
+            outs = []
+            for suffix in (f"_l{layer}", f"_l{layer}_reverse"):
+                weights = [getattr(self, f"{kind}{suffix}") for kind in kinds]
+                backward = suffix.endswith("_reverse")
+                inp = reorder(x, flip) if backward else x
+                out = torch.lstm(inp, (zeros, zeros), weights, self.bias, 1, 0.0, self.training, False, True)[0]
+                outs.append(reorder(out, flip) if backward else out)
+            x = torch.cat(outs, dim=-1)
+            if self.dropout and self.training and layer < self.num_layers - 1:
+                x = nn.functional.dropout(x, self.dropout, training=True)
+        return x * valid[..., None].to(x.dtype), None
+
+
+def reorder(seq: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``seq`` (B, T, C) with each item's frames taken in ``index``'s (B, T) order."""
+    return seq.gather(1, index[..., None].expand(-1, -1, seq.shape[-1]))
+
+
 DOCTR_NAMES = {"backbone.": "feat_extractor.", "rnn.": "decoder.", "head.": "linear."}  # ours -> docTR's
 
 
@@ -51,7 +94,7 @@ class CRNN(nn.Module):
                  rnn_units: int = 128) -> None:
         super().__init__()
         self.backbone = backbone
-        self.rnn = nn.LSTM(feat_channels * feat_height, rnn_units, num_layers=2, bidirectional=True,
+        self.rnn = OwnLengthLSTM(feat_channels * feat_height, rnn_units, num_layers=2, bidirectional=True,
                            batch_first=True)
         self.head = nn.Linear(2 * rnn_units, num_classes)
         with torch.no_grad():  # CTC's blank plateau: start where CTC's first lesson ends (ctc.BLANK_PRIOR)
@@ -97,11 +140,7 @@ class CRNN(nn.Module):
         feats = self.backbone(images)
         seq = rearrange(feats, "b c h w -> b w (c h)")
         lengths = None if widths is None else frame_lengths(widths, images.shape[-1], seq.shape[1])
-        if lengths is None:
-            seq, _ = self.rnn(seq)
-        else:  # packed: the backward direction starts at each item's own last frame, not in its padding
-            packed = pack_padded_sequence(seq, lengths.cpu(), batch_first=True, enforce_sorted=False)
-            seq, _ = pad_packed_sequence(self.rnn(packed)[0], batch_first=True, total_length=seq.shape[1])
+        seq, _ = self.rnn(seq, lengths)  # with lengths, the backward direction starts at each item's last frame
         logits = self.head(seq)
         out = {"logits": logits} if lengths is None else {"logits": logits, "lengths": lengths}
         if targets is not None and target_lengths is not None:
