@@ -256,3 +256,32 @@ def test_auto_reads_the_checked_local_world_not_a_stale_variable(monkeypatch, tm
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "abc")
     cfg = resolve_auto(parse_config(["--strategy", "auto", "--output-dir", str(tmp_path / "run")]), 1, "python")
     assert cfg.strategy.strategy != "auto"
+
+
+KERNELS = """
+import sys, torch
+from scale_ocr.distributed.kernel_cache import room_for_shapes
+print(room_for_shapes(), file=sys.stderr)
+conv = torch.nn.Conv2d(16, 16, 3, padding=1)
+with torch.no_grad():
+    for width in (400, *range(401, 1000), 400):  # about 2,400 kernels with their reorders, then the first again
+        conv(torch.zeros(1, 16, 4, width))
+"""
+
+
+@pytest.mark.parametrize("user, last", [(None, "cache_hit"), ("1024", "cache_miss")])
+def test_onednn_keeps_the_kernels_of_many_shapes_unless_the_user_set_its_cache(user, last):
+    """room_for_shapes, called before the first kernel, gives oneDNN room for an epoch's shapes: the first shape's
+    convolution is still cached after 600 others (cache_hit in oneDNN's own log); the user's capacity is kept."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    env.update({"ONEDNN_VERBOSE": "profile_create", "OMP_NUM_THREADS": "1", **({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": user}
+                                                                             if user else {})})
+    out = subprocess.run([sys.executable, "-c", KERNELS], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stderr.split()[0] == (user or "16384")
+    creates = [line for line in out.stdout.splitlines() if "create:" in line and ",convolution," in line]
+    assert len(creates) >= 600 and f"create:{last}," in creates[-1]

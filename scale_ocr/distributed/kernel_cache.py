@@ -1,0 +1,25 @@
+"""oneDNN's kernel cache: room for the kernels of many input shapes.
+
+oneDNN, which runs torch's convolutions and LSTMs on CPU, compiles a kernel for each operator and input shape and
+keeps the 1,024 it used last. A recognizer reading crops at their own width (``--max-width``) meets hundreds of
+shapes an epoch, each with its dozens of kernels, so that cache cycles and each step compiles its kernels again.
+Training raises the capacity to :data:`CAPACITY` unless the user set ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``. oneDNN
+reads it once, when it builds its first kernel, so ``train.py`` sets it before anything runs. Measured on 4,096 text
+lines of 32 to 1,024 pixels (the pixel-batch record's pixel stage, 2 CPU ranks): 56.6 lines/s against 49.5, each
+rank's peak memory 167 MB higher (benchmarks/results/README.md, pixel_batches). A run of one input shape builds
+the same few kernels either way.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+
+VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+CAPACITY = 16384
+
+
+def room_for_shapes(env: MutableMapping[str, str] = os.environ) -> str:
+    """Set oneDNN's cache capacity unless the user did (inherited by the processes a launcher starts); the capacity
+    in force. Call before the process's first CPU kernel."""
+    return env.setdefault(VARIABLE, str(CAPACITY))
