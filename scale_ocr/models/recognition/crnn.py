@@ -44,7 +44,7 @@ class OwnLengthLSTM(nn.LSTM):
     (``forward(seq, lengths)``): its outputs are a packed sequence's, without packing.
 
     torch's LSTM on a packed sequence steps through time on its own code, one small product per frame, and on CPU
-    its time varied up to 3x between batches of the same shape and about the same lengths (issue 57: the two ranks
+    its time varied up to nearly 4x between batches of the same shape and like lengths (issue 57: the two ranks
     of a round waited for each other 15% of each step). Here every layer and direction is one call of the fused
     kernel (oneDNN's on CPU, cuDNN's on a GPU) over the padded batch: the forward direction reads the padding only
     after an item's own frames; the backward direction reads each item reversed within its own frames, so it
