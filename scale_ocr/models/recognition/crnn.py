@@ -39,6 +39,7 @@ def rectify_strides(features: nn.Module, keep_square: int = 2) -> None:
 # steps; training is unchanged, as it normalises with each batch's own statistics.
 BN_MOMENTUM = 0.1
 
+
 class OwnLengthLSTM(nn.LSTM):
     """A batch-first bidirectional LSTM that also reads a right-padded batch at each item's own length
     (``forward(seq, lengths)``): its outputs are a packed sequence's, without packing.
@@ -66,9 +67,8 @@ class OwnLengthLSTM(nn.LSTM):
         x = seq
         for layer in range(self.num_layers):
             outs = []
-            for suffix in (f"_l{layer}", f"_l{layer}_reverse"):
+            for suffix, backward in ((f"_l{layer}", False), (f"_l{layer}_reverse", True)):
                 weights = [getattr(self, f"{kind}{suffix}") for kind in kinds]
-                backward = suffix.endswith("_reverse")
                 inp = reorder(x, flip) if backward else x
                 out = torch.lstm(inp, (zeros, zeros), weights, self.bias, 1, 0.0, self.training, False, True)[0]
                 outs.append(reorder(out, flip) if backward else out)
@@ -95,7 +95,7 @@ class CRNN(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.rnn = OwnLengthLSTM(feat_channels * feat_height, rnn_units, num_layers=2, bidirectional=True,
-                           batch_first=True)
+                                 batch_first=True)
         self.head = nn.Linear(2 * rnn_units, num_classes)
         with torch.no_grad():  # CTC's blank plateau: start where CTC's first lesson ends (ctc.BLANK_PRIOR)
             self.head.bias[0] = blank_bias(num_classes, BLANK_PRIOR)
