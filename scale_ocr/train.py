@@ -32,8 +32,7 @@ from scale_ocr.checkpoint.manager import CheckpointManager
 from scale_ocr.checkpoint.weights_io import load_initial_weights
 from scale_ocr.cli.args import parse_config
 from scale_ocr.config import RunConfig
-from scale_ocr.distributed.extensions import use_environment_extensions
-from scale_ocr.distributed.kernel_cache import room_for_shapes
+from scale_ocr.distributed.process_env import prepare_process
 from scale_ocr.distributed.process_group import (
     DistInfo,
     destroy_distributed,
@@ -183,8 +182,7 @@ def job_flags(argv: list[str] | None) -> list[str]:
 
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
-    use_environment_extensions()  # DeepSpeed's ops as `make install` built them: no job waits on a compiler
-    room_for_shapes()  # before the first CPU kernel: oneDNN keeps the kernels of many input shapes
+    prepare_process()  # DeepSpeed's prebuilt ops and oneDNN's kernel cache, before the first kernel
     on_interrupt("checkpoints already written are kept: `--resume auto` (the default) continues from the newest")
     launch = peek_launch()  # first: it tells each srun/mpirun task its rank, so only rank 0 prints a flag's error
     # ... and no launcher ends rank 0 before it printed, nor a mistake of another rank alone goes unsaid

@@ -11,8 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from scale_ocr.distributed.extensions import use_environment_extensions
-from scale_ocr.distributed.kernel_cache import room_for_shapes
+from scale_ocr.distributed.process_env import prepare_process
 from scale_ocr.errors import on_interrupt, report_user_errors, say
 
 USAGE = """usage: scale-ocr COMMAND [ARGS]
@@ -356,8 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         say(USAGE, end="")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    use_environment_extensions()  # inherited by every job a command launches (scale_ocr/distributed/extensions.py)
-    room_for_shapes()  # oneDNN's kernels for many input shapes: evaluation and page OCR read crops at their own width
+    prepare_process()  # inherited by every job a command launches; evaluation and page OCR read many input shapes
     if command not in COMMANDS:
         say(f"scale-ocr: error: unknown command {command!r}\n{USAGE}", end="", err=True)
         return 2

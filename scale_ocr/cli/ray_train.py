@@ -223,7 +223,7 @@ def _train(argv: list[str]) -> dict:
     Ray's to handle (its workers are restarted and resume from the last checkpoint), so no SIGTERM handler is set.
     """
     from scale_ocr.cli.args import parse_config
-    from scale_ocr.distributed.extensions import use_environment_extensions
+    from scale_ocr.distributed.process_env import prepare_process
     from scale_ocr.distributed.process_group import init_distributed, peek_launch
     from scale_ocr.planning.auto import resolve_auto
     from scale_ocr.run.control import StopSignal
@@ -231,7 +231,7 @@ def _train(argv: list[str]) -> dict:
     from scale_ocr.strategies import check_launch
     from scale_ocr.train import run
 
-    use_environment_extensions()
+    prepare_process()
     cfg = resolve_auto(parse_config(argv), *peek_launch())
     check_launch(cfg.strategy, *peek_launch())
     dist = init_distributed(cfg.strategy.backend, cfg.strategy.dist_timeout, cfg.strategy.threads)

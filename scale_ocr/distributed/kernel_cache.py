@@ -3,11 +3,12 @@
 oneDNN, which runs torch's convolutions and LSTMs on CPU, compiles a kernel for each operator and input shape and
 keeps the 1,024 it used last. A recognizer reading crops at their own width (``--max-width``) meets hundreds of
 shapes an epoch, each with its dozens of kernels, so that cache cycles and each step compiles its kernels again.
-``train.py`` and every ``scale-ocr`` command raise the capacity to :data:`CAPACITY` unless the user set
-``ONEDNN_PRIMITIVE_CACHE_CAPACITY``. oneDNN reads it once, when it builds its first kernel, so they set it before
-anything runs. Measured on 4,096 text lines of 32 to 1,024 pixels at their own width, 2 CPU ranks
-(benchmarks/results/README.md, pixel_batches): 61.7 lines/s against 49.5 in micro-batches filled to a pixel budget,
-40.4 against 33.7 in batches of 8 lines. A run of one input shape builds the same few kernels either way.
+``train.py``, Ray's training function and every ``scale-ocr`` command raise the capacity to :data:`CAPACITY` unless
+the user set ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` (:func:`scale_ocr.distributed.process_env.prepare_process`). oneDNN
+reads it once, when it builds its first kernel, so they set it before anything runs. Measured on 4,096 text lines of
+32 to 1,024 pixels at their own width, 2 CPU ranks (benchmarks/results/README.md, pixel_batches): 61.7 lines/s
+against 49.5 in micro-batches filled to a pixel budget, 40.4 against 33.7 in batches of 8 lines. A run of one input
+shape builds the same few kernels either way.
 """
 
 from __future__ import annotations

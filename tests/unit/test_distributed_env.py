@@ -259,9 +259,10 @@ def test_auto_reads_the_checked_local_world_not_a_stale_variable(monkeypatch, tm
 
 
 KERNELS = """
-import sys, torch
-from scale_ocr.distributed.kernel_cache import room_for_shapes
-print(room_for_shapes(), file=sys.stderr)
+import os, sys, torch
+from scale_ocr.distributed.process_env import prepare_process
+prepare_process()
+print(os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"], file=sys.stderr)
 conv = torch.nn.Conv2d(16, 16, 3, padding=1)
 with torch.no_grad():
     for width in (400, *range(401, 1000), 400):  # about 2,400 kernels with their reorders, then the first again
@@ -271,7 +272,7 @@ with torch.no_grad():
 
 @pytest.mark.parametrize("user, last", [(None, "cache_hit"), ("1024", "cache_miss")])
 def test_onednn_keeps_the_kernels_of_many_shapes_unless_the_user_set_its_cache(user, last):
-    """room_for_shapes, called before the first kernel, gives oneDNN room for an epoch's shapes: the first shape's
+    """prepare_process, called before the first kernel, gives oneDNN room for an epoch's shapes: the first shape's
     convolution is still cached after 600 others (cache_hit in oneDNN's own log); the user's capacity is kept."""
     import os
     import subprocess
@@ -285,3 +286,16 @@ def test_onednn_keeps_the_kernels_of_many_shapes_unless_the_user_set_its_cache(u
     assert out.stderr.split()[0] == (user or "16384")
     creates = [line for line in out.stdout.splitlines() if "create:" in line and ",convolution," in line]
     assert len(creates) >= 600 and f"create:{last}," in creates[-1]
+
+
+def test_every_scale_ocr_command_prepares_its_process_first(monkeypatch):
+    """The dispatcher sets the variables before it even reads the command (its jobs inherit them)."""
+    import os
+
+    from scale_ocr.cli.main import main
+    from scale_ocr.distributed.kernel_cache import CAPACITY, VARIABLE
+
+    monkeypatch.setenv(VARIABLE, "")  # recorded as unset before the test, so it is removed again after it
+    monkeypatch.delenv(VARIABLE)
+    assert main(["no-such-command"]) == 2
+    assert os.environ[VARIABLE] == str(CAPACITY)
