@@ -23,6 +23,7 @@ SCHEDULES = ("cosine", "onecycle", "constant")
 BAD_SAMPLE_POLICIES = ("error", "skip")
 WORD_STYLES = ("line", "page", "text")  # scale_ocr.data.synthetic.WORD_STYLES, named here so --help needs no Pillow
 COMPILE_BACKENDS = ("inductor", "aot_eager")  # torch.compile backends --compile accepts
+FRAME_WIDTH = 4  # input columns per CTC frame in every registered recognizer: CRNN strides W/4, ViTSTR patches 4 wide
 # Model-size overrides: config field -> the registry builder's keyword. A model takes those its builder accepts.
 MODEL_SIZE_FIELDS = {"model_width": "width", "model_depth": "depth", "model_heads": "heads", "mlp_ratio": "mlp_ratio"}
 MODEL_IDENTITY_FIELDS = (*MODEL_SIZE_FIELDS, "max_width")  # recorded with a model when given; absent: the default
@@ -126,8 +127,9 @@ class ModelConfig:
         if self.input_size is not None and min(self.input_size) < 8:
             h, w = self.input_size
             raise UserError(f"--input-size {h}x{w} is too small; use at least 8x8, e.g. 32x128")
-        if self.max_width is not None and (self.max_width < 8 or self.max_width % 4):
-            raise UserError(f"--max-width {self.max_width} must be a multiple of 4 of at least 8, e.g. 1024")
+        if self.max_width is not None and (self.max_width < 2 * FRAME_WIDTH or self.max_width % FRAME_WIDTH):
+            raise UserError(f"--max-width {self.max_width} must be a multiple of {FRAME_WIDTH} of at least "
+                            f"{2 * FRAME_WIDTH}, e.g. 1024")
         _require_finite(self, "mlp_ratio")
         _require_paths(self, "vocab_file", "init_from")
         if self.page_scale is not None:
@@ -209,11 +211,11 @@ class DataConfig:
         if (self.train_samples is not None and self.train_samples < 1) or \
                 (self.val_samples is not None and self.val_samples < 1):
             raise UserError("--train-samples and --val-samples must be at least 1")
-        for name, low in (("workers", 0), ("batch_pixels", 1), ("width_bucket", 4)):
+        for name, low in (("workers", 0), ("batch_pixels", 1), ("width_bucket", FRAME_WIDTH)):
             if getattr(self, name) is not None and getattr(self, name) < low:
                 raise UserError(f"--{name.replace('_', '-')} {getattr(self, name)}: use {low} or more")
-        if (self.width_bucket or 4) % 4:
-            raise UserError(f"--width-bucket {self.width_bucket}: use a multiple of 4, the columns a frame reads")
+        if (self.width_bucket or FRAME_WIDTH) % FRAME_WIDTH:
+            raise UserError(f"--width-bucket {self.width_bucket}: use a multiple of {FRAME_WIDTH} (a frame's columns)")
         if self.data_cache and (self.train_path or self.val_path):
             raise UserError("--data-cache replaces --train-path/--val-path; give one or the other")
         _require_paths(self, "train_path", "val_path", "data_cache")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
+from scale_ocr.config import FRAME_WIDTH
 from scale_ocr.data.files import (
     WORD_LIMITS,
     BadImage,
@@ -53,7 +54,6 @@ def own_frames_problem(word: str, size: tuple[int, int], input_size: tuple[int, 
     """Why a ``(width, height)`` crop read at its own width (``--max-width``) gives CTC too few frames for ``word``;
     None when it gives enough."""
     from scale_ocr.data.transforms import ResizeHeight
-    from scale_ocr.models.recognition.ctc import FRAME_WIDTH
 
     width = ResizeHeight(*input_size).width(size)
     need, frames = ctc_frames_needed(word), width // FRAME_WIDTH

@@ -7,6 +7,8 @@ from PIL import Image, ImageOps
 from torchvision.transforms import v2 as T
 from torchvision.transforms.v2 import functional as TF
 
+from scale_ocr.config import FRAME_WIDTH
+
 # ImageNet statistics, the convention of the torchvision backbones.
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -39,7 +41,7 @@ class ResizeHeight:
     then pad right with the border colour up to a multiple of ``multiple`` columns and at least H: a crop read at
     its own width (``--max-width``). :meth:`width` says how wide a crop of a given size comes out."""
 
-    def __init__(self, height: int, max_width: int, fill: int | None = None, multiple: int = 4) -> None:
+    def __init__(self, height: int, max_width: int, fill: int | None = None, multiple: int = FRAME_WIDTH) -> None:
         self.h, self.max_width, self.fill, self.multiple = height, max_width, fill, multiple
 
     def scaled(self, size: tuple[int, int]) -> int:

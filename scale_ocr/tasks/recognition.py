@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
-from scale_ocr.config import DataConfig, ModelConfig
+from scale_ocr.config import FRAME_WIDTH, DataConfig, ModelConfig
 from scale_ocr.data.pixel_batches import bucketed
 from scale_ocr.data.transforms import MEAN, STD
 from scale_ocr.distributed.process_group import DistInfo, all_reduce_sum
@@ -247,7 +247,7 @@ class RecognitionTask(Task):
         else:
             val_ds = SyntheticWords(self.vocab.chars, cfg.val_samples, cfg.min_chars, cfg.max_chars,
                                     seed + VAL_SEED_OFFSET, val_tf, cfg.synthetic_words, fonts)
-        pad = functools.partial(bucketed, widest=self.input_size[1], bucket=cfg.width_bucket or 4)
+        pad = functools.partial(bucketed, widest=self.input_size[1], bucket=cfg.width_bucket or FRAME_WIDTH)
         return build_loaders(train_ds, val_ds, Collate(self.vocab, self.own_width, pad if cfg.batch_pixels else None),
                              cfg, batch_size, seed, dist, dict(report.skipped), digest,
                              self.read_widths(train_ds, pad) if cfg.batch_pixels else None)

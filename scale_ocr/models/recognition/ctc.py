@@ -7,9 +7,9 @@ import math
 import torch
 import torch.nn.functional as F
 
+from scale_ocr.config import FRAME_WIDTH
 from scale_ocr.vocab import Vocab
 
-FRAME_WIDTH = 4  # input columns per CTC frame in every registered model: CRNN strides W/4, ViTSTR patches 4 wide
 # CTC's blank plateau: from torch's default initialisation a head finds every class about as likely as the blank,
 # so its first lesson is that most frames are blank, and it then reads nothing for long. A head that starts at the
 # blank's share of frames (about 0.8 in a 32-frame word of 3-8 characters) leaves the plateau far sooner (the
