@@ -46,7 +46,16 @@ from benchmarks.harness import (
     run_main,
     write_outputs,
 )
-from benchmarks.real_documents import DETECTOR, REAL_PDFS, RECOGNIZER, pdfs, run_stages, staged_report, stages_table
+from benchmarks.real_documents import (
+    DETECTOR,
+    REAL_PDFS,
+    RECOGNIZER,
+    pages_command,
+    pdfs,
+    run_stages,
+    staged_report,
+    stages_table,
+)
 from scale_ocr.data.degrade import CANDIDATE
 
 MODULE = "cross_documents"
@@ -102,9 +111,8 @@ def commands(args: argparse.Namespace, work: Path) -> dict[str, list[str]]:
         out[f"crops-{recipe}"] = [cli, "evaluate", str(reco / "last_model.pt"), str(unseen / "recognition" / "train"),
                                   "--json"]
         for detector in args.detectors:
-            out[pages_stage(recipe, detector)] = [
-                cli, "evaluate-pages", "--det", str(det_dir(work, detector) / "last_model.pt"), "--reco",
-                str(reco / "last_model.pt"), "--det-size", "auto", "--json", str(unseen / "detection" / "train")]
+            out[pages_stage(recipe, detector)] = pages_command(det_dir(work, detector), reco,
+                                                               unseen / "detection" / "train")
     return out
 
 

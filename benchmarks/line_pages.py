@@ -31,6 +31,7 @@ def commands(args: argparse.Namespace, work: Path) -> dict[str, list[str]]:
     then each pipeline on the held-out pages."""
     words = real_documents.commands(args, work)
     data, det, lines = work / "set", work / "det", work / "reco-lines"
+    held_out = data / "detection" / "val"
     del words["pages"]  # read by both pipelines below
     return {
         **words,
@@ -40,8 +41,8 @@ def commands(args: argparse.Namespace, work: Path) -> dict[str, list[str]]:
             "-b", str(args.line_batch), "--max-steps", str(args.line_steps), "--epochs", "100000",
             "--eval-every", str(max(1, args.line_steps // 4)), "--output-dir", str(lines),
             "--resume", "none", "--log-every", "25", "--wandb-mode", "offline"]),
-        "pages-words": real_documents.pages_command(det, work / "reco", data, "--read", "words"),
-        "pages-lines": real_documents.pages_command(det, lines, data, "--read", "lines"),
+        "pages-words": real_documents.pages_command(det, work / "reco", held_out, "--read", "words"),
+        "pages-lines": real_documents.pages_command(det, lines, held_out, "--read", "lines"),
     }
 
 

@@ -104,15 +104,15 @@ def commands(args: argparse.Namespace, work: Path) -> dict[str, list[str]]:
             RECOGNIZER, "--train-path", str(data / "recognition" / "train"),
             "--val-path", str(data / "recognition" / "val"), "-b", str(args.reco_batch),
             "--epochs", str(args.reco_epochs), "--output-dir", str(reco), *common]),
-        "pages": pages_command(det, reco, data),
+        "pages": pages_command(det, reco, data / "detection" / "val"),
     }
 
 
-def pages_command(det: Path, reco: Path, data: Path, *more: str) -> list[str]:
-    """``scale-ocr evaluate-pages`` of the last models of the runs ``det`` and ``reco`` on the set ``data``'s
-    held-out pages, read whole at their own scale; ``more``: its further flags."""
+def pages_command(det: Path, reco: Path, pages: Path, *more: str) -> list[str]:
+    """``scale-ocr evaluate-pages`` of the last models of the runs ``det`` and ``reco`` on the folder ``pages`` (a
+    set's detection split), read whole at their own scale; ``more``: its further flags."""
     return [str(BIN / "scale-ocr"), "evaluate-pages", "--det", str(det / "last_model.pt"), "--reco",
-            str(reco / "last_model.pt"), "--det-size", "auto", *more, "--json", str(data / "detection" / "val")]
+            str(reco / "last_model.pt"), "--det-size", "auto", *more, "--json", str(pages)]
 
 
 def result(stage: str, work: Path, stdout: str) -> dict[str, Any]:
