@@ -21,10 +21,10 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _parse_input_size(text: str) -> tuple[int, int]:
+def parse_input_size(text: str) -> tuple[int, int]:
     parts = text.lower().replace(",", "x").split("x")
     try:
-        nums = [int(p) for p in parts if p.strip()]
+        nums = [int(p) for p in parts]  # int() takes the spaces around a number, not an empty part ("32x")
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not HxW, e.g. 32x128") from None
     if len(nums) == 1:
@@ -52,7 +52,7 @@ def _argparse_kw(f: dataclasses.Field, hints: dict[str, Any]) -> dict[str, Any]:
     """``add_argument`` keywords for a config field: its metadata, plus a ``type`` from its annotation."""
     kw = dict(f.metadata["argparse"])
     if f.name == "input_size":
-        kw["type"] = _parse_input_size
+        kw["type"] = parse_input_size
     elif "action" not in kw:
         kw.setdefault("type", _base_type(hints[f.name]))
     return kw
@@ -102,7 +102,7 @@ def build_parser(prog: str = "scale-ocr train") -> argparse.ArgumentParser:
 
 
 _KINDS = {int: "a whole number (int)", float: "a number (float)", str: "text (str)",
-          _parse_input_size: "a size HxW such as 32x128, or [H, W]"}
+          parse_input_size: "a size HxW such as 32x128, or [H, W]"}
 
 
 class _BadValue(Exception):
@@ -156,13 +156,13 @@ def _file_value(value: Any, kw: dict[str, Any], optional: bool) -> Any:
 def _file_scalar(value: Any, kw: dict[str, Any]) -> Any:
     """One value (not a list, except [H, W] for a size) converted by the flag's ``type`` and ``choices``."""
     typ = kw["type"]
-    if typ is _parse_input_size and isinstance(value, list) and len(value) == 2:
+    if typ is parse_input_size and isinstance(value, list) and len(value) == 2:
         value = "x".join(str(_file_scalar(v, {"type": int})) for v in value)
     # A boolean is an int to Python but never a number, size or name to a user.
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise _BadValue
     try:
-        if isinstance(value, str) or typ in (str, _parse_input_size):
+        if isinstance(value, str) or typ in (str, parse_input_size):
             out = typ(str(value))  # exactly what the flag does with its text: YAML reads 1e-3 as a string
         elif typ is int and not float(value).is_integer():
             raise _BadValue  # 2.5 epochs; 2.0 is the number two and is kept

@@ -192,11 +192,11 @@ def _write_overlay(path: Path, image) -> None:
 
 def _det_size(text: str) -> tuple[int, int] | str:
     """``auto``, ``HxW``, or one number for a square."""
-    from scale_ocr.cli.args import _parse_input_size
+    from scale_ocr.cli.args import parse_input_size
 
     if text.strip().lower() == "auto":
         return "auto"
-    return (int(text), int(text)) if text.strip().isdigit() else _parse_input_size(text)
+    return (int(text), int(text)) if text.strip().isdigit() else parse_input_size(text)
 
 
 def _page_side(args) -> int | None:

@@ -5,27 +5,33 @@ The file holds one fp16 tensor of validation-transformed words and their labels 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import Dataset
 
-from scale_ocr.disk import GiB, open_user_file
+from scale_ocr.disk import GiB, open_user_file, write_atomic
 from scale_ocr.errors import UserError, report_user_errors, say, shown
 from scale_ocr.vocab import Vocab
+
+if TYPE_CHECKING:
+    from scale_ocr.data.fonts import FontSet
 
 CACHE_LIMIT = 256 * GiB  # far above any cache that fits in a host's memory, which the whole file must
 
 
 def build_cache(path: str | Path, n: int, input_size: tuple[int, int], chars: str, min_chars: int = 3,
-                max_chars: int = 8, seed: int = 0, transform=None) -> Path:
-    """Render ``n`` words into ``path`` (written atomically) through ``transform`` (default: scale_ocr's
-    validation transform); returns the path."""
+                max_chars: int = 8, seed: int = 0, transform=None, style: str = "line",
+                fonts: FontSet | None = None) -> Path:
+    """Render ``n`` words (:class:`~scale_ocr.data.synthetic.SyntheticWords` of ``style`` in ``fonts``; None: the
+    records' classic faces) into ``path`` through ``transform`` (default: scale_ocr's validation transform), written
+    whole or not at all; returns the path."""
     from scale_ocr.data.synthetic import SyntheticWords
     from scale_ocr.data.transforms import build_transform
 
-    words = SyntheticWords(chars, n, min_chars, max_chars, seed, transform or build_transform(input_size, train=False))
+    words = SyntheticWords(chars, n, min_chars, max_chars, seed, transform or build_transform(input_size, train=False),
+                           style, fonts)
     images = torch.empty(n, 3, *input_size, dtype=torch.float16)
     labels = []
     for i in range(n):
@@ -34,9 +40,8 @@ def build_cache(path: str | Path, n: int, input_size: tuple[int, int], chars: st
         labels.append(word)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    torch.save({"images": images, "labels": labels, "input_size": list(input_size), "chars": chars}, tmp)
-    tmp.replace(path)
+    cache = {"images": images, "labels": labels, "input_size": list(input_size), "chars": chars}
+    write_atomic(path, lambda f: torch.save(cache, f), what="the image cache", kept="no cache was written")
     return path
 
 
@@ -83,18 +88,42 @@ class TensorWords(Dataset):
 
 @report_user_errors
 def main(argv: list[str] | None = None) -> int:
+    """``python -m scale_ocr.data.cache PATH``: render synthetic words into a new cache file for ``--data-cache``."""
     import argparse
 
+    from scale_ocr.cli.args import parse_input_size
+    from scale_ocr.config import WORD_STYLES, DataConfig
+    from scale_ocr.data.fonts import select
     from scale_ocr.vocab import VOCABS
 
-    p = argparse.ArgumentParser(prog="python -m scale_ocr.data.cache", description="Render a synthetic image cache.")
-    p.add_argument("path")
-    p.add_argument("-n", type=int, default=1024)
-    p.add_argument("--input-size", default="32x128")
-    p.add_argument("--vocab", default="latin", choices=sorted(VOCABS))
+    data = DataConfig()  # training's defaults: a cache draws the words a run on synthetic words would
+    p = argparse.ArgumentParser(prog="python -m scale_ocr.data.cache", description="Render synthetic words, "
+                                "validation-transformed, into a new image cache for --data-cache (PATH must not "
+                                "exist). The word flags mean what training's do.")
+    p.add_argument("path", metavar="PATH", help="the cache file to create")
+    p.add_argument("-n", type=int, default=1024, help="words (default 1,024)")
+    p.add_argument("--input-size", type=parse_input_size, default=(32, 128), metavar="HxW",
+                   help="the images' height x width, as the run's --input-size (default 32x128)")
+    p.add_argument("--vocab", default="latin", choices=sorted(VOCABS), help="the words' characters (default latin)")
+    p.add_argument("--fonts", nargs="+", default=list(data.fonts), metavar="FONT",
+                   help=f"the fonts words are set in, as training's --fonts (default {' '.join(data.fonts)})")
+    p.add_argument("--synthetic-words", choices=WORD_STYLES, default=data.synthetic_words,
+                   help=f"how words are cut, as training's (default {data.synthetic_words})")
+    p.add_argument("--min-chars", type=int, default=data.min_chars, help=f"default {data.min_chars}")
+    p.add_argument("--max-chars", type=int, default=data.max_chars, help=f"default {data.max_chars}")
+    p.add_argument("--seed", type=int, default=0, help="the words' and their renderings' draw (default 0)")
     args = p.parse_args(argv)
-    h, w = (int(v) for v in args.input_size.split("x"))
-    say(build_cache(args.path, args.n, (h, w), VOCABS[args.vocab]))
+    if args.n < 1 or min(args.input_size) < 1:
+        p.error(f"-n {args.n} / --input-size {args.input_size[0]}x{args.input_size[1]}: use 1 or more")
+    DataConfig(min_chars=args.min_chars, max_chars=args.max_chars)  # refuses a bad pair in training's words
+    path = Path(args.path)
+    if path.exists() or path.is_symlink():
+        raise UserError(f"{shown(path)} already exists; the cache builder never writes over a file: name a new one")
+    chars = VOCABS[args.vocab]
+    fonts = select(args.fonts, chars)
+    say(fonts.line())
+    say(build_cache(path, args.n, args.input_size, chars, args.min_chars, args.max_chars, args.seed,
+                    style=args.synthetic_words, fonts=fonts))
     return 0
 
 

@@ -37,6 +37,15 @@ def test_input_size_forms(text, size):
     assert cfg.model.input_size == size
 
 
+@pytest.mark.parametrize("text", ["32x", "3xx", "x128", "32x128x3"])
+def test_a_malformed_input_size_is_refused_not_guessed(text):
+    """"32x" once read as 32x128 and "3xx" as 3x12: an empty part is a mistake, said in one line."""
+    from scale_ocr.errors import UserError
+
+    with pytest.raises(UserError, match=f"--input-size: '{text}' is not HxW"):
+        parse_config(["--input-size", text])
+
+
 def test_config_file_then_flags(tmp_path):
     f = tmp_path / "run.json"
     f.write_text(json.dumps({"train": {"batch_size": 3, "epochs": 9}, "lr": 0.5}))

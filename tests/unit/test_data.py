@@ -137,3 +137,23 @@ def test_a_cache_of_nan_or_inf_images_is_refused_when_it_loads(tmp_path, bad):
     torch.save({**data, "images": [1, 2]}, path)  # not a tensor: one line, not an AttributeError
     with pytest.raises(UserError, match="is not a scale-ocr image cache"):
         TensorWords(path, Vocab("abc"), (32, 64))
+
+
+def test_the_cache_builder_draws_trainings_words_into_a_new_file_only(tmp_path, capsys):
+    """`python -m scale_ocr.data.cache` takes training's word flags (its fonts said in one line), writes a cache a run
+    loads, and refuses in one line an existing file (left as it was) or a malformed size."""
+    from scale_ocr.data.cache import TensorWords, main
+
+    path = tmp_path / "words.pt"
+    assert main([str(path), "-n", "4", "--input-size", "32x64", "--vocab", "digits", "--fonts", "classic",
+                 "--synthetic-words", "page", "--min-chars", "3", "--max-chars", "9", "--seed", "3"]) == 0
+    assert "synthetic fonts (classic)" in capsys.readouterr().out
+    words = TensorWords(path, Vocab("0123456789"), (32, 64))
+    assert len(words) == 4 and all(3 <= len(w) <= 9 and set(w) <= set("0123456789") for w in words.labels)
+    before = path.read_bytes()
+    assert main([str(path), "-n", "2"]) == 2
+    assert "already exists; the cache builder never writes over a file" in capsys.readouterr().err
+    assert path.read_bytes() == before
+    with pytest.raises(SystemExit) as bad:
+        main([str(tmp_path / "other.pt"), "--input-size", "32x"])
+    assert bad.value.code == 2 and not (tmp_path / "other.pt").exists()
