@@ -70,6 +70,8 @@ def test_the_crnns_lstm_reads_own_lengths_as_a_packed_sequence_does_forward_and_
                     torch.autograd.grad(want.square().sum(), [x, *ref.parameters()]), strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(ours(x)[0], ref(x)[0])
+    with pytest.raises(ValueError, match="batch-first bidirectional"):  # the one layout it reads, checked once
+        OwnLengthLSTM(12, 6, batch_first=True)
 
 
 def test_ctc_loss_and_decoding_read_no_frame_after_an_items_length():

@@ -6,6 +6,8 @@ The torchvision backbones' later stride-2 stages become (2, 1) strides, as docTR
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from einops import rearrange
 from torch import nn
@@ -52,11 +54,14 @@ class OwnLengthLSTM(nn.LSTM):
     starts at the item's last frame. Frames after an item's length come out 0, as ``pad_packed_sequence`` gives.
     The weights, their names and what ``forward(seq)`` gives are nn.LSTM's."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not (self.batch_first and self.bidirectional and self.proj_size == 0):
+            raise ValueError("OwnLengthLSTM reads own lengths for batch-first bidirectional LSTMs without projection")
+
     def forward(self, seq, lengths: torch.Tensor | None = None):  # type: ignore[override]
         if lengths is None:
             return super().forward(seq)
-        if not (self.batch_first and self.bidirectional and self.proj_size == 0):
-            raise ValueError("OwnLengthLSTM reads own lengths for batch-first bidirectional LSTMs without projection")
         frames = torch.arange(seq.shape[1], device=seq.device)
         lengths = lengths.to(seq.device)
         valid = frames[None, :] < lengths[:, None]  # (B, T)
