@@ -195,7 +195,7 @@ class DataConfig:
                                    "perspective, blur, lowres, noise, jpeg (docs/data.md); none by default",
                                    nargs="+", metavar="NAME=P")
     data_cache: str | None = opt(None, "train and validate on a pre-rendered image cache held in memory (no "
-                                 "augmentation; `python -m scale_ocr.data.cache` builds one; benchmarks use it)")
+                                 "augmentation; `scale-ocr make-cache` builds one; benchmarks use it)")
     batch_pixels: int | None = opt(None, "with --max-width: fill each training micro-batch with crops of like width "
                                    "up to PX padded pixels (crops x widest x height) instead of -b crops; every rank "
                                    "takes as many micro-batches, of near-equal pixels (docs/data.md)", metavar="PX")

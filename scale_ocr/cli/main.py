@@ -40,6 +40,8 @@ commands:
                the batch and rate to train at, and the steps and time to the target (anchored on the run)
   make-shards  FOLDER... OUT [--samples-per-shard N --seed S]: docTR folders as one shard set (tar shards and
                shards.json) that --train-path/--val-path stream from, resumable exactly at any world size
+  make-cache   PATH [-n N --input-size HxW --fonts ...]: synthetic words rendered once into a new image cache
+               for --data-cache (validation-transformed, held in memory: data loading never limits a benchmark)
   bench        scaling benchmark (same as `python -m benchmarks.scaling`)
   max-model    largest model each strategy trains under a per-rank budget (`python -m benchmarks.max_model`)
   models       list registered models (--params: with their parameter counts)
@@ -341,7 +343,7 @@ def _lazy(module: str) -> Callable[[list[str]], int]:
 COMMANDS = {"train": _lazy("scale_ocr.train"), "ray-train": _lazy("scale_ocr.cli.ray_train"),
             "verify": _lazy("scale_ocr.cli.verify"), "export": _export, "predict": _predict,
             "evaluate": _lazy("scale_ocr.cli.evaluate"), "evaluate-pages": _evaluate_pages,
-            "make-shards": _lazy("scale_ocr.cli.make_shards"),
+            "make-shards": _lazy("scale_ocr.cli.make_shards"), "make-cache": _lazy("scale_ocr.cli.make_cache"),
             "make-dataset": _lazy("scale_ocr.cli.make_dataset"),
             "estimate-memory": _lazy("scale_ocr.cli.estimate_memory"), "plan": _lazy("scale_ocr.cli.plan"),
             "bench": _benchmark("scaling", "bench"), "max-model": _benchmark("max_model", "max-model"),

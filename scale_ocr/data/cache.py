@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import Dataset
 
 from scale_ocr.disk import GiB, open_user_file, write_atomic
-from scale_ocr.errors import UserError, report_user_errors, say, shown
+from scale_ocr.errors import UserError, shown
 from scale_ocr.vocab import Vocab
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class TensorWords(Dataset):
         name = f"--data-cache {shown(path)}"
         try:
             with open_user_file(path, what="--data-cache", limit=CACHE_LIMIT, follow=True,
-                                missing=f"{name} does not exist; build it with `python -m scale_ocr.data.cache`") as f:
+                                missing=f"{name} does not exist; build it with `scale-ocr make-cache`") as f:
                 data = torch.load(f, weights_only=True)
             self.images, self.labels = data["images"], list(data["labels"])
         except UserError:
@@ -62,7 +62,7 @@ class TensorWords(Dataset):
         if not (isinstance(self.images, torch.Tensor) and self.images.is_floating_point() and self.images.dim() == 4
                 and self.images.shape[0] == len(self.labels) and all(isinstance(w, str) for w in self.labels)):
             raise UserError(f"{name} is not a scale-ocr image cache (one float tensor of N images, 3 x H x W, and N "
-                            "words expected); rebuild it with `python -m scale_ocr.data.cache`")
+                            "words expected); rebuild it with `scale-ocr make-cache`")
         if tuple(self.images.shape[2:]) != tuple(input_size):
             raise UserError(f"{name} holds {self.images.shape[2]}x{self.images.shape[3]} images, this run "
                             f"uses --input-size {input_size[0]}x{input_size[1]}; rebuild the cache or change the size")
@@ -71,7 +71,7 @@ class TensorWords(Dataset):
             bad = (~finite).nonzero().flatten()
             raise UserError(f"{name} holds {len(bad)} of {len(finite)} images with NaN or inf pixels (the first: "
                             f"image {int(bad[0])}); a model cannot train on them: rebuild the cache with "
-                            "`python -m scale_ocr.data.cache`")
+                            "`scale-ocr make-cache`")
         unknown = sorted({c for w in self.labels for c in w} - set(vocab.chars))
         if unknown:
             raise UserError(f"{name} has characters outside the vocabulary: {shown(''.join(unknown))}")
@@ -84,48 +84,3 @@ class TensorWords(Dataset):
 
     def __getitem__(self, index: int):
         return self.images[index].float(), self.labels[index]
-
-
-@report_user_errors
-def main(argv: list[str] | None = None) -> int:
-    """``python -m scale_ocr.data.cache PATH``: render synthetic words into a new cache file for ``--data-cache``."""
-    import argparse
-
-    from scale_ocr.cli.args import parse_input_size
-    from scale_ocr.config import WORD_STYLES, DataConfig
-    from scale_ocr.data.fonts import select
-    from scale_ocr.vocab import VOCABS
-
-    data = DataConfig()  # training's defaults: a cache draws the words a run on synthetic words would
-    p = argparse.ArgumentParser(prog="python -m scale_ocr.data.cache", description="Render synthetic words, "
-                                "validation-transformed, into a new image cache for --data-cache (PATH must not "
-                                "exist). The word flags mean what training's do.")
-    p.add_argument("path", metavar="PATH", help="the cache file to create")
-    p.add_argument("-n", type=int, default=1024, help="words (default 1,024)")
-    p.add_argument("--input-size", type=parse_input_size, default=(32, 128), metavar="HxW",
-                   help="the images' height x width, as the run's --input-size (default 32x128)")
-    p.add_argument("--vocab", default="latin", choices=sorted(VOCABS), help="the words' characters (default latin)")
-    p.add_argument("--fonts", nargs="+", default=list(data.fonts), metavar="FONT",
-                   help=f"the fonts words are set in, as training's --fonts (default {' '.join(data.fonts)})")
-    p.add_argument("--synthetic-words", choices=WORD_STYLES, default=data.synthetic_words,
-                   help=f"how words are cut, as training's (default {data.synthetic_words})")
-    p.add_argument("--min-chars", type=int, default=data.min_chars, help=f"default {data.min_chars}")
-    p.add_argument("--max-chars", type=int, default=data.max_chars, help=f"default {data.max_chars}")
-    p.add_argument("--seed", type=int, default=0, help="the words' and their renderings' draw (default 0)")
-    args = p.parse_args(argv)
-    if args.n < 1 or min(args.input_size) < 1:
-        p.error(f"-n {args.n} / --input-size {args.input_size[0]}x{args.input_size[1]}: use 1 or more")
-    DataConfig(min_chars=args.min_chars, max_chars=args.max_chars)  # refuses a bad pair in training's words
-    path = Path(args.path)
-    if path.exists() or path.is_symlink():
-        raise UserError(f"{shown(path)} already exists; the cache builder never writes over a file: name a new one")
-    chars = VOCABS[args.vocab]
-    fonts = select(args.fonts, chars)
-    say(fonts.line())
-    say(build_cache(path, args.n, args.input_size, chars, args.min_chars, args.max_chars, args.seed,
-                    style=args.synthetic_words, fonts=fonts))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

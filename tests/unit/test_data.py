@@ -140,9 +140,10 @@ def test_a_cache_of_nan_or_inf_images_is_refused_when_it_loads(tmp_path, bad):
 
 
 def test_the_cache_builder_draws_trainings_words_into_a_new_file_only(tmp_path, capsys):
-    """`python -m scale_ocr.data.cache` takes training's word flags (its fonts said in one line), writes a cache a run
+    """`scale-ocr make-cache` takes training's word flags (its fonts said in one line), writes a cache a run
     loads, and refuses in one line an existing file (left as it was) or a malformed size."""
-    from scale_ocr.data.cache import TensorWords, main
+    from scale_ocr.cli.make_cache import main
+    from scale_ocr.data.cache import TensorWords
 
     path = tmp_path / "words.pt"
     assert main([str(path), "-n", "4", "--input-size", "32x64", "--vocab", "digits", "--fonts", "classic",
@@ -152,7 +153,7 @@ def test_the_cache_builder_draws_trainings_words_into_a_new_file_only(tmp_path, 
     assert len(words) == 4 and all(3 <= len(w) <= 9 and set(w) <= set("0123456789") for w in words.labels)
     before = path.read_bytes()
     assert main([str(path), "-n", "2"]) == 2
-    assert "already exists; the cache builder never writes over a file" in capsys.readouterr().err
+    assert "already exists; make-cache never writes over a file" in capsys.readouterr().err
     assert path.read_bytes() == before
     with pytest.raises(SystemExit) as bad:
         main([str(tmp_path / "other.pt"), "--input-size", "32x"])
