@@ -11,7 +11,12 @@ wide. Both stages train crnn_mobilenet_v3_small on them at their own width under
 
 * ``fixed``: ``-b --batch`` lines a micro-batch in random order, each batch padded to its longest line;
 * ``pixels``: ``--batch-pixels`` at ``--batch`` lines of the set's mean width (32 x mean width x ``--batch``), so
-  both take about as many lines a step, and so the same rate and about as many steps.
+  both take about as many lines a step, and so the same rate and about as many steps;
+* ``one-shape`` (with ``--floor``): the host's floor for the straggler share. The fixed stage at ``--max-width``
+  of the mean width (rounded up to a frame): wider lines are squeezed to it, and a batch of ``--batch`` lines is
+  padded to it unless all of them are narrower (rare: about half the lines are), so both ranks run micro-batches
+  of one shape and the budget's pixels. What that stage waits for the slowest rank is this host's noise, not the
+  plan's.
 
 The lines are the same, so useful pixels per second (the lines' own pixels, padding left out) are samples/s times
 the set's mean pixels. Each stage's line in ``results.jsonl`` holds its metrics.json's figures; the report checks
@@ -36,6 +41,7 @@ from benchmarks.harness import (
     write_folder,
     write_outputs,
 )
+from scale_ocr.config import FRAME_WIDTH
 
 MODULE = "pixel_batches"
 HEIGHT = 32
@@ -68,16 +74,20 @@ def sets(args: argparse.Namespace, work: Path) -> tuple[Path, Path, float]:
 
 
 def commands(args: argparse.Namespace, work: Path, train: Path, val: Path, width: float) -> dict[str, list[str]]:
-    common = ["crnn_mobilenet_v3_small", "--strategy", "ddp", "--train-path", str(train), "--val-path", str(val),
-              "--max-width", str(args.max_width), "-b", str(args.batch), "--epochs", str(args.epochs),
-              "--seed", str(args.seed), "--threads", "1", "--log-every", "25", "--wandb-mode", "offline",
-              "--resume", "none"]
+    def stage(name: str, max_width: int, *more: str) -> list[str]:
+        return launch_command("torchrun", args.world_size, TRAIN, [
+            "crnn_mobilenet_v3_small", "--strategy", "ddp", "--train-path", str(train), "--val-path", str(val),
+            "--max-width", str(max_width), "-b", str(args.batch), "--epochs", str(args.epochs), "--seed",
+            str(args.seed), "--threads", "1", "--log-every", "25", "--wandb-mode", "offline", "--resume", "none",
+            *more, "--output-dir", str(work / name)])
+
     budget = round(HEIGHT * width * args.batch)
-    return {"fixed": launch_command("torchrun", args.world_size, TRAIN, [*common, "--output-dir", str(work / "fixed")]),
-            "pixels": launch_command("torchrun", args.world_size, TRAIN, [
-                *common, "--batch-pixels", str(budget), *(["--width-bucket", str(args.width_bucket)]
-                                                          if args.width_bucket else []),
-                "--output-dir", str(work / "pixels")])}
+    bucket = ["--width-bucket", str(args.width_bucket)] if args.width_bucket else []
+    stages = {"fixed": stage("fixed", args.max_width),
+              "pixels": stage("pixels", args.max_width, "--batch-pixels", str(budget), *bucket)}
+    if args.floor:  # the mean width, rounded up to a frame
+        stages["one-shape"] = stage("one-shape", -(-round(width) // FRAME_WIDTH) * FRAME_WIDTH)
+    return stages
 
 
 def result(stage: str, work: Path, stdout: str) -> dict[str, Any]:
@@ -126,7 +136,7 @@ def write_report(out_dir: Path) -> Path:
           f"{data.get('mean_width', 0):.0f} px wide on average at height {HEIGHT} (at most {data.get('max_width')}).",
           "", "| batches | steps | global batch | lines/s | useful pixels/s | straggler share | CER | exact match |",
           "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for stage in ("fixed", "pixels"):
+    for stage in ("fixed", "pixels", "one-shape"):
         if stage in lines:
             r = lines[stage]["result"]
             wait = "-" if r.get("straggler_share") is None else f"{r['straggler_share']:.1%}"
@@ -134,7 +144,12 @@ def write_report(out_dir: Path) -> Path:
                       f"{r['samples_per_sec'] * pixels_per_line / 1e6:.2f} M | {wait} | {r['cer']:.3f} | "
                       f"{r['exact_match']:.3f} |")
     md += stages_table(lines)
-    said = verdicts(lines["fixed"]["result"], lines["pixels"]["result"]) if len(lines) == 2 else []
+    said = verdicts(lines["fixed"]["result"], lines["pixels"]["result"]) if {"fixed", "pixels"} <= set(lines) else []
+    floor = lines.get("one-shape", {}).get("result", {}).get("straggler_share")
+    if said and floor is not None:
+        said.append(f"the host's floor: {floor:.1%} of step time waited for the slowest rank when both ranks run "
+                    "micro-batches of one shape (one-shape), against the pixel stage's "
+                    f"{lines['pixels']['result']['straggler_share']:.1%}")
     if said:
         md += ["", "## Targets (issue 57)", "", *[f"- {v}" for v in said]]
     return write_outputs(out_dir, {"stages": {s: ln["result"] for s, ln in lines.items()}, "verdicts": said}, md)
@@ -151,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                    "stage's budget in lines of the mean width (default 8)")
     p.add_argument("--width-bucket", type=int, default=None, help="the pixel stage's --width-bucket (default: "
                    "train.py's, 4; the record of 2026-12-07 with buckets of 32 was made when that was the default)")
+    p.add_argument("--floor", action="store_true", help="add the one-shape stage: the straggler share of this host "
+                   "when both ranks run micro-batches of one shape")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
