@@ -31,7 +31,7 @@ def bucketed(width: int, widest: int, bucket: int) -> int:
     """The columns a micro-batch whose widest crop is ``width`` pads to (``--width-bucket``): up to a multiple of
     ``bucket``, at most ``widest`` (the model's widest input). A bucket of 32 on 10,000 lines of 32 to 1,028 pixels
     gives an epoch's 340 micro-batches 44 shapes, not 188, and 96.5% of their pixels are the crops' own (98.7% at a
-    bucket of 4); on a CPU it lowered the wait on the slowest rank and the speed (docs/models.md)."""
+    bucket of 4); on a CPU it no longer changes the wait on the slowest rank or the speed (docs/models.md)."""
     return min(widest, -(-width // bucket) * bucket)
 
 
