@@ -155,6 +155,7 @@ def test_the_cache_builder_draws_trainings_words_into_a_new_file_only(tmp_path, 
     assert main([str(path), "-n", "2"]) == 2
     assert "already exists; make-cache never writes over a file" in capsys.readouterr().err
     assert path.read_bytes() == before
-    with pytest.raises(SystemExit) as bad:
-        main([str(tmp_path / "other.pt"), "--input-size", "32x"])
-    assert bad.value.code == 2 and not (tmp_path / "other.pt").exists()
+    for flags in (["--input-size", "32x"], ["--seed", "-1"]):  # a traceback each, before
+        with pytest.raises(SystemExit) as bad:
+            main([str(tmp_path / "other.pt"), *flags])
+        assert bad.value.code == 2 and not (tmp_path / "other.pt").exists()
