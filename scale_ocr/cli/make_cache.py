@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from scale_ocr.cli.args import parse_input_size
-from scale_ocr.config import SEED_MAX, WORD_STYLES, DataConfig
+from scale_ocr.config import WORD_STYLES, DataConfig, TrainConfig
 from scale_ocr.errors import UserError, report_user_errors, say, shown
 
 
@@ -36,9 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.n < 1 or min(args.input_size) < 1:
         p.error(f"-n {args.n} / --input-size {args.input_size[0]}x{args.input_size[1]}: use 1 or more")
-    if not 0 <= args.seed <= SEED_MAX:
-        p.error(f"--seed {args.seed}: use a whole number from 0 to {SEED_MAX} (2**32 - 1)")
-    DataConfig(min_chars=args.min_chars, max_chars=args.max_chars)  # refuses a bad pair in training's words
+    DataConfig(min_chars=args.min_chars, max_chars=args.max_chars)  # refused in one line as training refuses them
+    TrainConfig(seed=args.seed)
     path = Path(args.path)
     if path.exists() or path.is_symlink():
         raise UserError(f"{shown(path)} already exists; make-cache never writes over a file: name a new one")

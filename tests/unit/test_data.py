@@ -156,6 +156,8 @@ def test_the_cache_builder_draws_trainings_words_into_a_new_file_only(tmp_path, 
     assert "already exists; make-cache never writes over a file" in capsys.readouterr().err
     assert path.read_bytes() == before
     for flags in (["--input-size", "32x"], ["--seed", "-1"]):  # a traceback each, before
-        with pytest.raises(SystemExit) as bad:
-            main([str(tmp_path / "other.pt"), *flags])
-        assert bad.value.code == 2 and not (tmp_path / "other.pt").exists()
+        try:
+            code = main([str(tmp_path / "other.pt"), *flags])
+        except SystemExit as refused:  # argparse's own line
+            code = refused.code
+        assert code == 2 and not (tmp_path / "other.pt").exists()
