@@ -42,6 +42,7 @@ from benchmarks.harness import (
     write_outputs,
 )
 from scale_ocr.config import FRAME_WIDTH
+from scale_ocr.data.pixel_batches import bucketed
 
 MODULE = "pixel_batches"
 HEIGHT = 32
@@ -86,7 +87,7 @@ def commands(args: argparse.Namespace, work: Path, train: Path, val: Path, width
     stages = {"fixed": stage("fixed", args.max_width),
               "pixels": stage("pixels", args.max_width, "--batch-pixels", str(budget), *bucket)}
     if args.floor:  # the mean width, rounded up to a frame
-        stages["one-shape"] = stage("one-shape", -(-round(width) // FRAME_WIDTH) * FRAME_WIDTH)
+        stages["one-shape"] = stage("one-shape", bucketed(round(width), args.max_width, FRAME_WIDTH))
     return stages
 
 
